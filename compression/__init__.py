@@ -1,0 +1,1 @@
+"""Tensor codecs: pure math, no network (DESIGN.md section 3)."""

@@ -1,0 +1,1 @@
+"""Everything that crosses the network: DHT node, rounds, collectives, robust reducers, SWARM."""
