@@ -1,40 +1,57 @@
 """Reducers: combine one flat row per peer into one aggregate (pure functions of the stack).
 
-Registered by name in ``REDUCERS``; the partition owner in the all-reduce applies one.
+Registered by name in ``REDUCERS``; the partition owner in the all-reduce applies one. Robust ones
+(Byzantine-tolerant averaging, issue 6): ``coordinate_median``, ``trimmed_mean`` (Yin et al. 2018),
+``centered_clip`` (Karimireddy et al. 2021; BTARD, Gorbunov et al. 2022), ``krum``/``multi_krum``
+(Blanchard et al. 2017) and ``geometric_median`` (Weiszfeld; RFA, Pillutla et al. 2022). Each states
+its breakdown point and refuses an ``(n, f)`` beyond it with ``ConfigError``.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
+from peers.reducers.base import REDUCERS, BaseReducer
+from peers.reducers.centered_clip import CenteredClip
+from peers.reducers.geomedian import GeometricMedian
+from peers.reducers.krum import Krum, MultiKrum, krum_scores
+from peers.reducers.mean import MeanReducer
+from peers.reducers.median import CoordinateMedian
+from peers.reducers.trimmed import TrimmedMean
 from swarmtrain.errors import ConfigError
-from swarmtrain.registry import Registry
 
-__all__ = ["REDUCERS", "MeanReducer", "build_reducer"]
-
-REDUCERS: Registry[type] = Registry("reducer")
-
-
-@REDUCERS.register("mean")
-class MeanReducer:
-    """Weighted mean ``sum_i w_i x_i / sum_i w_i``. Breakdown point 0: one bad row moves it anywhere."""
-
-    name = "mean"
-
-    def __init__(self, n_byzantine: int = 0) -> None:
-        if n_byzantine:
-            raise ConfigError("reducer 'mean' tolerates no Byzantine peers; choose a robust reducer")
-
-    def reduce(self, stack: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        # stack: [n, m]; weights: [n]
-        w = weights.to(stack.dtype)
-        total = w.sum()
-        if not torch.isfinite(total) or total <= 0:
-            raise ConfigError("reducer weights must be finite and sum to a positive number")
-        return (w[:, None] * stack).sum(0) / total
+__all__ = [
+    "REDUCERS",
+    "BaseReducer",
+    "MeanReducer",
+    "CoordinateMedian",
+    "TrimmedMean",
+    "CenteredClip",
+    "Krum",
+    "MultiKrum",
+    "GeometricMedian",
+    "krum_scores",
+    "build_reducer",
+]
 
 
-def build_reducer(name: str, n_byzantine: int = 0) -> MeanReducer:
-    """Instantiate the reducer ``name`` for ``n_byzantine`` tolerated attackers."""
+def build_reducer(name: str, n_byzantine: int = 0, **options: Any) -> BaseReducer:
+    """Instantiate the reducer ``name`` for ``n_byzantine`` tolerated attackers.
+
+    Args:
+        name: a ``REDUCERS`` name (``mean``, ``coordinate_median``, ``trimmed_mean``,
+            ``centered_clip``, ``krum``, ``multi_krum``, ``geometric_median``).
+        n_byzantine: ``f``, the number of Byzantine peers the reducer must tolerate.
+        **options: reducer-specific options (e.g. ``tau`` and ``max_iters`` for ``centered_clip``).
+
+    Raises:
+        ConfigError: unknown name, unknown option, or a bad value.
+    """
     cls = REDUCERS.get(name)
-    return cls(n_byzantine=n_byzantine)  # type: ignore[no-any-return]
+    try:
+        reducer = cls(n_byzantine=n_byzantine, **options)
+    except TypeError as e:
+        raise ConfigError(f"reducer {name!r}: bad options {sorted(options)}: {e}") from None
+    if not isinstance(reducer, BaseReducer):  # pragma: no cover - a registry bug
+        raise ConfigError(f"reducer {name!r} is not a BaseReducer")
+    return reducer
