@@ -172,7 +172,8 @@ def test_geometric_median_is_the_minimiser(n: int, m: int, seed: int) -> None:
 
 
 def test_geometric_median_of_collinear_points_is_their_median() -> None:
-    x = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [10.0, 10.0], [1000.0, 1000.0]], dtype=torch.float64)
+    pts = [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [10.0, 10.0], [1000.0, 1000.0]]
+    x = torch.tensor(pts, dtype=torch.float64)
     z = build_reducer("geometric_median", 2).reduce(x, torch.ones(5, dtype=torch.float64))
     torch.testing.assert_close(z, torch.tensor([2.0, 2.0], dtype=torch.float64), atol=1e-5, rtol=0)
 
@@ -192,7 +193,9 @@ ROBUST = [
 @pytest.mark.parametrize(("name", "opts"), ROBUST)
 @pytest.mark.parametrize("n", [8, 16])
 @pytest.mark.parametrize("value", [1e6, -1e6])
-def test_robust_reducers_stay_bounded_with_f_huge_rows(name: str, opts: dict[str, float], n: int, value: float) -> None:
+def test_robust_reducers_stay_bounded_with_f_huge_rows(
+    name: str, opts: dict[str, float], n: int, value: float
+) -> None:
     r = build_reducer(name, 0, **opts)
     f = max(f for f in range(n) if n >= r.min_peers(f))
     r = build_reducer(name, f, **opts)
