@@ -1,0 +1,31 @@
+"""Byzantine attacks for research and tests (issue 6), registered by name in ``ATTACKS``.
+
+Update level: ``sign_flip``, ``random_direction``, ``gaussian_noise``, ``alie`` (Baruch et al. 2019),
+``ipm`` (Xie et al. 2020), ``stale``. Data level: ``label_flip``. Owner level: ``malicious_owner``.
+``none`` is honest behaviour.
+"""
+
+from __future__ import annotations
+
+from peers.attacks.base import ATTACKS, Attack, build_attack, check_update, forge_rows
+from peers.attacks.data import LabelFlip, flip_labels
+from peers.attacks.owner import MaliciousOwner
+from peers.attacks.update import ALIE, IPM, GaussianNoise, RandomDirection, SignFlip, Stale, alie_z
+
+__all__ = [
+    "ATTACKS",
+    "Attack",
+    "build_attack",
+    "check_update",
+    "forge_rows",
+    "SignFlip",
+    "RandomDirection",
+    "GaussianNoise",
+    "ALIE",
+    "IPM",
+    "Stale",
+    "alie_z",
+    "LabelFlip",
+    "flip_labels",
+    "MaliciousOwner",
+]

@@ -1,0 +1,55 @@
+"""Data-level attack: label flipping (e.g. Tolpegin et al. 2020; BTARD's "label flipping").
+
+The attacker trains honestly on poisoned targets, so its update looks like an ordinary update of a
+different task. For byte-level language modelling the flip maps each target byte ``b`` to
+``vocab - 1 - b`` (for bytes: ``255 - b``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from peers.attacks.base import ATTACKS, Attack
+from swarmtrain.errors import ConfigError
+
+__all__ = ["LabelFlip", "flip_labels"]
+
+
+def flip_labels(targets: torch.Tensor, vocab_size: int = 256) -> torch.Tensor:
+    """Map each class ``y`` to ``vocab_size - 1 - y``; entries < 0 (ignore index) stay as they are.
+
+    Raises:
+        ConfigError: non-integer targets, or a target ``>= vocab_size``.
+    """
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ConfigError(f"label flip: targets must be integer class ids, got {targets.dtype}")
+    if targets.numel() and int(targets.max()) >= vocab_size:
+        raise ConfigError(f"label flip: a target is >= vocab_size={vocab_size}")
+    return torch.where(targets >= 0, vocab_size - 1 - targets, targets)
+
+
+@ATTACKS.register("label_flip")
+class LabelFlip(Attack):
+    """Train on flipped targets (``transform_batch``); the update is then sent unchanged.
+
+    Args:
+        vocab_size: number of classes (256 for byte-level data).
+    """
+
+    name = "label_flip"
+    data_level = True
+
+    def __init__(self, vocab_size: int = 256) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ConfigError(f"attack 'label_flip': vocab_size must be an int >= 2, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+
+    def transform_batch(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return inputs, flip_labels(targets, self.vocab_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "vocab_size": self.vocab_size}
