@@ -1,1 +1,57 @@
-"""Everything that crosses the network: DHT node, rounds, collectives, robust reducers, SWARM."""
+"""Everything that crosses the network: DHT node, rounds, collectives, robust reducers, SWARM.
+
+Public API of the networking core (issue 4): :class:`PeerNode` (DHT + peer record heartbeat),
+:class:`P2PCollective` (butterfly all-reduce / all-gather over P2P streams), :class:`ByteLedger`,
+state download (:class:`StateServer`, :func:`download_state`) and process lifecycle helpers.
+Names are imported lazily so that ``import peers.reducers`` stays light (no hivemind import).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "PeerNode",
+    "PeerRecord",
+    "P2PCollective",
+    "ByteLedger",
+    "StateServer",
+    "download_state",
+    "GracefulExit",
+    "PeerProcess",
+    "spawn_function",
+    "spawn_command",
+    "kill_group",
+    "find_orphans",
+    "ensure_identity",
+]
+
+_LAZY = {
+    "PeerNode": "peers.node",
+    "PeerRecord": "peers.records",
+    "P2PCollective": "peers.collective",
+    "ByteLedger": "peers.ledger",
+    "StateServer": "peers.state_transfer",
+    "download_state": "peers.state_transfer",
+    "GracefulExit": "peers.process",
+    "PeerProcess": "peers.process",
+    "spawn_function": "peers.process",
+    "spawn_command": "peers.process",
+    "kill_group": "peers.process",
+    "find_orphans": "peers.process",
+    "ensure_identity": "peers.identity",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'peers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

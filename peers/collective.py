@@ -1,0 +1,499 @@
+"""``P2PCollective``: butterfly all-reduce and all-gather over hivemind P2P streams.
+
+Butterfly all-reduce (as in Moshpit SGD / hivemind's averager, Ryabinin et al. 2021, but with our own
+wire): the flat fp32 concatenation of the tensors is cut into one contiguous partition per member of
+the round. Each peer compresses the parts it does not own and pushes them to their owners; an owner
+reduces the rows it received plus its own with a ``Reducer`` (token-weighted mean by default),
+compresses the aggregate *once* and pushes those bytes to every other member. Every member, the owner
+included, decodes the same bytes, so all members end bit-identical. Membership comes from
+``peers.rounds.Matchmaker``; every message carries the group digest and is checked against it.
+
+Failure semantics: any missing, refused or late message, an abort from a member, or the deadline makes
+the round fail *for this peer* with ``committed=False`` and no tensors, and this peer tells the other
+members to abort too (best effort), so they stop waiting. The caller's next call forms a new round
+without a dead peer. A contribution that arrives but fails validation (shape, non-finite values) is
+left out of the owner's reduce, which every member then decodes consistently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from peers.ledger import ByteLedger
+from peers.mailbox import Delivery, Mailbox
+from peers.messages import (
+    Envelope,
+    decode_envelope,
+    decode_packet_bytes,
+    encode_ack,
+    encode_packet_bytes,
+)
+from peers.node import PeerNode
+from peers.rounds import Group, Matchmaker, RoundFailed
+from peers.transport import (
+    PART_BYTES,
+    read_data_frames,
+    read_envelope,
+    send_message,
+    split_bytes,
+    write_frame,
+)
+from swarmtrain.errors import ConfigError, ProtocolError, SwarmError
+from swarmtrain.protocols import Compressor, GatherResult, Reducer, RoundResult
+
+__all__ = ["P2PCollective"]
+
+logger = logging.getLogger(__name__)
+_FRAME_TIMEOUT = 30.0
+
+
+def _bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
+    """Contiguous near-equal ``[lo, hi)`` ranges; the first ``n_items % n_parts`` get one more."""
+    base, extra = divmod(n_items, n_parts)
+    out, lo = [], 0
+    for i in range(n_parts):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+class P2PCollective:
+    """Group communication among the peers of one run, over a :class:`PeerNode`'s P2P streams.
+
+    Implements ``swarmtrain.protocols.Collective``. Calls are synchronous and one at a time; every
+    call uses the next round number (``round_id``), whether it commits or not, so all peers that make
+    the same sequence of calls meet in the same rounds.
+
+    Args:
+        node: the started peer node.
+        run_id: rounds namespace (default: the node's run ID).
+        min_peers: a round is not closed with fewer members.
+        expected_peers: close a round as soon as this many joined (else wait ``join_window``).
+        ledger: where bytes are counted (default: ``node.ledger``).
+        join_window: seconds a round's leader waits for joiners.
+        chunk_elems: elements per compressed packet (one stream frame each; <= 2**21).
+        max_message_bytes: cap on one incoming reduce message.
+        max_gather_bytes: cap on one incoming all-gather payload.
+        max_buffer_bytes: cap on all buffered incoming bytes.
+    """
+
+    def __init__(
+        self,
+        node: PeerNode,
+        *,
+        run_id: str | None = None,
+        min_peers: int = 1,
+        expected_peers: int | None = None,
+        ledger: ByteLedger | None = None,
+        join_window: float = 3.0,
+        chunk_elems: int = 1 << 20,
+        max_message_bytes: int = 1 << 31,
+        max_gather_bytes: int = 256 << 20,
+        max_buffer_bytes: int = 4 << 30,
+    ) -> None:
+        if min_peers < 1 or (expected_peers is not None and expected_peers < min_peers):
+            raise ConfigError("need 1 <= min_peers <= expected_peers")
+        if not 1 <= chunk_elems <= 1 << 21:
+            raise ConfigError("chunk_elems must be in [1, 2**21]")
+        if join_window <= 0:
+            raise ConfigError("join_window must be > 0")
+        self.node = node
+        self.run_id = run_id or node.run_id
+        self.ledger = ledger if ledger is not None else node.ledger
+        self.round_id = 0
+        self.chunk_elems = chunk_elems
+        self.max_message_bytes = max_message_bytes
+        self.max_gather_bytes = max_gather_bytes
+        self._mailbox = Mailbox(max_buffer_bytes)
+        self._matchmaker = Matchmaker(
+            node.dht,
+            node.peer_id,
+            self.run_id,
+            min_peers=min_peers,
+            expected_peers=expected_peers,
+            join_window=join_window,
+        )
+        self._call_lock = threading.Lock()
+        self._handler_name = f"swarmtrain.{self.run_id}.collective"
+        self._closed = False
+        node.loop.run(node.p2p.add_binary_stream_handler(self._handler_name, self._handle), 15.0)
+
+    @property
+    def peer_id(self) -> str:
+        """This peer's ID."""
+        return self.node.peer_id
+
+    def close(self) -> None:
+        """Stop accepting collective messages (the node stays up)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler_name), 5.0)
+        except Exception:
+            logger.debug("removing the collective handler failed", exc_info=True)
+
+    def __enter__(self) -> P2PCollective:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- receive side (event loop) --------------------------------------------------------------------
+
+    async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        sender = str(info.peer_id.to_base58())
+        ok, err = True, ""
+        env: Envelope | None = None
+        try:
+            body, nread = await read_envelope(reader, _FRAME_TIMEOUT)
+            env = decode_envelope(body)
+            if env.run != self.run_id:
+                raise ProtocolError("message for another run")
+            if env.type not in ("part", "agg", "gather", "abort"):
+                raise ProtocolError(f"unexpected message type {env.type}")
+            cap = self.max_gather_bytes if env.type == "gather" else self.max_message_bytes
+            frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
+            self.ledger.add_received(env.kind, env.round, nread + n)
+            self._mailbox.put(Delivery(sender, env, tuple(frames)))
+        except SwarmError as e:
+            ok, err = False, str(e)
+            logger.info("refused a message from %s: %s", sender[:16], e)
+        try:
+            n_ack = write_frame(writer, encode_ack(ok, err))
+            await writer.drain()
+            if env is not None:
+                self.ledger.add_sent(env.kind, env.round, n_ack)
+        except Exception:
+            logger.debug("could not ack %s", sender[:16], exc_info=True)
+        finally:
+            writer.close()
+
+    # --- send side ------------------------------------------------------------------------------------
+
+    def _send(self, peer: str, env: Envelope, frames: list[Any], deadline: float) -> Future[None]:
+        from hivemind.p2p import PeerID
+
+        coro = send_message(
+            self.node.p2p,
+            PeerID.from_base58(peer),
+            self._handler_name,
+            env,
+            frames,
+            ledger=self.ledger,
+            timeout=max(deadline - time.monotonic(), 0.1),
+        )
+        return self.node.loop.submit(coro)
+
+    def _abort(self, group: Group, kind: str, reason: str) -> None:
+        env = Envelope(
+            type="abort",
+            run=self.run_id,
+            kind=kind,
+            round=group.round_id,
+            digest=group.digest,
+            note=reason[:200],
+        )
+        deadline = time.monotonic() + 2.0
+        for peer in group.members:
+            if peer != self.peer_id:
+                self._send(peer, env, [], deadline)  # fire and forget: the peer may be gone
+
+    @staticmethod
+    def _wait_sends(futs: list[Future[None]], deadline: float) -> None:
+        for f in futs:
+            try:
+                f.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except SwarmError:
+                raise
+            except TimeoutError:
+                raise RoundFailed("sending did not finish before the deadline") from None
+
+    def _check_aborts(self, group: Group, slot: Mapping[tuple[str, str], Delivery]) -> None:
+        for (typ, sender), d in slot.items():
+            if typ == "abort" and sender in group.members and d.env.digest == group.digest:
+                raise RoundFailed(f"member {sender[:16]} aborted: {d.env.note}")
+
+    def _collect(
+        self, group: Group, kind: str, typ: str, digest: bytes, deadline: float
+    ) -> dict[str, Delivery]:
+        """Wait for one ``typ`` message from every other member (or an abort / the deadline)."""
+        others = [m for m in group.members if m != self.peer_id]
+
+        def ready(slot: dict[tuple[str, str], Delivery]) -> bool:
+            if any(k[0] == "abort" and slot[k].env.digest == group.digest for k in slot):
+                return True
+            return all((typ, m) in slot for m in others)
+
+        slot = self._mailbox.wait(kind, group.round_id, ready, deadline)
+        if slot is None:
+            have = self._mailbox.snapshot(kind, group.round_id)
+            missing = [m[:12] for m in others if (typ, m) not in have]
+            raise RoundFailed(f"timed out waiting for {typ} from {missing}")
+        self._check_aborts(group, slot)
+        out = {}
+        for m in others:
+            d = slot[(typ, m)]
+            if d.env.digest != digest:
+                raise RoundFailed(f"{typ} from {m[:12]} belongs to another group or tensor layout")
+            out[m] = d
+        return out
+
+    def _begin(self, kind: str, timeout: float) -> tuple[int, float, Group]:
+        if self._closed:
+            raise SwarmError("collective is closed")
+        if timeout <= 0:
+            raise ConfigError("timeout must be > 0")
+        r = self.round_id
+        self.round_id = r + 1
+        self._mailbox.set_floor(r)
+        deadline = time.monotonic() + timeout
+        group = self._matchmaker.form_group(kind, r, deadline)
+        return r, deadline, group
+
+    def _finish(self, r: int) -> None:
+        self._mailbox.set_floor(r + 1)
+        try:
+            self.node.publish(round=self.round_id)
+        except SwarmError:
+            logger.debug("publishing the round failed", exc_info=True)
+
+    # --- all-reduce ---------------------------------------------------------------------------------
+
+    def _decode_chunks(
+        self, compressor: Compressor, frames: tuple[bytes, ...], ranges: list[tuple[int, int]]
+    ) -> torch.Tensor:
+        """Decode one partition (a frame per chunk) into a flat fp32 tensor, checking every chunk."""
+        if len(frames) != len(ranges):
+            raise ProtocolError(f"expected {len(ranges)} chunks, got {len(frames)}")
+        out = []
+        for frame, (lo, hi) in zip(frames, ranges, strict=True):
+            pkt = decode_packet_bytes(frame)
+            if tuple(pkt.shape) != (hi - lo,):
+                raise ProtocolError(f"chunk shape {tuple(pkt.shape)} != ({hi - lo},)")
+            t = compressor.decompress(pkt)
+            if t.numel() != hi - lo:
+                raise ProtocolError("decoded chunk has the wrong size")
+            out.append(t.reshape(-1).to(torch.float32))
+        flat = torch.cat(out) if out else torch.zeros(0)
+        if not bool(torch.isfinite(flat).all()):
+            raise ProtocolError("non-finite values")
+        return flat
+
+    def _chunk_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        step = self.chunk_elems
+        return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+    def _encode_chunks(
+        self, compressor: Compressor, flat: torch.Tensor, lo: int, hi: int, key: str
+    ) -> list[bytes]:
+        return [
+            encode_packet_bytes(compressor.compress(flat[a:b], key=f"{key}/{a}"))
+            for a, b in self._chunk_ranges(lo, hi)
+        ]
+
+    def all_reduce(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        compressor: Compressor,
+        reducer: Reducer | None = None,
+        weight: float = 1.0,
+        timeout: float = 60.0,
+        kind: str = "reduce",
+    ) -> RoundResult:
+        """Reduce ``tensors`` across the members of the next round (butterfly; see module docstring).
+
+        Args:
+            tensors: name -> floating tensor; every peer must pass the same names and shapes.
+            compressor: codec for both the parts sent and the aggregates returned.
+            reducer: combines the rows of a partition (``None``: weighted mean, ``MeanReducer``).
+            weight: this peer's weight (e.g. tokens processed since the last round), finite, >= 0.
+            timeout: seconds for the whole round, group formation included.
+            kind: ledger kind.
+
+        Returns:
+            ``RoundResult``; when ``committed``, ``tensors`` holds the reduced tensors (same names,
+            shapes and dtypes), bit-identical on every member. Otherwise nothing changed locally.
+        """
+        import math
+
+        from peers.reducers import MeanReducer
+
+        if not math.isfinite(weight) or weight < 0:
+            raise ConfigError("weight must be finite and >= 0")
+        for name, t in tensors.items():
+            if not t.is_floating_point():
+                raise ConfigError(f"all_reduce: tensor {name!r} is not floating point")
+        red: Reducer = reducer if reducer is not None else MeanReducer()
+        with self._call_lock:
+            r, deadline, group = -1, 0.0, None
+            try:
+                r, deadline, group = self._begin(kind, timeout)
+                out = self._reduce_round(tensors, compressor, red, float(weight), kind, group, deadline)
+                sent, recv = self.ledger.round_bytes(kind, r)
+                return RoundResult(r, group.members, sent, recv, True, out)
+            except (SwarmError, TimeoutError) as e:
+                if group is not None and not str(e).startswith("member "):
+                    self._abort(group, kind, str(e))
+                sent, recv = self.ledger.round_bytes(kind, r)
+                members = group.members if group is not None else ()
+                logger.info("round %d (%s) failed: %s", r, kind, e)
+                return RoundResult(r, members, sent, recv, False, {}, reason=str(e))
+            finally:
+                if r >= 0:
+                    self._finish(r)
+
+    def _reduce_round(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        compressor: Compressor,
+        reducer: Reducer,
+        weight: float,
+        kind: str,
+        group: Group,
+        deadline: float,
+    ) -> dict[str, torch.Tensor]:
+        names = list(tensors)
+        flat = (
+            torch.cat([tensors[k].detach().reshape(-1).to(torch.float32) for k in names])
+            if names
+            else torch.zeros(0)
+        )  # [N]
+        n_total = flat.numel()
+        spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
+        digest = group.digest + spec
+        parts = _bounds(n_total, group.size)
+        me = group.index
+        base = Envelope(
+            type="part", run=self.run_id, kind=kind, round=group.round_id, digest=digest, numel=n_total
+        )
+
+        # 1. push my slice of every other owner's partition
+        sends: list[Future[None]] = []
+        for i, peer in enumerate(group.members):
+            if i == me:
+                continue
+            lo, hi = parts[i]
+            frames = self._encode_chunks(compressor, flat, lo, hi, f"{kind}/{group.size}/{i}")
+            env = Envelope(
+                **{
+                    **base.__dict__,
+                    "index": i,
+                    "weight": weight,
+                    "frames": len(frames),
+                    "nbytes": sum(map(len, frames)),
+                }
+            )
+            sends.append(self._send(peer, env, frames, deadline))
+
+        # 2. reduce my partition from the rows that arrived
+        lo, hi = parts[me]
+        ranges = [(a - lo, b - lo) for a, b in self._chunk_ranges(lo, hi)]
+        got = self._collect(group, kind, "part", digest, deadline)
+        rows, weights = [flat[lo:hi]], [weight]
+        for peer, d in got.items():
+            try:
+                if d.env.index != me or d.env.numel != n_total:
+                    raise ProtocolError("part for another partition or layout")
+                rows.append(self._decode_chunks(compressor, d.frames, ranges))
+                weights.append(d.env.weight)
+            except (ProtocolError, ValueError, RuntimeError) as e:
+                logger.warning("round %d: contribution of %s left out: %s", group.round_id, peer[:12], e)
+        stack = torch.stack(rows)  # [k, hi - lo]
+        agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
+        if tuple(agg.shape) != (hi - lo,):
+            raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
+        agg_frames = [
+            encode_packet_bytes(compressor.compress(agg[a:b], key=f"{kind}/agg/{group.size}/{me}/{a}"))
+            for a, b in ranges
+        ]
+        env = Envelope(
+            **{
+                **base.__dict__,
+                "type": "agg",
+                "index": me,
+                "frames": len(agg_frames),
+                "nbytes": sum(map(len, agg_frames)),
+            }
+        )
+        for i, peer in enumerate(group.members):
+            if i != me:
+                sends.append(self._send(peer, env, agg_frames, deadline))
+        # the owner decodes exactly the bytes it sent, like everybody else
+        pieces: dict[int, torch.Tensor] = {me: self._decode_chunks(compressor, tuple(agg_frames), ranges)}
+
+        # 3. collect every other owner's aggregate
+        aggs = self._collect(group, kind, "agg", digest, deadline)
+        for peer, d in aggs.items():
+            i = group.members.index(peer)
+            if d.env.index != i or d.env.numel != n_total:
+                raise ProtocolError(f"aggregate from {peer[:12]} is for another partition or layout")
+            plo, phi = parts[i]
+            pieces[i] = self._decode_chunks(
+                compressor, d.frames, [(a - plo, b - plo) for a, b in self._chunk_ranges(plo, phi)]
+            )
+        self._wait_sends(sends, deadline)
+        result = torch.cat([pieces[i] for i in range(group.size)]) if n_total else flat
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for k in names:
+            t = tensors[k]
+            out[k] = result[offset : offset + t.numel()].view(t.shape).to(t.dtype).clone()
+            offset += t.numel()
+        return out
+
+    # --- all-gather ---------------------------------------------------------------------------------
+
+    def all_gather(self, payload: bytes, *, timeout: float = 60.0, kind: str = "gather") -> GatherResult:
+        """Give ``payload`` to every member of the next round and receive theirs.
+
+        Returns:
+            ``GatherResult`` whose ``payloads`` maps every member (this peer included) to its bytes
+            when ``committed``.
+        """
+        if len(payload) > self.max_gather_bytes:
+            raise ConfigError(f"payload of {len(payload)} bytes exceeds max_gather_bytes")
+        with self._call_lock:
+            r, group = -1, None
+            try:
+                r, deadline, group = self._begin(kind, timeout)
+                frames = split_bytes(payload, PART_BYTES)
+                env = Envelope(
+                    type="gather",
+                    run=self.run_id,
+                    kind=kind,
+                    round=r,
+                    digest=group.digest,
+                    index=group.index,
+                    frames=len(frames),
+                    nbytes=len(payload),
+                )
+                sends = [
+                    self._send(p, env, list(frames), deadline) for p in group.members if p != self.peer_id
+                ]
+                got = self._collect(group, kind, "gather", group.digest, deadline)
+                self._wait_sends(sends, deadline)
+                payloads = {p: b"".join(d.frames) for p, d in got.items()}
+                payloads[self.peer_id] = bytes(payload)
+                sent, recv = self.ledger.round_bytes(kind, r)
+                return GatherResult(r, group.members, payloads, sent, recv, True)
+            except (SwarmError, TimeoutError) as e:
+                if group is not None and not str(e).startswith("member "):
+                    self._abort(group, kind, str(e))
+                sent, recv = self.ledger.round_bytes(kind, r)
+                members = group.members if group is not None else ()
+                logger.info("gather round %d failed: %s", r, e)
+                return GatherResult(r, members, {}, sent, recv, False, reason=str(e))
+            finally:
+                if r >= 0:
+                    self._finish(r)

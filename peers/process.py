@@ -1,0 +1,280 @@
+"""Process lifecycles of peers: own process groups, group kills, orphan finding, graceful signals.
+
+hivemind runs its DHT in a forked child and the Go ``p2pd`` daemon as a grandchild; both survive a
+SIGKILL of the peer's main process (DESIGN.md section 8). So every peer process started here runs in
+its own session (``setsid``: process group ID = its PID), and :func:`kill_group` signals the whole
+group (SIGTERM, then SIGKILL after a grace period), which reaches the helpers too. Peers started here
+also carry a marker in their environment (inherited by the DHT child and ``p2pd``), so
+:func:`find_orphans` can tell our leftovers from anything else on the machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
+from typing import Any
+
+__all__ = [
+    "MARKER_ENV",
+    "PeerProcess",
+    "spawn_function",
+    "spawn_command",
+    "kill_group",
+    "find_orphans",
+    "become_group_leader",
+    "GracefulExit",
+]
+
+logger = logging.getLogger(__name__)
+MARKER_ENV = "SWARMTRAIN_PEER_MARKER"
+
+
+def become_group_leader() -> None:
+    """Make the calling process the leader of a new session and process group (idempotent)."""
+    if os.getpgrp() != os.getpid():
+        try:
+            os.setsid()
+        except PermissionError:  # already a session leader
+            pass
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return out
+
+
+def kill_group(pgid: int, grace: float = 5.0) -> bool:
+    """SIGTERM the process group ``pgid``; SIGKILL what is left after ``grace`` seconds.
+
+    Never signals our own process group. Returns True when no member of the group is left.
+    """
+    if pgid <= 1 or pgid == os.getpgrp():
+        raise ValueError(f"refusing to kill process group {pgid}")
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        if not _group_members(pgid):
+            return True
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end:
+        if not _group_members(pgid):
+            return True
+        time.sleep(0.1)
+    return not _group_members(pgid)
+
+
+def find_orphans(marker: str | None = None, pgids: Iterable[int] = ()) -> list[Any]:
+    """Live processes that belong to peers we started: those whose environment holds ``marker``
+    under :data:`MARKER_ENV` (any marker if ``None``) or whose process group is in ``pgids``.
+
+    Returns ``psutil.Process`` objects (excluding this process).
+    """
+    import psutil
+
+    groups = set(pgids)
+    out = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if groups and os.getpgid(p.pid) in groups:
+                out.append(p)
+                continue
+            env = p.environ()
+        except (psutil.Error, ProcessLookupError, OSError):
+            continue
+        value = env.get(MARKER_ENV)
+        if value is not None and (marker is None or value == marker):
+            out.append(p)
+    return out
+
+
+class PeerProcess:
+    """A peer process leading its own process group.
+
+    Attributes:
+        pid: its PID (also its process group ID once it has called ``setsid``).
+        marker: the value of :data:`MARKER_ENV` in its environment.
+    """
+
+    def __init__(self, pid: int, marker: str, handle: Any) -> None:
+        self.pid = pid
+        self.marker = marker
+        self._handle = handle
+
+    @property
+    def alive(self) -> bool:
+        """Whether the main process still runs."""
+        if isinstance(self._handle, subprocess.Popen):
+            return self._handle.poll() is None
+        return bool(self._handle.is_alive())
+
+    @property
+    def exitcode(self) -> int | None:
+        """Exit status (negative: killed by that signal), ``None`` while running."""
+        if isinstance(self._handle, subprocess.Popen):
+            return self._handle.poll()
+        return self._handle.exitcode  # type: ignore[no-any-return]
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the main process only (e.g. SIGKILL to simulate a crash)."""
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the main process to exit; True if it did."""
+        if isinstance(self._handle, subprocess.Popen):
+            try:
+                self._handle.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        self._handle.join(timeout)
+        return not self._handle.is_alive()
+
+    def terminate(self, grace: float = 5.0) -> bool:
+        """SIGTERM the whole group, SIGKILL after ``grace``; reap; True when nothing of it is left."""
+        ok = True
+        if self.pid != os.getpgrp():
+            try:
+                if os.getpgid(self.pid) == self.pid:
+                    ok = kill_group(self.pid, grace)
+                else:  # it has not called setsid yet: signal it alone
+                    self.signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            ok = kill_group(self.pid, 0.5) if _group_members(self.pid) else ok
+        self.join(5.0)
+        leftovers = find_orphans(self.marker)
+        for p in leftovers:  # e.g. a helper that left the group: kill it by PID
+            try:
+                p.kill()
+            except Exception:
+                pass
+        return ok and not find_orphans(self.marker)
+
+
+def _function_entry(marker: str, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    become_group_leader()
+    os.environ[MARKER_ENV] = marker
+    target(*args)
+
+
+def spawn_function(
+    target: Callable[..., Any], args: Sequence[Any] = (), *, name: str = "peer"
+) -> PeerProcess:
+    """Run ``target(*args)`` in a fresh interpreter (multiprocessing ``spawn``) in its own session.
+
+    ``target`` must be importable (module-level). Pass a ``multiprocessing`` queue in ``args`` (from
+    ``mp.get_context("spawn")``) to report addresses back; bind to port 0 and report the real maddrs.
+    """
+    marker = uuid.uuid4().hex
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_function_entry, args=(marker, target, tuple(args)), name=name, daemon=False)
+    proc.start()
+    if proc.pid is None:  # pragma: no cover
+        raise RuntimeError("process did not start")
+    return PeerProcess(proc.pid, marker, proc)
+
+
+def spawn_command(argv: Sequence[str], *, env: dict[str, str] | None = None, **popen: Any) -> PeerProcess:
+    """Start ``argv`` as a subprocess in a new session (``start_new_session=True``) with a marker."""
+    marker = uuid.uuid4().hex
+    full_env = dict(os.environ if env is None else env)
+    full_env[MARKER_ENV] = marker
+    proc = subprocess.Popen(list(argv), env=full_env, start_new_session=True, **popen)
+    return PeerProcess(proc.pid, marker, proc)
+
+
+class GracefulExit:
+    """SIGTERM/SIGINT handling for a peer's main loop: the first signal asks to stop, the second forces.
+
+    Usage::
+
+        with GracefulExit() as stop, PeerNode(cfg) as node:
+            while not stop.requested:
+                train_one_step()
+        # leaving the ``with`` shuts the node down and deregisters it
+
+    The first signal sets :attr:`requested` (and calls ``on_signal`` if given) so the loop finishes or
+    abandons its round and exits through the ``with`` blocks; a second signal raises
+    ``KeyboardInterrupt``. Handlers can only be installed from the main thread; elsewhere this is a
+    no-op flag.
+    """
+
+    def __init__(
+        self,
+        on_signal: Callable[[int], None] | None = None,
+        signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+    ) -> None:
+        self._event = threading.Event()
+        self._on_signal = on_signal
+        self._signals = tuple(signals)
+        self._previous: dict[int, Any] = {}
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        """True once a stop signal arrived."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a stop signal arrives (or ``timeout``); True if one did."""
+        return self._event.wait(timeout)
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt
+        self.signum = signum
+        self._event.set()
+        logger.warning("received signal %d: finishing the current round and leaving", signum)
+        if self._on_signal is not None:
+            self._on_signal(signum)
+
+    def __enter__(self) -> GracefulExit:
+        if threading.current_thread() is threading.main_thread():
+            for s in self._signals:
+                self._previous[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, prev in self._previous.items():
+            signal.signal(s, prev)
+        self._previous.clear()

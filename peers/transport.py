@@ -1,0 +1,220 @@
+"""Stream transport over hivemind's P2P: a background event loop and framed, counted message I/O.
+
+hivemind's ``P2P`` is asyncio-based while trainers are synchronous, so each :class:`PeerNode` runs one
+event loop in a daemon thread (:class:`LoopThread`) and the collectives submit coroutines to it with a
+finite timeout. Messages are written with :func:`send_message` (header frame, data frames, then wait
+for the receiver's ack) and read with :func:`read_frame`; both count every byte that crosses the
+stream in the :class:`ByteLedger` (DESIGN.md section 4: counted where the bytes hit the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from peers.ledger import ByteLedger
+from peers.messages import (
+    FRAME_PREFIX,
+    MAX_FRAME,
+    MAX_HEADER,
+    Envelope,
+    decode_ack,
+    decode_frame_length,
+    encode_envelope,
+    encode_frame_length,
+)
+from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
+
+__all__ = [
+    "LoopThread",
+    "read_frame",
+    "write_frame",
+    "send_message",
+    "read_envelope",
+    "read_data_frames",
+    "PART_BYTES",
+    "split_bytes",
+]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Bulk payloads are cut into parts of at most this many bytes before they go on a stream.
+PART_BYTES = 4 * 1024 * 1024
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread; :meth:`run` submits a coroutine and waits."""
+
+    def __init__(self, name: str = "swarmtrain-p2p") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; returns a thread-safe future."""
+        if not self.loop.is_running() and self.loop.is_closed():
+            coro.close()
+            raise SwarmError("the peer's event loop is stopped")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``coro`` on the loop and wait at most ``timeout`` seconds.
+
+        Raises:
+            PeerTimeoutError: the coroutine did not finish in time (it is cancelled).
+        """
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout=max(timeout, 0.0))
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise PeerTimeoutError(f"operation did not finish within {timeout:.1f} s") from None
+
+    def in_loop(self) -> bool:
+        """True when called from the loop's own thread."""
+        return threading.current_thread() is self._thread
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel pending tasks, stop the loop and join its thread."""
+        if self.loop.is_closed():
+            return
+
+        async def _cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout)
+            except Exception:  # best effort on shutdown
+                logger.debug("cancelling loop tasks failed", exc_info=True)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def split_bytes(data: bytes | memoryview, part: int = PART_BYTES) -> list[memoryview]:
+    """Cut ``data`` into parts of at most ``part`` bytes (no copy); ``[]`` for empty data."""
+    view = memoryview(data)
+    return [view[i : i + part] for i in range(0, len(view), part)]
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int, timeout: float) -> bytes:
+    """Read one length-prefixed frame of at most ``limit`` bytes within ``timeout`` seconds.
+
+    Raises:
+        ProtocolError: oversized frame or the stream ended early.
+        PeerTimeoutError: the peer was too slow.
+    """
+    try:
+        prefix = await asyncio.wait_for(reader.readexactly(FRAME_PREFIX), timeout)
+        n = decode_frame_length(prefix, limit)
+        return await asyncio.wait_for(reader.readexactly(n), timeout) if n else b""
+    except asyncio.IncompleteReadError:
+        raise ProtocolError("stream closed in the middle of a frame") from None
+    except asyncio.TimeoutError:
+        raise PeerTimeoutError("peer too slow sending a frame") from None
+
+
+def write_frame(writer: asyncio.StreamWriter, data: bytes | memoryview) -> int:
+    """Queue one frame on ``writer``; returns the bytes it puts on the stream (prefix included)."""
+    writer.write(encode_frame_length(len(data)))
+    if len(data):
+        writer.write(data)
+    return FRAME_PREFIX + len(data)
+
+
+async def send_message(
+    p2p: Any,
+    peer_id: Any,
+    handler: str,
+    env: Envelope,
+    frames: Sequence[bytes | memoryview],
+    *,
+    ledger: ByteLedger | None,
+    timeout: float,
+) -> None:
+    """Open a stream to ``peer_id``'s ``handler``, send a header and data frames, wait for the ack.
+
+    Bytes are counted in ``ledger`` under ``(env.kind, env.round)`` as they are written/read.
+
+    Raises:
+        PeerTimeoutError: the peer did not take the message in ``timeout`` seconds.
+        ProtocolError: the peer refused it (its ack says why) or answered garbage.
+        SwarmError: the stream could not be opened (peer gone).
+    """
+    if len(frames) != env.frames or sum(len(f) for f in frames) != env.nbytes:
+        raise ProtocolError("envelope frame count/bytes do not match the frames")  # our own bug
+    header = encode_envelope(env)
+
+    async def _go() -> None:
+        try:
+            _, reader, writer = await p2p.call_binary_stream_handler(peer_id, handler)
+        except Exception as e:  # p2pd reports a dead or unknown peer with several error types
+            raise SwarmError(
+                f"cannot open a stream to {str(peer_id)[:16]}: {type(e).__name__}: {e}"
+            ) from None
+        try:
+            sent = write_frame(writer, header)
+            for f in frames:
+                sent += write_frame(writer, f)
+                await writer.drain()
+            await writer.drain()
+            if ledger is not None:
+                ledger.add_sent(env.kind, env.round, sent)
+            ack = await read_frame(reader, 1024, timeout)
+            if ledger is not None:
+                ledger.add_received(env.kind, env.round, FRAME_PREFIX + len(ack))
+            ok, err = decode_ack(ack)
+            if not ok:
+                raise ProtocolError(f"peer {str(peer_id)[:16]} refused {env.type}: {err}")
+        except (ConnectionError, OSError) as e:
+            raise SwarmError(f"stream to {str(peer_id)[:16]} broke: {e}") from None
+        finally:
+            writer.close()
+
+    try:
+        await asyncio.wait_for(_go(), timeout)
+    except asyncio.TimeoutError:
+        raise PeerTimeoutError(
+            f"peer {str(peer_id)[:16]} did not take {env.type} in {timeout:.1f} s"
+        ) from None
+
+
+async def read_envelope(reader: asyncio.StreamReader, timeout: float) -> tuple[bytes, int]:
+    """Read a header frame; returns ``(body, bytes_read)``."""
+    body = await read_frame(reader, MAX_HEADER, timeout)
+    return body, FRAME_PREFIX + len(body)
+
+
+async def read_data_frames(
+    reader: asyncio.StreamReader, env: Envelope, *, max_total: int, timeout: float
+) -> tuple[list[bytes], int]:
+    """Read the ``env.frames`` data frames announced by ``env``; returns ``(frames, bytes_read)``.
+
+    Raises:
+        ProtocolError: the announced or actual total exceeds ``max_total`` or disagrees with ``env``.
+    """
+    if env.nbytes > max_total:
+        raise ProtocolError(f"message of {env.nbytes} bytes exceeds the {max_total}-byte cap")
+    frames: list[bytes] = []
+    total = 0
+    for _ in range(env.frames):
+        f = await read_frame(reader, min(MAX_FRAME, env.nbytes - total), timeout)
+        frames.append(f)
+        total += len(f)
+    if total != env.nbytes:
+        raise ProtocolError("data frames do not add up to the announced size")
+    return frames, total + FRAME_PREFIX * env.frames
