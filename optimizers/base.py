@@ -1,18 +1,29 @@
-"""The strategy registry and the context every strategy is built from."""
+"""The strategy registry, the context every strategy is built from, and helpers strategies share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+import compression
 from swarmtrain.config import CompressionConfig, StrategyConfig
 from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import Collective, Reducer, Strategy
+from swarmtrain.protocols import Collective, Compressor, Reducer, Strategy
 from swarmtrain.registry import Registry
 
-__all__ = ["STRATEGIES", "StrategyContext", "build_strategy"]
+__all__ = [
+    "STRATEGIES",
+    "StrategyContext",
+    "build_strategy",
+    "make_compressor",
+    "require_collective",
+    "trainable_parameters",
+    "compressor_state",
+    "load_compressor_state",
+]
 
 
 @dataclass
@@ -21,6 +32,8 @@ class StrategyContext:
 
     ``collective`` is ``None`` for a single-peer run; networked strategies refuse to start without one.
     ``reducer`` is applied by partition owners (``None``: token-weighted mean).
+    ``compressor`` overrides the codec built from ``compression`` (tests, benchmarks); ``None``: build
+    it with ``compression.build_compressor(compression)``.
     """
 
     model: torch.nn.Module
@@ -29,6 +42,7 @@ class StrategyContext:
     compression: CompressionConfig
     collective: Collective | None = None
     reducer: Reducer | None = None
+    compressor: Compressor | None = None
 
 
 StrategyFactory = Callable[[StrategyContext], Strategy]
@@ -46,3 +60,49 @@ def build_strategy(ctx: StrategyContext) -> Strategy:
     if strategy is None:  # pragma: no cover - a factory bug
         raise ConfigError(f"strategy {ctx.config.name!r} factory returned nothing")
     return strategy
+
+
+def make_compressor(ctx: StrategyContext) -> Compressor:
+    """The codec a strategy sends through: ``ctx.compressor`` or one built from ``ctx.compression``."""
+    if ctx.compressor is not None:
+        return ctx.compressor
+    build = getattr(compression, "build_compressor", None)
+    if build is None:
+        raise ConfigError("compression.build_compressor is not available in this installation")
+    comp: Compressor = build(ctx.compression)
+    return comp
+
+
+def require_collective(ctx: StrategyContext, name: str) -> Collective:
+    """``ctx.collective`` or a ``ConfigError`` saying that strategy ``name`` needs peers."""
+    if ctx.collective is None:
+        raise ConfigError(
+            f"strategy {name!r} needs a collective (peers); use strategy 'local' to train alone"
+        )
+    return ctx.collective
+
+
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """``name -> parameter`` for every parameter with ``requires_grad``, in registration order."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ConfigError("the model has no trainable parameters")
+    return params
+
+
+def compressor_state(comp: Compressor) -> dict[str, Any]:
+    """The codec's own state (error-feedback residuals) if it has any, else ``{}``."""
+    fn = getattr(comp, "state_dict", None)
+    if fn is None:
+        return {}
+    state: dict[str, Any] = dict(fn())
+    return state
+
+
+def load_compressor_state(comp: Compressor, state: Mapping[str, Any]) -> None:
+    """Restore what ``compressor_state`` returned (a no-op for stateless codecs)."""
+    fn = getattr(comp, "load_state_dict", None)
+    if fn is not None and state:
+        fn(state)
+    elif state and fn is None:
+        raise ConfigError("checkpoint holds codec state but the configured codec is stateless")

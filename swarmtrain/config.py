@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmtrain.errors import ConfigError
 
@@ -110,7 +110,32 @@ class StrategyConfig(_Section):
     demo_topk: int = Field(default=4, ge=1)
     demo_decay: float = Field(default=0.999, ge=0, lt=1)
     demo_sign: bool = True
+    demo_values: Literal["fp32", "fp16", "bf16", "sign"] = Field(
+        default="fp16", description="DeMo: how the top-k DCT values travel"
+    )
     sync_timeout: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_strategy_options(self) -> StrategyConfig:
+        """Cross-field checks of the options of the strategy that is selected (clear messages)."""
+        if self.name == "streaming_diloco":
+            if self.fragments > self.inner_steps:
+                raise ValueError(
+                    f"fragments ({self.fragments}) must be <= inner_steps ({self.inner_steps}): "
+                    "each fragment syncs at its own step of every H-step cycle"
+                )
+            gap = self.inner_steps // self.fragments
+            if self.overlap > gap:
+                raise ValueError(
+                    f"overlap ({self.overlap}) must be <= inner_steps // fragments ({gap}) so that at "
+                    "most one fragment is in flight"
+                )
+        if self.name == "demo" and self.demo_topk > self.demo_chunk * self.demo_chunk:
+            raise ValueError(
+                f"demo_topk ({self.demo_topk}) exceeds the {self.demo_chunk}x{self.demo_chunk} "
+                "coefficients of a chunk"
+            )
+        return self
 
 
 class PeersConfig(_Section):

@@ -1,0 +1,193 @@
+"""``DeMo``: Decoupled Momentum Optimization.
+
+Peng, Quesnelle, Kingma 2024, "DeMo: Decoupled Momentum Optimization" (algorithm 1). Momentum stays
+local; only its fast-moving components travel. Per step and parameter ``p`` with gradient ``g``:
+
+    m <- beta * m + lr * g                          (beta = strategy.demo_decay)
+    C  = DCT(m) per chunk;  q = top-k of each chunk by magnitude    (k = strategy.demo_topk)
+    m <- m - IDCT(q_sent)                           (what was actually sent is removed)
+    Q  = all_gather(q) over peers; per coefficient, the mean over the peers that sent it
+    u  = IDCT(Q);  u <- sign(u) if strategy.demo_sign
+    p <- p * (1 - lr * wd) - lr * u
+
+as in the authors' reference optimizer (momentum accumulates ``lr * g``; decoupled weight decay).
+``q_sent`` is ``q`` after the value encoding (fp32/fp16/bf16/sign, ``strategy.demo_values``), so the
+encoding error stays in the local momentum instead of being lost.
+
+DeMo *is* the optimizer: the context's inner optimizer is never stepped; only its ``param_groups``
+are read, every step, for ``lr`` and ``weight_decay`` (so the trainer's learning-rate schedule applies).
+Payloads are packed by ``optimizers.demo_payload``; a peer whose payload fails validation is left out
+of that step's average (logged), and a gather that does not commit leaves parameters unchanged (the
+gradient stays in the local momentum and is sent later).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from optimizers.base import STRATEGIES, StrategyContext, require_collective, trainable_parameters
+from optimizers.dct import ChunkedDCT
+from optimizers.demo_payload import VALUE_MODES, TensorSpec, decode_payload, encode_payload
+from swarmtrain.errors import ConfigError, ProtocolError
+from swarmtrain.protocols import StepReport
+
+__all__ = ["DeMo", "demo_extract", "demo_aggregate"]
+
+log = logging.getLogger(__name__)
+
+
+def demo_extract(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` coefficients of each chunk by magnitude: ``(idx, val)``, each ``[n_chunks, k]``."""
+    idx = torch.topk(coeffs.abs(), k, dim=1, largest=True, sorted=False).indices
+    return idx, torch.gather(coeffs, 1, idx)
+
+
+def demo_aggregate(
+    contributions: list[tuple[torch.Tensor, torch.Tensor]],
+    n_chunks: int,
+    chunk_numel: int,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Dense ``[n_chunks, chunk_numel]`` coefficients: per position, the mean over the peers that sent it.
+
+    Contributions are summed in the order given, so every peer that sees them in the same order gets
+    bit-identical results.
+    """
+    total = torch.zeros(n_chunks, chunk_numel, device=device)
+    count = torch.zeros(n_chunks, chunk_numel, device=device)
+    for idx, val in contributions:
+        idx = idx.to(total.device)
+        total.scatter_add_(1, idx, val.to(device=total.device, dtype=torch.float32))
+        count.scatter_add_(1, idx, torch.ones(idx.shape, device=total.device))
+    return total / count.clamp(min=1.0)
+
+
+@STRATEGIES.register("demo")
+class DeMo:
+    """DeMo over an all-gather of sparse DCT payloads.
+
+    Options come from ``ctx.config``: ``demo_chunk``, ``demo_topk``, ``demo_decay``, ``demo_sign``,
+    ``demo_values``, ``sync_timeout``.
+
+    Raises:
+        ConfigError: without a collective, or with invalid options.
+    """
+
+    name = "demo"
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+        self.collective = require_collective(ctx, self.name)
+        cfg = ctx.config
+        if cfg.demo_chunk < 2:
+            raise ConfigError(f"strategy.demo_chunk must be >= 2, got {cfg.demo_chunk}")
+        if cfg.demo_topk < 1:
+            raise ConfigError(f"strategy.demo_topk must be >= 1, got {cfg.demo_topk}")
+        if not 0 <= cfg.demo_decay < 1:
+            raise ConfigError(f"strategy.demo_decay must be in [0, 1), got {cfg.demo_decay}")
+        mode = getattr(cfg, "demo_values", "fp32")
+        if mode not in VALUE_MODES:
+            raise ConfigError(f"strategy.demo_values {mode!r}; choose one of {', '.join(VALUE_MODES)}")
+        self.mode = str(mode)
+        self.decay = float(cfg.demo_decay)
+        self.sign = bool(cfg.demo_sign)
+        self.params = trainable_parameters(ctx.model)
+        self.transforms = {n: ChunkedDCT(tuple(p.shape), cfg.demo_chunk) for n, p in self.params.items()}
+        self.specs = [
+            TensorSpec(t.n_chunks, min(cfg.demo_topk, t.chunk_numel), t.chunk_numel)
+            for t in self.transforms.values()
+        ]
+        self.delta = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
+        self._group_of: dict[int, dict[str, Any]] = {}
+        for group in ctx.optimizer.param_groups:
+            for p in group["params"]:
+                self._group_of[id(p)] = group
+        missing = [n for n, p in self.params.items() if id(p) not in self._group_of]
+        if missing:
+            raise ConfigError(f"DeMo: parameters not in the optimizer's param_groups: {missing[:3]}")
+        self.steps = 0
+        self.failed_rounds = 0
+        self.dropped_payloads = 0
+
+    def _hyper(self, p: torch.Tensor) -> tuple[float, float]:
+        group = self._group_of[id(p)]
+        return float(group["lr"]), float(group.get("weight_decay", 0.0))
+
+    @torch.no_grad()
+    def step(self, tokens: int) -> StepReport:
+        """Accumulate momentum, send its top DCT components, apply the peers' average (sign-SGD)."""
+        items: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for (n, p), spec in zip(self.params.items(), self.specs, strict=True):
+            lr, _ = self._hyper(p)
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            self.delta[n].mul_(self.decay).add_(g.to(torch.float32), alpha=lr)
+            items.append(demo_extract(self.transforms[n].encode(self.delta[n]), spec.k))
+        payload = encode_payload(items, self.specs, self.mode)
+        sent = decode_payload(payload, self.specs, self.mode)  # exactly what the peers will see
+        res = self.collective.all_gather(payload, timeout=self.ctx.config.sync_timeout)
+        if not res.committed:
+            self.failed_rounds += 1
+            return StepReport(
+                True, False, res.round_id, len(res.participants), res.bytes_sent, res.bytes_received
+            )
+        decoded: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        dropped = 0
+        for peer in sorted(res.payloads):
+            try:
+                decoded.append(decode_payload(res.payloads[peer], self.specs, self.mode))
+            except ProtocolError as e:
+                dropped += 1
+                log.warning("DeMo: dropping payload of peer %s this step: %s", peer, e)
+        self.dropped_payloads += dropped
+        for i, ((n, p), spec) in enumerate(zip(self.params.items(), self.specs, strict=True)):
+            tr, dev = self.transforms[n], self.delta[n].device
+            own = torch.zeros(spec.n_chunks, spec.chunk_numel, device=dev)
+            own.scatter_(1, sent[i][0].to(dev), sent[i][1].to(dev))
+            self.delta[n].sub_(tr.decode(own))
+            if not decoded:
+                continue
+            avg = demo_aggregate([d[i] for d in decoded], spec.n_chunks, spec.chunk_numel, dev)
+            update = tr.decode(avg)
+            if self.sign:
+                update.sign_()
+            lr, wd = self._hyper(p)
+            if wd:
+                p.mul_(1.0 - lr * wd)
+            p.add_(update.to(p.dtype), alpha=-lr)
+        self.steps += 1
+        return StepReport(
+            synced=True,
+            committed=True,
+            round_id=res.round_id,
+            participants=len(res.participants),
+            bytes_sent=res.bytes_sent,
+            bytes_received=res.bytes_received,
+            extra={"dropped_payloads": float(dropped)},
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The local momentum of every parameter and the counters (the model is checkpointed apart)."""
+        return {
+            "steps": self.steps,
+            "failed_rounds": self.failed_rounds,
+            "dropped_payloads": self.dropped_payloads,
+            "delta": {n: t.clone() for n, t in self.delta.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` output (names and shapes are checked against the model)."""
+        delta = dict(state["delta"])
+        for n, p in self.params.items():
+            if n not in delta or tuple(delta[n].shape) != tuple(p.shape):
+                raise ConfigError(f"DeMo state: momentum {n!r} missing or mis-shaped")
+        self.delta = {n: delta[n].detach().clone().to(torch.float32) for n in self.params}
+        self.steps = int(state["steps"])
+        self.failed_rounds = int(state["failed_rounds"])
+        self.dropped_payloads = int(state["dropped_payloads"])
+
+    def close(self) -> None:
+        return None

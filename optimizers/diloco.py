@@ -1,0 +1,141 @@
+"""``DiLoCo``: H local steps of the inner optimizer, then an outer Nesterov step on the averaged
+pseudo-gradient.
+
+Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of Language Models". Every
+peer keeps an *anchor* (the last global parameters). After each ``H = inner_steps`` inner steps:
+
+    delta_i = anchor - local_i                         (pseudo-gradient, per peer)
+    delta   = all_reduce(delta_i, weight = tokens_i)   (through the configured codec)
+    anchor  = OuterSGD(anchor, delta)                  (lr 0.7, Nesterov momentum 0.9 by default)
+    local_i = anchor
+
+The inner optimizer's state is kept across outer steps, as in the paper.
+
+A round that does not commit changes nothing: the peer keeps training from its local parameters and
+tries again at the next sync point, where its pseudo-gradient then covers all steps since the last
+successful sync (and its weight all those tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from optimizers.base import (
+    STRATEGIES,
+    StrategyContext,
+    compressor_state,
+    load_compressor_state,
+    make_compressor,
+    require_collective,
+    trainable_parameters,
+)
+from optimizers.outer import OuterSGD
+from swarmtrain.errors import ConfigError
+from swarmtrain.protocols import StepReport
+
+__all__ = ["DiLoCo"]
+
+
+@STRATEGIES.register("diloco")
+class DiLoCo:
+    """DiLoCo with a configurable codec (and error feedback, through the codec) for the pseudo-gradient.
+
+    Options come from ``ctx.config``: ``inner_steps`` (H), ``outer_lr``, ``outer_momentum``,
+    ``nesterov``, ``sync_timeout``.
+
+    Raises:
+        ConfigError: without a collective.
+    """
+
+    name = "diloco"
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+        self.collective = require_collective(ctx, self.name)
+        cfg = ctx.config
+        if cfg.inner_steps < 1:
+            raise ConfigError(f"strategy.inner_steps must be >= 1, got {cfg.inner_steps}")
+        self.inner_steps = cfg.inner_steps
+        self.compressor = make_compressor(ctx)
+        self.params = trainable_parameters(ctx.model)
+        with torch.no_grad():
+            self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
+        self.outer = OuterSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
+        self.steps = 0
+        self.outer_steps = 0
+        self.failed_rounds = 0
+        self.tokens_since_sync = 0
+
+    @torch.no_grad()
+    def step(self, tokens: int) -> StepReport:
+        """One inner step; every ``H`` steps also the outer step."""
+        self.ctx.optimizer.step()
+        self.steps += 1
+        self.tokens_since_sync += int(tokens)
+        if self.steps % self.inner_steps != 0:
+            return StepReport()
+        return self._sync()
+
+    def _sync(self) -> StepReport:
+        pseudo = {n: self.anchor[n] - p.detach() for n, p in self.params.items()}
+        res = self.collective.all_reduce(
+            pseudo,
+            compressor=self.compressor,
+            reducer=self.ctx.reducer,
+            weight=float(self.tokens_since_sync),
+            timeout=self.ctx.config.sync_timeout,
+        )
+        report = StepReport(
+            synced=True,
+            committed=res.committed,
+            round_id=res.round_id,
+            participants=len(res.participants),
+            bytes_sent=res.bytes_sent,
+            bytes_received=res.bytes_received,
+        )
+        if not res.committed:
+            self.failed_rounds += 1
+            return report
+        self.outer.step(self.anchor, {n: res.tensors[n] for n in self.params})
+        for n, p in self.params.items():
+            p.copy_(self.anchor[n])
+        self.outer_steps += 1
+        self.tokens_since_sync = 0
+        return report
+
+    def state_dict(self) -> dict[str, Any]:
+        """Anchor, outer momentum, counters and codec state: enough to continue bit-exactly.
+
+        The model parameters and the inner optimizer are checkpointed by the trainer, not here.
+        """
+        return {
+            "steps": self.steps,
+            "outer_steps": self.outer_steps,
+            "failed_rounds": self.failed_rounds,
+            "tokens_since_sync": self.tokens_since_sync,
+            "anchor": {n: t.clone() for n, t in self.anchor.items()},
+            "outer": self.outer.state_dict(),
+            "compressor": compressor_state(self.compressor),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` output (shapes are checked against the model)."""
+        anchor = dict(state["anchor"])
+        if set(anchor) != set(self.params):
+            raise ConfigError("DiLoCo state: anchor names do not match the model's parameters")
+        for n, p in self.params.items():
+            if tuple(anchor[n].shape) != tuple(p.shape):
+                raise ConfigError(f"DiLoCo state: anchor {n!r} has shape {tuple(anchor[n].shape)}")
+        self.anchor = {n: anchor[n].detach().clone().to(p.dtype) for n, p in self.params.items()}
+        self.outer.load_state_dict(state["outer"])
+        self.steps = int(state["steps"])
+        self.outer_steps = int(state["outer_steps"])
+        self.failed_rounds = int(state["failed_rounds"])
+        self.tokens_since_sync = int(state["tokens_since_sync"])
+        load_compressor_state(self.compressor, dict(state.get("compressor", {})))
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,245 @@
+"""``StreamingDiLoCo``: DiLoCo that syncs one fragment at a time, overlapping the sync with training.
+
+Douillard et al. 2025, "Streaming DiLoCo with overlapping communication: towards a distributed free
+lunch". The model is split into ``F`` strided fragments (``optimizers.fragments``). Fragment ``f``
+syncs after the inner steps where ``step % H == offset_f``:
+
+    t:      delta_f = anchor_f - local_f(t)      (snapshot; its all-reduce starts in a background thread)
+    t+tau:  avg     = the all-reduce's result   (the thread is joined: training overlapped the transfer)
+            anchor_f = OuterSGD(anchor_f, avg)
+            local_f  = alpha * local_f(t+tau) + (1 - alpha) * anchor_f
+
+``alpha`` (``strategy.mixing``) weighs the *local* parameters, as in the paper: ``alpha = 0`` replaces
+them by the new global ones (plain DiLoCo per fragment). ``tau`` is ``strategy.overlap``; ``tau = 0``
+syncs in the calling thread. At most one fragment is ever in flight (checked when built), so the peak
+bytes of a sync are about ``1/F`` of a DiLoCo sync. What is exchanged goes through the configured
+codec; error-feedback residuals live in the codec, keyed by parameter name.
+
+A round that does not commit leaves the fragment untouched: it keeps training locally and retries at
+its next slot, with a pseudo-gradient (and token weight) covering all steps since its last good sync.
+``state_dict()`` joins an in-flight round and stores its outcome, so a checkpoint or a newcomer's
+download applies that result at the same step as every other peer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from optimizers.base import (
+    STRATEGIES,
+    StrategyContext,
+    compressor_state,
+    load_compressor_state,
+    make_compressor,
+    require_collective,
+    trainable_parameters,
+)
+from optimizers.fragments import fragment_offsets, split_fragments
+from optimizers.outer import OuterSGD
+from swarmtrain.errors import ConfigError
+from swarmtrain.protocols import RoundResult, StepReport
+
+__all__ = ["StreamingDiLoCo"]
+
+
+@dataclass
+class _Pending:
+    fragment: int
+    apply_at: int
+    future: cf.Future[RoundResult] | None = None
+    result: RoundResult | None = None
+
+    def wait(self) -> RoundResult:
+        if self.result is None:
+            if self.future is None:  # pragma: no cover - constructed with one of them
+                raise ConfigError("pending sync has neither a future nor a result")
+            self.result = self.future.result()
+            self.future = None
+        return self.result
+
+
+@STRATEGIES.register("streaming_diloco")
+class StreamingDiLoCo:
+    """Streaming DiLoCo (fragments, overlap tau, mixing alpha) over any codec.
+
+    Options come from ``ctx.config``: ``inner_steps`` (H), ``fragments`` (F), ``overlap`` (tau),
+    ``mixing`` (alpha), ``outer_lr``, ``outer_momentum``, ``nesterov``, ``sync_timeout``.
+
+    Raises:
+        ConfigError: without a collective, more fragments than blocks or than H, or an overlap that
+            would put two fragments in flight.
+    """
+
+    name = "streaming_diloco"
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+        self.collective = require_collective(ctx, self.name)
+        cfg = ctx.config
+        self.inner_steps = cfg.inner_steps
+        self.overlap = cfg.overlap
+        self.mixing = float(cfg.mixing)
+        self.offsets = fragment_offsets(cfg.inner_steps, cfg.fragments, cfg.overlap)
+        self.fragments = split_fragments(ctx.model, cfg.fragments)
+        self.compressor = make_compressor(ctx)
+        self.params = trainable_parameters(ctx.model)
+        with torch.no_grad():
+            self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
+        self.outer = OuterSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
+        self.steps = 0
+        self.outer_steps = [0] * len(self.fragments)
+        self.failed_rounds = 0
+        self.tokens_since_sync = [0] * len(self.fragments)
+        self.pending: _Pending | None = None
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    def _due(self) -> int | None:
+        phase = self.steps % self.inner_steps
+        for f, off in enumerate(self.offsets):
+            if off == phase:
+                return f
+        return None
+
+    @torch.no_grad()
+    def step(self, tokens: int) -> StepReport:
+        """One inner step; apply a sync that is due, then start the next fragment's sync if scheduled."""
+        self.ctx.optimizer.step()
+        self.steps += 1
+        self.tokens_since_sync = [t + int(tokens) for t in self.tokens_since_sync]
+        report = StepReport()
+        if self.pending is not None and self.pending.apply_at <= self.steps:
+            report = self._apply(self.pending)
+        f = self._due()
+        if f is not None:
+            if self.pending is not None:  # pragma: no cover - excluded by fragment_offsets
+                raise ConfigError("two fragments in flight; overlap is too long for the schedule")
+            self.pending = self._start(f)
+            if self.overlap == 0:
+                report = self._apply(self.pending)
+        return report
+
+    def _start(self, f: int) -> _Pending:
+        names = self.fragments[f]
+        pseudo = {n: self.anchor[n] - self.params[n].detach() for n in names}
+        weight = float(self.tokens_since_sync[f])
+        pending = _Pending(fragment=f, apply_at=self.steps + self.overlap)
+        if self.overlap == 0:
+            pending.result = self._reduce(pseudo, weight)
+        else:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streaming-diloco")
+            pending.future = self._pool.submit(self._reduce, pseudo, weight)
+        return pending
+
+    def _reduce(self, pseudo: dict[str, torch.Tensor], weight: float) -> RoundResult:
+        return self.collective.all_reduce(
+            pseudo,
+            compressor=self.compressor,
+            reducer=self.ctx.reducer,
+            weight=weight,
+            timeout=self.ctx.config.sync_timeout,
+        )
+
+    def _apply(self, pending: _Pending) -> StepReport:
+        res = pending.wait()
+        self.pending = None
+        f = pending.fragment
+        report = StepReport(
+            synced=True,
+            committed=res.committed,
+            round_id=res.round_id,
+            participants=len(res.participants),
+            bytes_sent=res.bytes_sent,
+            bytes_received=res.bytes_received,
+            extra={"fragment": float(f)},
+        )
+        if not res.committed:
+            self.failed_rounds += 1
+            return report
+        names = self.fragments[f]
+        self.outer.step(self.anchor, {n: res.tensors[n] for n in names})
+        for n in names:
+            p = self.params[n]
+            if self.mixing == 0.0:
+                p.copy_(self.anchor[n])
+            else:
+                p.mul_(self.mixing).add_(self.anchor[n], alpha=1.0 - self.mixing)
+        self.outer_steps[f] += 1
+        self.tokens_since_sync[f] = 0
+        return report
+
+    def state_dict(self) -> dict[str, Any]:
+        """Anchor, outer momentum, counters, codec state and the in-flight fragment's outcome.
+
+        An in-flight round is joined first (this blocks until it ends). The model parameters and the
+        inner optimizer are checkpointed by the trainer, not here.
+        """
+        pending: dict[str, Any] = {}
+        if self.pending is not None:
+            res = self.pending.wait()
+            pending = {
+                "fragment": self.pending.fragment,
+                "apply_at": self.pending.apply_at,
+                "round_id": res.round_id,
+                "participants": list(res.participants),
+                "bytes_sent": res.bytes_sent,
+                "bytes_received": res.bytes_received,
+                "committed": res.committed,
+                "reason": res.reason,
+                "tensors": {n: t.clone() for n, t in res.tensors.items()},
+            }
+        return {
+            "steps": self.steps,
+            "outer_steps": list(self.outer_steps),
+            "failed_rounds": self.failed_rounds,
+            "tokens_since_sync": list(self.tokens_since_sync),
+            "fragments": [list(g) for g in self.fragments],
+            "anchor": {n: t.clone() for n, t in self.anchor.items()},
+            "outer": self.outer.state_dict(),
+            "compressor": compressor_state(self.compressor),
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` output; the fragment split must match this model's."""
+        if [list(g) for g in state["fragments"]] != self.fragments:
+            raise ConfigError("StreamingDiLoCo state: fragment split differs from this model's")
+        anchor = dict(state["anchor"])
+        for n, p in self.params.items():
+            if n not in anchor or tuple(anchor[n].shape) != tuple(p.shape):
+                raise ConfigError(f"StreamingDiLoCo state: anchor {n!r} missing or mis-shaped")
+        if self.pending is not None:
+            self.pending.wait()
+        self.anchor = {n: anchor[n].detach().clone().to(p.dtype) for n, p in self.params.items()}
+        self.outer.load_state_dict(state["outer"])
+        self.steps = int(state["steps"])
+        self.outer_steps = [int(x) for x in state["outer_steps"]]
+        self.failed_rounds = int(state["failed_rounds"])
+        self.tokens_since_sync = [int(x) for x in state["tokens_since_sync"]]
+        load_compressor_state(self.compressor, dict(state.get("compressor", {})))
+        pend = dict(state.get("pending", {}))
+        self.pending = None
+        if pend:
+            res = RoundResult(
+                round_id=int(pend["round_id"]),
+                participants=tuple(str(x) for x in pend["participants"]),
+                bytes_sent=int(pend["bytes_sent"]),
+                bytes_received=int(pend["bytes_received"]),
+                committed=bool(pend["committed"]),
+                tensors={str(n): t.clone() for n, t in dict(pend["tensors"]).items()},
+                reason=str(pend["reason"]),
+            )
+            self.pending = _Pending(int(pend["fragment"]), int(pend["apply_at"]), result=res)
+
+    def close(self) -> None:
+        """Wait for an in-flight round and stop the background thread."""
+        if self.pending is not None and self.pending.future is not None:
+            self.pending.wait()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
