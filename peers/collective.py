@@ -234,7 +234,14 @@ class P2PCollective:
                 return True
             return all((typ, m) in slot for m in others)
 
-        slot = self._mailbox.wait(kind, group.round_id, ready, deadline)
+        slot = None
+        start = time.monotonic()
+        while slot is None and time.monotonic() < deadline:
+            # wait in short slices; between them, fail fast if a missing member has disconnected
+            slot = self._mailbox.wait(kind, group.round_id, ready, min(deadline, time.monotonic() + 2.0))
+            if slot is None and time.monotonic() - start > 2.0:
+                have = self._mailbox.snapshot(kind, group.round_id)
+                self._check_connected([m for m in others if (typ, m) not in have])
         if slot is None:
             have = self._mailbox.snapshot(kind, group.round_id)
             missing = [m[:12] for m in others if (typ, m) not in have]
@@ -247,6 +254,19 @@ class P2PCollective:
                 raise RoundFailed(f"{typ} from {m[:12]} belongs to another group or tensor layout")
             out[m] = d
         return out
+
+    def _check_connected(self, missing: list[str]) -> None:
+        """Raise ``RoundFailed`` if one of ``missing`` no longer has a connection to us."""
+        if not missing:
+            return
+        try:
+            infos = self.node.loop.run(self.node.p2p.list_peers(), 5.0)
+        except SwarmError:
+            return
+        connected = {str(i.peer_id.to_base58()) for i in infos}
+        gone = [m[:12] for m in missing if m not in connected]
+        if gone:
+            raise RoundFailed(f"members {gone} disconnected")
 
     def _begin(self, kind: str, timeout: float) -> tuple[int, float, Group]:
         if self._closed:

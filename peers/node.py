@@ -11,7 +11,9 @@ training of large neural networks using decentralized mixture-of-experts", 2020)
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import re
 import threading
 import time
@@ -29,6 +31,29 @@ __all__ = ["PeerNode", "validate_maddrs", "dht_time", "RUN_ID_PATTERN"]
 logger = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _DHT_CALL_TIMEOUT = 15.0
+
+
+_WATCHDOG_TASKS: list[asyncio.Task[None]] = []
+
+
+async def _tie_to_parent(dht: Any, node: Any) -> None:
+    """Runs inside hivemind's DHT process: when our main process dies, kill p2pd and exit.
+
+    hivemind's DHT child and its p2pd otherwise outlive a SIGKILLed main process (DESIGN.md 8);
+    a process-group kill handles supervised peers, this handles a peer started by hand.
+    """
+    parent = int(dht._parent_pid)
+
+    async def _watch() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if os.getppid() != parent:
+                child = getattr(getattr(node, "p2p", None), "_child", None)
+                if child is not None and child.returncode is None:
+                    child.kill()
+                os._exit(0)
+
+    _WATCHDOG_TASKS.append(asyncio.create_task(_watch()))
 
 
 def dht_time() -> float:
@@ -124,6 +149,7 @@ class PeerNode:
             self.loop.stop()
             raise SwarmError(f"the DHT did not start: {type(e).__name__}: {e}") from None
         try:
+            self.dht.run_coroutine(_tie_to_parent)
             self.p2p = self.loop.run(self.dht.replicate_p2p(), startup_timeout)
             self.peer_id = str(self.dht.peer_id.to_base58())
             self.visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]

@@ -1,0 +1,79 @@
+"""A member SIGKILLed mid-round: the survivors fail that round cleanly and commit a later one."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from typing import Any
+
+import torch
+from peer_helpers import Fp32Identity, PeerGroup, loopback_config, report, reporting_errors
+
+N_PEERS = 4
+VICTIM = 3
+KILL_ROUND = 1
+
+
+class KillingCodec(Fp32Identity):
+    """Fp32 codec that SIGKILLs its own process on the 2nd compress call of an armed round."""
+
+    def __init__(self, armed: bool) -> None:
+        self.armed = armed
+        self.calls = 0
+
+    def compress(self, t: torch.Tensor, *, key: str = ""):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.armed and self.calls == 2:  # one part already sent, the rest never will be
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().compress(t, key=key)
+
+
+def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int) -> None:
+    from peers import P2PCollective, PeerNode
+
+    with reporting_errors(q, rank), PeerNode(loopback_config("t-kill", initial)) as node:
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        coll = P2PCollective(node, min_peers=2, expected_peers=n, join_window=2.0)
+        node.wait_for_peers(n, timeout=60)  # start together, so round 0 has everybody
+        state = torch.full((50_000,), float(rank))
+        for r in range(max_rounds):
+            codec = KillingCodec(armed=(rank == VICTIM and r == KILL_ROUND))
+            res = coll.all_reduce({"x": state}, compressor=codec, timeout=20)
+            if res.committed:
+                state = res.tensors["x"]  # a failed round must change nothing: keep the old state
+            digest = hashlib.sha256(state.numpy().tobytes()).hexdigest()
+            report(
+                q,
+                "round",
+                rank,
+                {
+                    "round": res.round_id,
+                    "committed": res.committed,
+                    "participants": res.participants,
+                    "reason": res.reason,
+                    "digest": digest,
+                },
+            )
+
+
+def test_sigkill_mid_round_survivors_commit_later() -> None:
+    rounds = 3
+    with PeerGroup(worker, N_PEERS, args=(N_PEERS, rounds)) as g:
+        survivors = [r for r in range(N_PEERS) if r != VICTIM]
+        per_peer = {r: [g.wait_for("round", r, 90) for _ in range(rounds)] for r in survivors}
+        victim = g.procs[VICTIM]
+        assert victim.join(10) and victim.exitcode == -signal.SIGKILL
+    assert g.orphans == []
+    victim_id = g.ready[VICTIM]["peer_id"]
+    for r, hist in per_peer.items():
+        assert hist[0]["committed"] and len(hist[0]["participants"]) == N_PEERS, hist[0]
+        assert not hist[KILL_ROUND]["committed"], f"peer {r} committed the round the victim died in"
+        later = hist[KILL_ROUND + 1]
+        assert later["committed"], f"peer {r}: {later['reason']}"
+        assert victim_id not in later["participants"] and len(later["participants"]) == N_PEERS - 1
+    # identical state on every survivor after every round; the failed round changed nothing
+    for i in range(rounds):
+        assert len({per_peer[r][i]["digest"] for r in survivors}) == 1
+    for r in survivors:
+        assert per_peer[r][KILL_ROUND]["digest"] == per_peer[r][0]["digest"]
