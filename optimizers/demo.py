@@ -184,7 +184,10 @@ class DeMo:
         for n, p in self.params.items():
             if n not in delta or tuple(delta[n].shape) != tuple(p.shape):
                 raise ConfigError(f"DeMo state: momentum {n!r} missing or mis-shaped")
-        self.delta = {n: delta[n].detach().clone().to(torch.float32) for n in self.params}
+        self.delta = {
+            n: delta[n].detach().to(device=p.device, dtype=torch.float32, copy=True)
+            for n, p in self.params.items()
+        }
         self.steps = int(state["steps"])
         self.failed_rounds = int(state["failed_rounds"])
         self.dropped_payloads = int(state["dropped_payloads"])

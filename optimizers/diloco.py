@@ -62,7 +62,8 @@ class DiLoCo:
         self.compressor = make_compressor(ctx)
         self.params = trainable_parameters(ctx.model)
         with torch.no_grad():
-            self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
+            # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
+            self.anchor = {n: p.detach().to(torch.float32, copy=True) for n, p in self.params.items()}
         self.outer = OuterSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
         self.steps = 0
         self.outer_steps = 0
@@ -80,7 +81,7 @@ class DiLoCo:
         return self._sync()
 
     def _sync(self) -> StepReport:
-        pseudo = {n: self.anchor[n] - p.detach() for n, p in self.params.items()}
+        pseudo = {n: self.anchor[n] - p.detach().to(torch.float32) for n, p in self.params.items()}
         res = self.collective.all_reduce(
             pseudo,
             compressor=self.compressor,
@@ -129,7 +130,10 @@ class DiLoCo:
         for n, p in self.params.items():
             if tuple(anchor[n].shape) != tuple(p.shape):
                 raise ConfigError(f"DiLoCo state: anchor {n!r} has shape {tuple(anchor[n].shape)}")
-        self.anchor = {n: anchor[n].detach().clone().to(p.dtype) for n, p in self.params.items()}
+        self.anchor = {
+            n: anchor[n].detach().to(device=p.device, dtype=torch.float32, copy=True)
+            for n, p in self.params.items()
+        }
         self.outer.load_state_dict(state["outer"])
         self.steps = int(state["steps"])
         self.outer_steps = int(state["outer_steps"])

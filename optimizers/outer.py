@@ -54,6 +54,8 @@ class OuterSGD:
             g = g.to(p.dtype)
             if self.momentum > 0:
                 buf = self.buffers.get(name)
+                if buf is not None and buf.device != p.device:  # restored from a CPU checkpoint
+                    buf = self.buffers[name] = buf.to(p.device)
                 if buf is None:
                     buf = g.clone()
                     self.buffers[name] = buf

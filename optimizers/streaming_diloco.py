@@ -89,7 +89,8 @@ class StreamingDiLoCo:
         self.compressor = make_compressor(ctx)
         self.params = trainable_parameters(ctx.model)
         with torch.no_grad():
-            self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
+            # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
+            self.anchor = {n: p.detach().to(torch.float32, copy=True) for n, p in self.params.items()}
         self.outer = OuterSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
         self.steps = 0
         self.outer_steps = [0] * len(self.fragments)
@@ -125,7 +126,7 @@ class StreamingDiLoCo:
 
     def _start(self, f: int) -> _Pending:
         names = self.fragments[f]
-        pseudo = {n: self.anchor[n] - self.params[n].detach() for n in names}
+        pseudo = {n: self.anchor[n] - self.params[n].detach().to(torch.float32) for n in names}
         weight = float(self.tokens_since_sync[f])
         pending = _Pending(fragment=f, apply_at=self.steps + self.overlap)
         if self.overlap == 0:
@@ -168,7 +169,7 @@ class StreamingDiLoCo:
             if self.mixing == 0.0:
                 p.copy_(self.anchor[n])
             else:
-                p.mul_(self.mixing).add_(self.anchor[n], alpha=1.0 - self.mixing)
+                p.mul_(self.mixing).add_(self.anchor[n].to(p.dtype), alpha=1.0 - self.mixing)
         self.outer_steps[f] += 1
         self.tokens_since_sync[f] = 0
         return report
@@ -215,7 +216,10 @@ class StreamingDiLoCo:
                 raise ConfigError(f"StreamingDiLoCo state: anchor {n!r} missing or mis-shaped")
         if self.pending is not None:
             self.pending.wait()
-        self.anchor = {n: anchor[n].detach().clone().to(p.dtype) for n, p in self.params.items()}
+        self.anchor = {
+            n: anchor[n].detach().to(device=p.device, dtype=torch.float32, copy=True)
+            for n, p in self.params.items()
+        }
         self.outer.load_state_dict(state["outer"])
         self.steps = int(state["steps"])
         self.outer_steps = [int(x) for x in state["outer_steps"]]

@@ -8,13 +8,22 @@ with ``python tests/unit/test_demo.py``.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
-from strategy_helpers import IdentityCompressor, InProcessGroup, backward, batch, make_model, run_threads
+from strategy_helpers import (
+    IdentityCompressor,
+    InProcessGroup,
+    assert_plain,
+    backward,
+    batch,
+    make_model,
+    run_threads,
+)
 
 from optimizers import StrategyContext, build_strategy
 from optimizers.dct import ChunkedDCT
@@ -235,3 +244,46 @@ if __name__ == "__main__":
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
     FIXTURE.write_text(json.dumps(golden_case()))
     print(f"wrote {FIXTURE}")
+
+
+def _tiny_demo(coll: Any, seed: int = 0) -> tuple[torch.nn.Module, Any]:
+    model = make_model(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=3e-3, weight_decay=0.01)
+    cfg = StrategyConfig(name="demo", demo_chunk=8, demo_topk=3, demo_values="bf16")
+    return model, build_strategy(
+        StrategyContext(model, opt, cfg, CompressionConfig(), coll, None, IdentityCompressor())
+    )
+
+
+def test_state_dict_round_trip_is_bit_exact() -> None:
+    model, strat = _tiny_demo(InProcessGroup(1)[0])
+    for s in range(3):
+        backward(model, *batch(0, s))
+        strat.step(16)
+    state = copy.deepcopy(strat.state_dict())
+    assert_plain(state)
+    model2, strat2 = _tiny_demo(InProcessGroup(1)[0], seed=5)
+    model2.load_state_dict(copy.deepcopy(model.state_dict()))
+    strat2.load_state_dict(state)
+    for m, st in ((model, strat), (model2, strat2)):
+        for s in range(3, 7):
+            backward(m, *batch(0, s))
+            st.step(16)
+    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_failed_gather_changes_no_parameter_and_keeps_the_gradient() -> None:
+    group = InProcessGroup(1)
+    group.fail_rounds({0})
+    model, strat = _tiny_demo(group[0])
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    backward(model, *batch(0, 0))
+    grads = {k: v.grad.clone() for k, v in model.named_parameters() if v.grad is not None}
+    rep = strat.step(16)
+    assert rep.synced and not rep.committed
+    for k, v in model.named_parameters():
+        assert torch.equal(v.detach(), before[k])
+        torch.testing.assert_close(strat.delta[k], 3e-3 * grads[k])  # momentum = lr * g, nothing removed
+    backward(model, *batch(0, 1))
+    assert strat.step(16).committed and strat.failed_rounds == 1
