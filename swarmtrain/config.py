@@ -10,11 +10,11 @@ scalars/arrays when they parse, else taken as strings. Every validation failure 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmtrain.errors import ConfigError
@@ -43,6 +43,12 @@ class ModelConfig(_Section):
 
     preset: Literal["tiny", "small", "gpt2-124m"] = "tiny"
     block_size: int | None = Field(default=None, ge=8, le=8192, description="context length override")
+    n_layer: int | None = Field(default=None, ge=1, le=96, description="layer count override")
+    n_head: int | None = Field(default=None, ge=1, le=128, description="attention heads override")
+    n_embd: int | None = Field(default=None, ge=8, le=16384, description="width override")
+    vocab_size: int | None = Field(
+        default=None, ge=2, le=1 << 17, description="None: 256 for bytes, from the data for token files"
+    )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
 
@@ -57,12 +63,18 @@ class DataConfig(_Section):
     paths: list[str] = Field(default_factory=list)
     val_fraction: float = Field(default=0.02, gt=0.0, lt=0.5)
     max_bytes: int | None = Field(default=None, ge=1024, description="cap on corpus bytes read")
+    cache_dir: str | None = Field(
+        default=None, description="where the stdlib corpus is cached (None: $XDG_CACHE_HOME/swarmtrain)"
+    )
 
 
 class TrainConfig(_Section):
     """The local training loop."""
 
     device: str = "auto"
+    threads: int | None = Field(
+        default=None, ge=1, le=1024, description="torch CPU threads (None: torch's default, one per core)"
+    )
     seed: int = 0
     steps: int = Field(default=200, ge=1)
     max_time: float | None = Field(default=None, gt=0, description="stop after this many seconds")
@@ -236,6 +248,7 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> Config:
     """Build a validated ``Config``.
 
@@ -243,11 +256,12 @@ def load_config(
         path: optional TOML file with ``[model]``, ``[train]``, ... tables.
         overrides: CLI values as ``{"train.lr": 3e-4}``; ``None`` values are ignored (flag not given).
         env: the environment to read ``SWARMTRAIN_*`` from (``os.environ`` by default).
+        base: a lowest layer below the file, e.g. the config saved in a checkpoint being resumed.
 
     Raises:
         ConfigError: one line naming the problem.
     """
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = _deep_merge({}, base) if base is not None else {}
     if path is not None:
         data = _deep_merge(data, _file_layer(path))
     data = _deep_merge(data, _env_layer(os.environ if env is None else env))

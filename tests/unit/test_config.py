@@ -1,0 +1,86 @@
+"""Config loading: precedence defaults < file < env < CLI (< nothing), validation errors as one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarmtrain.config import Config, load_config
+from swarmtrain.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_defaults_without_sources() -> None:
+    cfg = load_config(env={})
+    assert cfg == Config()
+    assert cfg.model.preset == "tiny" and cfg.strategy.name == "local"
+
+
+def test_precedence_file_env_cli(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[train]\nlr = 0.01\nbatch_size = 4\nsteps = 7\n[model]\npreset = 'small'\n")
+    env = {"SWARMTRAIN_TRAIN__LR": "0.02", "SWARMTRAIN_TRAIN__BATCH_SIZE": "8", "HOME": "/x"}
+    cfg = load_config(path, {"train.lr": 0.03, "train.seed": None}, env=env)
+    assert cfg.train.lr == 0.03  # CLI beats env beats file
+    assert cfg.train.batch_size == 8  # env beats file
+    assert cfg.train.steps == 7  # file beats default
+    assert cfg.model.preset == "small"
+    assert cfg.train.seed == 0  # a None override means "flag not given"
+
+
+def test_base_layer_is_lowest(tmp_path: Path) -> None:
+    base = Config(train={"lr": 0.5, "steps": 11, "batch_size": 3}).model_dump(mode="json")  # type: ignore[arg-type]
+    path = _write(tmp_path, "[train]\nsteps = 12\n")
+    cfg = load_config(path, {"train.batch_size": 5}, env={}, base=base)
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.batch_size) == (0.5, 12, 5)
+
+
+def test_env_values_parse_as_toml() -> None:
+    env = {
+        "SWARMTRAIN_DATA__PATHS": '["a.txt", "b"]',
+        "SWARMTRAIN_TRAIN__COMPILE": "true",
+        "SWARMTRAIN_TRAIN__DEVICE": "cpu",
+    }
+    cfg = load_config(env=env)
+    assert cfg.data.paths == ["a.txt", "b"] and cfg.train.compile is True and cfg.train.device == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"overrides": {"train.lr": -1.0}}, "train.lr"),
+        ({"overrides": {"train.batch_size": 0}}, "train.batch_size"),
+        ({"overrides": {"model.preset": "huge"}}, "model.preset"),
+        ({"overrides": {"train.nope": 1}}, "train.nope"),
+        ({"overrides": {"lr": 1}}, "section.field"),
+        ({"env": {"SWARMTRAIN_LR": "1"}}, "SWARMTRAIN_LR"),
+        ({"env": {"SWARMTRAIN_TRAIN__STEPS": "many"}}, "train.steps"),
+    ],
+)
+def test_bad_values_name_the_field(kwargs: dict, needle: str) -> None:
+    kwargs.setdefault("env", {})
+    with pytest.raises(ConfigError) as ei:
+        load_config(**kwargs)
+    msg = str(ei.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_write(tmp_path, "[train\nlr=1"), env={})
+    with pytest.raises(ConfigError, match="modle"):
+        load_config(_write(tmp_path, "[modle]\npreset='tiny'\n"), env={})
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(_write(tmp_path, "[train]\nlr = 'fast'\n"), env={})
+
+
+def test_model_overrides_validated() -> None:
+    with pytest.raises(ConfigError, match="model.n_layer"):
+        load_config(None, {"model.n_layer": 0}, env={})
