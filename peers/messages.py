@@ -232,7 +232,7 @@ def decode_packet_bytes(data: bytes, *, max_bytes: int = MAX_FRAME) -> Packet:
     wire = _wire()
     if wire is not None:
         try:
-            return wire.decode_packet(data)  # type: ignore[no-any-return]
+            return wire.decode_packet(data, max_bytes=max_bytes)  # type: ignore[no-any-return]
         except ProtocolError:
             raise
         except Exception as e:  # a decoder bug must still surface as a typed protocol error

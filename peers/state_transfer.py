@@ -1,0 +1,340 @@
+"""State download for newcomers: donors serve a safetensors snapshot over streams, announced by hash.
+
+A donor runs a :class:`StateServer` with a *provider* callable returning ``(tensors, meta)``: the
+model, the outer optimizer state flattened to named tensors, and JSON-able ``meta`` that includes the
+``round`` number. ``refresh()`` serialises a snapshot with ``safetensors`` (meta goes into the file's
+metadata, so the hash covers it), keeps the last few snapshots by SHA-256 and announces
+``{hash, nbytes, round}`` under ``"<run_id>.state"`` in the DHT. :func:`download_state` picks the
+donor with the highest round, asks for exactly the announced hash, reads the bytes in parts over a
+stream, checks size cap and hash, and parses them with ``safetensors.torch.load`` (never
+``torch.load``/pickle). Bytes are counted in the ledger as kind ``"state"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgpack
+import torch
+
+from peers.ledger import STATE_ROUND, ByteLedger
+from peers.messages import Envelope, decode_envelope, encode_ack
+from peers.node import PeerNode, dht_time
+from peers.transport import (
+    PART_BYTES,
+    read_data_frames,
+    read_envelope,
+    read_frame,
+    split_bytes,
+    write_frame,
+)
+from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+
+__all__ = ["StateServer", "download_state", "StateProvider", "state_key", "META_KEY"]
+
+logger = logging.getLogger(__name__)
+StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]]
+META_KEY = "swarmtrain"
+KIND = "state"
+_FRAME_TIMEOUT = 30.0
+_MAX_META = 1 << 20
+
+
+def state_key(run_id: str) -> str:
+    """DHT key of the state announcements of ``run_id``."""
+    return f"{run_id}.state"
+
+
+def _handler_name(run_id: str) -> str:
+    return f"swarmtrain.{run_id}.state"
+
+
+def serialize_state(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
+    """``safetensors`` bytes of ``tensors`` with ``meta`` (JSON) in the file metadata."""
+    from safetensors.torch import save
+
+    clean = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+    try:
+        meta_json = json.dumps(dict(meta), sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"state meta must be JSON-serialisable: {e}") from None
+    return bytes(save(clean, metadata={META_KEY: meta_json}))
+
+
+def parse_state(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Parse safetensors bytes from a peer: ``(tensors, meta)``.
+
+    Raises:
+        ProtocolError: malformed header, metadata or tensors.
+    """
+    from safetensors.torch import load
+
+    if len(data) < 8:
+        raise ProtocolError("state too short")
+    (hlen,) = struct.unpack("<Q", data[:8])
+    if hlen > min(len(data) - 8, 100 << 20):
+        raise ProtocolError("state header length out of range")
+    try:
+        header = json.loads(data[8 : 8 + hlen])
+        meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "{}"))
+    except (ValueError, AttributeError, TypeError) as e:
+        raise ProtocolError(f"state header is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError("state meta is not a JSON object")
+    try:
+        tensors = load(data)
+    except Exception as e:  # safetensors raises its own error types on bad input
+        raise ProtocolError(f"state tensors do not parse: {type(e).__name__}: {e}") from None
+    return dict(tensors), meta
+
+
+class StateServer:
+    """Serves this peer's state to newcomers.
+
+    Args:
+        node: the started peer node.
+        provider: returns ``(tensors, meta)``; ``meta["round"]`` (int) is required.
+        run_id: default: the node's run ID.
+        ledger: default: ``node.ledger``.
+        keep: snapshots kept (a newcomer may ask for the previous one while we refresh).
+        announce_ttl: seconds an announcement lives; re-announced every third of it.
+    """
+
+    def __init__(
+        self,
+        node: PeerNode,
+        provider: StateProvider,
+        *,
+        run_id: str | None = None,
+        ledger: ByteLedger | None = None,
+        keep: int = 2,
+        announce_ttl: float = 60.0,
+    ) -> None:
+        self.node = node
+        self.provider = provider
+        self.run_id = run_id or node.run_id
+        self.ledger = ledger if ledger is not None else node.ledger
+        self.keep = max(1, keep)
+        self.announce_ttl = announce_ttl
+        self._snapshots: OrderedDict[bytes, bytes] = OrderedDict()
+        self._latest: tuple[bytes, int, int] | None = None  # (hash, nbytes, round)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.served = 0
+        node.loop.run(node.p2p.add_binary_stream_handler(_handler_name(self.run_id), self._handle), 15.0)
+        self._thread = threading.Thread(
+            target=self._reannounce, name="swarmtrain-state-announce", daemon=True
+        )
+        self._thread.start()
+
+    def refresh(self) -> str:
+        """Snapshot the provider's state now (call it from the training thread between steps) and
+        announce it. Returns the SHA-256 hex digest."""
+        tensors, meta = self.provider()
+        rnd = meta.get("round")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            raise ConfigError("state meta needs an integer 'round' >= 0")
+        data = serialize_state(tensors, meta)
+        digest = hashlib.sha256(data).digest()
+        with self._lock:
+            self._snapshots[digest] = data
+            while len(self._snapshots) > self.keep:
+                self._snapshots.popitem(last=False)
+            self._latest = (digest, len(data), rnd)
+        self._announce()
+        return digest.hex()
+
+    def _announce(self) -> None:
+        with self._lock:
+            latest = self._latest
+        if latest is None:
+            return
+        value = msgpack.packb({"hash": latest[0], "nbytes": latest[1], "round": latest[2]}, use_bin_type=True)
+        try:
+            self.node.dht.store(
+                state_key(self.run_id),
+                value,
+                dht_time() + self.announce_ttl,
+                subkey=self.node.peer_id,
+                return_future=True,
+            ).result(15.0)
+        except Exception as e:
+            logger.warning("announcing the state failed: %s", e)
+
+    def _reannounce(self) -> None:
+        while not self._stop.wait(self.announce_ttl / 3.0):
+            self._announce()
+
+    async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        sender = str(info.peer_id.to_base58())
+        sent = received = 0
+        try:
+            body, received = await read_envelope(reader, _FRAME_TIMEOUT)
+            env = decode_envelope(body)
+            if env.type != "state_req" or env.run != self.run_id:
+                raise ProtocolError("expected a state request for this run")
+            with self._lock:
+                data = self._snapshots.get(env.digest)
+            if data is None:
+                raise ProtocolError("requested state snapshot is not held (refreshed since)")
+            frames = split_bytes(data, PART_BYTES)
+            hdr = Envelope(
+                type="state_hdr",
+                run=self.run_id,
+                kind=KIND,
+                round=STATE_ROUND,
+                digest=env.digest,
+                frames=len(frames),
+                nbytes=len(data),
+            )
+            from peers.messages import encode_envelope
+
+            sent += write_frame(writer, encode_envelope(hdr))
+            for f in frames:
+                sent += write_frame(writer, f)
+                await writer.drain()
+            ack = await read_frame(reader, 1024, _FRAME_TIMEOUT)
+            received += 4 + len(ack)
+            self.served += 1
+        except (SwarmError, ConnectionError, OSError) as e:
+            logger.info("state request from %s failed: %s", sender[:16], e)
+        finally:
+            self.ledger.add_sent(KIND, STATE_ROUND, sent)
+            self.ledger.add_received(KIND, STATE_ROUND, received)
+            writer.close()
+
+    def close(self) -> None:
+        """Stop serving and announcing."""
+        self._stop.set()
+        try:
+            self.node.loop.run(self.node.p2p.remove_binary_stream_handler(_handler_name(self.run_id)), 5.0)
+        except Exception:
+            logger.debug("removing the state handler failed", exc_info=True)
+
+    def __enter__(self) -> StateServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[int, str, bytes, int]]:
+    """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first."""
+    try:
+        found = node.dht.get(state_key(run_id), latest=True, return_future=True).result(timeout)
+    except TimeoutError:
+        return []
+    if found is None or not isinstance(found.value, dict):
+        return []
+    out = []
+    for peer, item in found.value.items():
+        if peer == node.peer_id or not isinstance(item.value, bytes) or len(item.value) > 1024:
+            continue
+        try:
+            obj = msgpack.unpackb(item.value, raw=False, max_bin_len=64, max_str_len=64, max_map_len=8)
+            h, n, r = obj["hash"], obj["nbytes"], obj["round"]
+        except Exception:
+            continue
+        if isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0:
+            out.append((r, str(peer), h, n))
+    return sorted(out, key=lambda a: (-a[0], a[1]))
+
+
+def download_state(
+    node: PeerNode,
+    timeout: float = 300.0,
+    *,
+    run_id: str | None = None,
+    max_bytes: int = 8 << 30,
+    ledger: ByteLedger | None = None,
+    wait_for_donor: float = 30.0,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Download the freshest announced state of the run from a live donor.
+
+    Args:
+        node: this (newcomer) peer's node.
+        timeout: seconds for the whole download, donor search included.
+        run_id: default: the node's run ID.
+        max_bytes: refuse states larger than this.
+        ledger: default: ``node.ledger`` (kind ``"state"``).
+        wait_for_donor: seconds to keep looking when no donor has announced yet.
+
+    Returns:
+        ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt.
+
+    Raises:
+        PeerTimeoutError: no donor answered with a valid state in time.
+    """
+    from hivemind.p2p import PeerID
+
+    run = run_id or node.run_id
+    led = ledger if ledger is not None else node.ledger
+    deadline = time.monotonic() + timeout
+    donor_deadline = time.monotonic() + min(wait_for_donor, timeout)
+    errors: list[str] = []
+    while True:
+        for rnd, peer, digest, nbytes in _announcements(node, run, 15.0):
+            if nbytes > max_bytes:
+                errors.append(f"{peer[:12]}: {nbytes} bytes exceeds the cap")
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerTimeoutError(f"state download timed out ({'; '.join(errors)[:300]})")
+            try:
+                data = node.loop.run(_fetch(node, PeerID.from_base58(peer), run, digest, nbytes, led), left)
+                tensors, meta = parse_state(data)
+                if meta.get("round") != rnd:
+                    raise ProtocolError("state meta round differs from the announcement")
+                logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
+                return tensors, meta
+            except SwarmError as e:
+                errors.append(f"{peer[:12]}: {e}")
+                logger.warning("state download from %s failed: %s", peer[:12], e)
+        if time.monotonic() >= donor_deadline:
+            raise PeerTimeoutError(
+                f"no donor served a valid state ({'; '.join(errors)[:300] or 'none announced'})"
+            )
+        time.sleep(0.5)
+
+
+async def _fetch(
+    node: PeerNode, peer: Any, run: str, digest: bytes, nbytes: int, ledger: ByteLedger
+) -> bytes:
+    from peers.messages import encode_envelope
+
+    try:
+        _, reader, writer = await node.p2p.call_binary_stream_handler(peer, _handler_name(run))
+    except Exception as e:
+        raise SwarmError(f"cannot reach donor: {type(e).__name__}: {e}") from None
+    sent = received = 0
+    try:
+        req = Envelope(type="state_req", run=run, kind=KIND, round=STATE_ROUND, digest=digest)
+        sent += write_frame(writer, encode_envelope(req))
+        await writer.drain()
+        body, n = await read_envelope(reader, _FRAME_TIMEOUT)
+        received += n
+        hdr = decode_envelope(body)
+        if hdr.type != "state_hdr" or hdr.digest != digest or hdr.nbytes != nbytes:
+            raise ProtocolError("donor answered with another snapshot or size")
+        frames, n = await read_data_frames(reader, hdr, max_total=nbytes, timeout=_FRAME_TIMEOUT)
+        received += n
+        data = b"".join(frames)
+        if hashlib.sha256(data).digest() != digest:
+            raise ProtocolError("state bytes do not match the announced hash")
+        sent += write_frame(writer, encode_ack(True))
+        await writer.drain()
+        return data
+    except (ConnectionError, OSError) as e:
+        raise SwarmError(f"stream to donor broke: {e}") from None
+    finally:
+        ledger.add_sent(KIND, STATE_ROUND, sent)
+        ledger.add_received(KIND, STATE_ROUND, received)
+        writer.close()

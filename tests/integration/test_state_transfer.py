@@ -1,0 +1,101 @@
+"""A newcomer downloads the freshest state from live donors (safetensors over streams, hash-checked);
+a donor that gets SIGTERM deregisters cleanly."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+from typing import Any
+
+import torch
+from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
+
+ROUNDS = {0: 5, 1: 7}  # donor rank -> its round; the newcomer must pick the freshest (rank 1)
+TTL = 60.0
+
+
+def donor_state(rank: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    g = torch.Generator().manual_seed(rank)
+    tensors = {
+        "model.w": torch.randn(700, 1500, generator=g),  # ~4 MiB: several stream parts
+        "model.b": torch.randn(33, generator=g).to(torch.bfloat16),
+        "outer.momentum": torch.randn(1000, generator=g),
+        "step": torch.tensor([ROUNDS[rank] * 10], dtype=torch.int64),
+    }
+    return tensors, {"round": ROUNDS[rank], "strategy": "diloco", "rank": rank}
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k].contiguous()
+        h.update(f"{k}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def worker(rank: int, initial: list[str], q: Any) -> None:
+    from peers import P2PCollective, PeerNode, StateServer, download_state
+    from peers.process import GracefulExit
+
+    with (
+        reporting_errors(q, rank),
+        GracefulExit() as stop,
+        PeerNode(loopback_config("t-state", initial), heartbeat_ttl=TTL) as node,
+    ):
+        if rank in ROUNDS:  # donor: serve until SIGTERM, then leave through the with-blocks
+            server = StateServer(node, lambda: donor_state(rank))
+            server.refresh()
+            report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+            stop.wait(120)
+            server.close()
+            return
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        coll = P2PCollective(node)
+        tensors, meta = download_state(node, timeout=60)
+        coll.round_id = int(meta["round"])  # a newcomer adopts the run's round number
+        totals = node.ledger.totals()["by_kind"]
+        report(
+            q,
+            "result",
+            rank,
+            {
+                "digest": digest(tensors),
+                "meta": meta,
+                "dtypes": {k: str(v.dtype) for k, v in tensors.items()},
+                "state_bytes": totals["state"]["received"],
+                "round_id": coll.round_id,
+            },
+        )
+        # the test now SIGTERMs donor 1; its tombstone must remove it long before its TTL (60 s) ends
+        start = time.monotonic()
+        while time.monotonic() - start < TTL / 2:
+            ids = {p.peer_id for p in node.live_peers()}
+            if len(ids) < 3:
+                report(q, "left", rank, {"remaining": sorted(ids), "after_s": time.monotonic() - start})
+                return
+            time.sleep(0.2)
+        report(q, "left", rank, {"remaining": None, "after_s": None})
+
+
+def test_newcomer_downloads_freshest_state_and_donor_deregisters() -> None:
+    with PeerGroup(worker, 2) as g:
+        newcomer = g.spawn(2, g.bootstrap_maddrs)
+        g.ready[2] = g.wait_for("ready", 2, 90)
+        res = g.wait_for("result", 2, 90)
+        donor1 = g.procs[1]
+        donor1.signal(signal.SIGTERM)  # the main process only: it must shut its node down itself
+        assert donor1.join(20), "donor did not exit after SIGTERM"
+        left = g.wait_for("left", 2, 60)
+        newcomer.join(30)
+    assert g.orphans == []
+    expected, meta = donor_state(1)
+    assert res["digest"] == digest(expected), "downloaded tensors differ from the freshest donor's"
+    assert res["meta"] == meta and res["round_id"] == ROUNDS[1]
+    assert res["dtypes"]["model.b"] == "torch.bfloat16" and res["dtypes"]["step"] == "torch.int64"
+    nbytes = sum(t.numel() * t.element_size() for t in expected.values())
+    assert res["state_bytes"] >= nbytes, "the ledger must count the state bytes received"
+    assert donor1.exitcode == 0, f"donor exit code {donor1.exitcode}"
+    assert left["remaining"] is not None, "the SIGTERMed donor's record never disappeared"
+    assert g.ready[1]["peer_id"] not in left["remaining"]
