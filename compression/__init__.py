@@ -1,1 +1,42 @@
-"""Tensor codecs: pure math, no network (DESIGN.md section 3)."""
+"""Tensor codecs: pure math, no network (DESIGN.md section 3).
+
+Every codec is registered by name in ``CODECS`` (``none``, ``fp16``, ``bf16``, ``int8``, ``int4``,
+``ternary``, ``topk``; composites ``topk+<codec>``) and implements ``swarmtrain.protocols.Compressor``:
+``compress(t, *, key="") -> Packet`` and ``decompress(p) -> Tensor``. ``ErrorFeedback`` and ``EF21``
+wrap any of them. ``swarmtrain.wire`` turns packets into bytes and back; decoders treat packets as
+hostile and raise ``ProtocolError`` on any inconsistency.
+"""
+
+from __future__ import annotations
+
+from compression.base import CODECS, DTYPES, Codec
+from compression.blockwise import BlockwiseCodec, Int4Compressor, Int8Compressor
+from compression.cast import BF16Compressor, FP16Compressor, Identity, NoneCompressor
+from compression.factory import VALUE_CODECS, build_compressor, codec_names, decompress_any, make_codec
+from compression.feedback import EF21, ErrorFeedback
+from compression.kernels import compile_mode
+from compression.ternary import TernaryCompressor
+from compression.topk import TopKCompressor
+
+__all__ = [
+    "CODECS",
+    "DTYPES",
+    "VALUE_CODECS",
+    "Codec",
+    "BlockwiseCodec",
+    "NoneCompressor",
+    "Identity",
+    "FP16Compressor",
+    "BF16Compressor",
+    "Int8Compressor",
+    "Int4Compressor",
+    "TernaryCompressor",
+    "TopKCompressor",
+    "ErrorFeedback",
+    "EF21",
+    "build_compressor",
+    "make_codec",
+    "codec_names",
+    "decompress_any",
+    "compile_mode",
+]

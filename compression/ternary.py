@@ -1,0 +1,194 @@
+"""TernGrad: unbiased stochastic ternarisation (Wen et al., "TernGrad: Ternary Gradients to Reduce
+Communication in Distributed Deep Learning", NeurIPS 2017), with one scale per block.
+
+Each block of ``block`` elements keeps its absmax ``s`` (float32) and sends, per element, a code in
+``{-1, 0, +1}``: ``sign(x) * Bernoulli(|x| / s)``; decoding gives ``s * code``, so the expectation is
+``x``. Codes take 2 bits (``0`` -> 0, ``1`` -> +1, ``2`` -> -1; the decoder reads the unused ``3``
+as 0), four per byte, element ``4i + j`` in bits ``2j..2j+1``.
+
+Randomness. The uniform draws come from a counter-based hash of (seed, key, call number, element
+index) computed with exact integer arithmetic, not from a ``torch.Generator``: the same inputs give
+the same packet on CPU and GPU and on the eager and compiled paths, and a run is reproducible from
+``seed``. Each draw has 24 bits and sits at the middle of its cell (``(k + 0.5) / 2**24``), so the
+rounding probability differs from ``|x| / s`` by at most ``2**-25`` and values below ``2**-25 * s``
+always round to 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from compression.base import (
+    CODECS,
+    Codec,
+    buffer_tensor,
+    check_finite_absmax,
+    check_packet,
+    check_scales,
+    dtype_name,
+    int_param,
+    tensor_bytes,
+)
+from compression.blockwise import MAX_BLOCK, MIN_BLOCK
+from compression.kernels import Kernel
+from swarmtrain.errors import ConfigError, ProtocolError
+from swarmtrain.packet import Packet
+
+__all__ = ["TernaryCompressor", "hash_uniform"]
+
+_M32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B  # < 2**27, so the products below stay far from int64 overflow
+_KERNELS: dict[tuple[str, int], Kernel] = {}
+
+
+def hash_uniform(idx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Uniform float32 draws in ``(0, 1)`` from int64 element indices and an int64 ``base``.
+
+    A 32-bit integer mixer (two multiply-xorshift rounds) of ``(idx + base) mod 2**32``; its top 24
+    bits give ``(k + 0.5) / 2**24``. Pure integer ops, so every device and compiler agrees.
+    """
+    h = (idx + base) & _M32
+    h = (((h >> 16) ^ h) * _MUL) & _M32
+    h = (((h >> 16) ^ h) * _MUL) & _M32
+    h = (h >> 16) ^ h
+    return ((h >> 8).float() + 0.5) * (2.0**-24)
+
+
+def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    def enc(x: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xb = x.reshape(-1, block).float()  # [nb, block], block % 4 == 0
+        am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
+        s = torch.where(am > 0, am, torch.ones_like(am))
+        idx = torch.arange(xb.numel(), device=x.device, dtype=torch.int64).reshape(xb.shape)
+        keep = hash_uniform(idx, base) < xb.abs() / s
+        code = torch.where(keep, torch.where(xb < 0, 2, 1), 0).to(torch.uint8).reshape(-1, 4)
+        packed = code[:, 0] | (code[:, 1] << 2) | (code[:, 2] << 4) | (code[:, 3] << 6)
+        return packed, am.reshape(-1)
+
+    return enc
+
+
+def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def dec(packed: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        c = torch.stack([(packed >> sh) & 3 for sh in (0, 2, 4, 6)], dim=1)  # [m, 4]
+        v = (c == 1).to(torch.int8) - (c == 2).to(torch.int8)  # 0->0, 1->1, 2->-1, 3->0
+        return (v.reshape(-1, block).float() * s.reshape(-1, 1)).to(dtype).reshape(-1)
+
+    return dec
+
+
+def _kernel(kind: str, block: int, make: Callable[[int], Callable[..., Any]]) -> Kernel:
+    k = _KERNELS.get((kind, block))
+    if k is None:
+        k = _KERNELS[(kind, block)] = Kernel(make(block), f"{kind}[block={block}]")
+    return k
+
+
+@CODECS.register("ternary")
+class TernaryCompressor(Codec):
+    """TernGrad ternarisation: ``0.25 + 4 / block`` bytes per element, unbiased.
+
+    Error bound: each decoded element is ``0`` or ``sign(x) * absmax`` of its block, so it is within
+    ``absmax`` of the input; ``E[decode(compress(x))] = x`` up to ``2**-25 * absmax`` per element.
+    The variance of an element is ``|x| * (absmax - |x|)``.
+
+    Args:
+        block: elements per block (multiple of 8, at most 2**20).
+        seed: seeds the draws; with the per-key call counter (kept in ``state_dict``) it fixes every
+            packet of a run.
+        device: where ``decompress`` puts its output.
+    """
+
+    name = "ternary"
+
+    def __init__(self, block: int = 256, seed: int = 0, device: str | torch.device | None = None) -> None:
+        super().__init__(device)
+        if type(block) is not int or block % 8 or not MIN_BLOCK <= block <= MAX_BLOCK:
+            raise ConfigError(f"codec 'ternary': block must be a multiple of 8 in [8, 2**20], got {block}")
+        self.block = block
+        self.seed = int(seed)
+        self._calls: dict[str, int] = {}
+
+    def payload_nbytes(self, numel: int, dtype: str = "float32") -> int:
+        """``ceil(numel / 4)`` code bytes plus 4 bytes per block."""
+        return (numel + 3) // 4 + 4 * (-(-numel // self.block))
+
+    def _base(self, key: str) -> int:
+        n = self._calls.get(key, 0)
+        self._calls[key] = n + 1
+        digest = hashlib.blake2b(f"{self.seed}\0{key}\0{n}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "little")
+
+    def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
+        """Ternarise ``t`` with fresh draws (the ``key``'s call counter advances)."""
+        dtype = dtype_name(t, self.name)
+        x = t.detach().reshape(-1)
+        n = x.numel()
+        base = self._base(key)
+        full = n - n % self.block
+        codes, absmax = [], []
+        if full:
+            b = torch.tensor(base, dtype=torch.int64, device=x.device)
+            c, a = _kernel("ternary-enc", self.block, _encoder)(x[:full], b, numel=full)
+            codes.append(c)
+            absmax.append(a)
+        if n > full:
+            tail = x[full:]
+            width = tail.numel() + (-tail.numel()) % 8
+            padded = torch.zeros(width, dtype=x.dtype, device=x.device)
+            padded[: tail.numel()] = tail
+            b = torch.tensor(base + full, dtype=torch.int64, device=x.device)
+            c, a = _encoder(width)(padded, b)
+            codes.append(c[: (tail.numel() + 3) // 4])
+            absmax.append(a)
+        am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
+        check_finite_absmax(am, dtype, self.name)
+        return Packet(
+            codec=self.name,
+            shape=tuple(t.shape),
+            dtype=dtype,
+            buffers=(tensor_bytes(*codes), tensor_bytes(am.float())),
+            params=(("block", self.block),),
+        )
+
+    def decompress(self, p: Packet) -> torch.Tensor:
+        """Decode ``p``; ``ProtocolError`` if it is inconsistent (lengths, block, scales)."""
+        dtype = check_packet(p, self.name, 2)
+        block = int_param(p, "block", MIN_BLOCK, MAX_BLOCK)
+        if block % 8:
+            raise ProtocolError(f"codec 'ternary': block {block} is not a multiple of 8")
+        n = p.numel
+        nblocks = -(-n // block)
+        codes = buffer_tensor(p.buffers[0], torch.uint8, (n + 3) // 4, "ternary codes").to(self.device)
+        scales = buffer_tensor(p.buffers[1], torch.float32, nblocks, "ternary scales")
+        check_scales(scales, p.dtype, 1, self.name)
+        scales = scales.to(self.device)
+        full = n - n % block
+        parts = []
+        if full:
+            kern = _kernel(f"ternary-dec-{p.dtype}", block, lambda b: _decoder(b, dtype))
+            parts.append(kern(codes[: full // 4], scales[: full // block], numel=full))
+        if n > full:
+            width = (n - full) + (-(n - full)) % 8
+            tail = codes[full // 4 :]
+            if width // 4 > tail.numel():
+                tail = torch.cat([tail, tail.new_zeros(width // 4 - tail.numel())])
+            parts.append(_decoder(width, dtype)(tail, scales[full // block :])[: n - full])
+        flat = torch.cat(parts) if len(parts) > 1 else (parts[0] if parts else torch.zeros(0, dtype=dtype))
+        return self._out(flat, p)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The seed and per-key call counters (restoring them reproduces the next packets)."""
+        return {"seed": self.seed, "calls": dict(self._calls)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` output."""
+        self.seed = int(state["seed"])
+        self._calls = {str(k): int(v) for k, v in dict(state["calls"]).items()}
+
+    def __repr__(self) -> str:
+        return f"TernaryCompressor(block={self.block}, seed={self.seed})"
