@@ -163,6 +163,7 @@ class PeerNode:
             version=__version__,
             region=config.region,
             maddrs=tuple(self.visible_maddrs),
+            time=dht_time(),
         )
         self._publish_record = publish_record
         if publish_record:

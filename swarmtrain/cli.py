@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "main"]
 
 # Sub-command modules, each with ``register(app: typer.Typer) -> None``.
-COMMAND_MODULES: tuple[str, ...] = ("swarmtrain.commands.train",)
+COMMAND_MODULES: tuple[str, ...] = ("swarmtrain.commands.train", "swarmtrain.commands.peers")
 
 app = typer.Typer(
     name="swarmtrain",

@@ -1,0 +1,93 @@
+"""``swarmtrain dht`` / ``swarmtrain status`` as real processes; identity file keeps the peer ID."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from peers.process import PeerProcess, find_orphans, spawn_command
+from swarmtrain.cli import run
+
+CLI = [sys.executable, "-c", "from swarmtrain.cli import main; main()"]
+
+
+def _start_dht(identity: Path) -> tuple[PeerProcess, str, list[str]]:
+    proc = spawn_command(
+        [
+            *CLI,
+            "dht",
+            "--host-maddrs",
+            "/ip4/127.0.0.1/tcp/0",
+            "--identity",
+            str(identity),
+            "--run-id",
+            "t-node",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    out = proc._handle.stdout
+
+    def pump() -> None:
+        for line in out:
+            lines.put(line.rstrip())
+
+    threading.Thread(target=pump, daemon=True).start()
+    peer_id, maddrs = "", []
+    while True:
+        line = lines.get(timeout=90)
+        if line.startswith("peer id:"):
+            peer_id = line.split(":", 1)[1].strip()
+        elif line.strip().startswith("/ip4/"):
+            maddrs.append(line.strip())
+            break
+    return proc, peer_id, maddrs
+
+
+def test_dht_status_and_identity(tmp_path: Path) -> None:
+    key = tmp_path / "keys" / "boot.key"
+    proc, peer_id, maddrs = _start_dht(key)
+    try:
+        assert key.is_file() and peer_id and maddrs[0].endswith(f"/p2p/{peer_id}")
+        status = subprocess.run(
+            [*CLI, "status", "--initial-peers", maddrs[0], "--run-id", "t-node", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert status.returncode == 0, status.stderr[-2000:]
+        records = json.loads(status.stdout.strip().splitlines()[-1])
+        assert [(r["peer_id"], r["role"]) for r in records] == [(peer_id, "bootstrap")]
+        table = subprocess.run(
+            [*CLI, "status", "--initial-peers", maddrs[0], "--run-id", "t-node"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert table.returncode == 0 and peer_id[-12:] in table.stdout and "bootstrap" in table.stdout
+        proc.signal(signal.SIGTERM)  # the CLI deregisters and exits cleanly
+        assert proc.join(30) and proc.exitcode == 0
+    finally:
+        proc.terminate(grace=2.0)
+    assert find_orphans(proc.marker) == []
+    # restart with the same key file: same peer ID
+    proc2, peer_id2, _ = _start_dht(key)
+    try:
+        assert peer_id2 == peer_id
+    finally:
+        proc2.terminate(grace=5.0)
+    assert find_orphans(proc2.marker) == []
+
+
+def test_bad_multiaddr_is_one_clear_line(capsys: object) -> None:
+    rc = run(["status", "--initial-peers", "/ip4/not-an-ip/tcp/1"])
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("swarmtrain: error: initial_peers: malformed multiaddr")
