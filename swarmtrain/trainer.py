@@ -50,7 +50,7 @@ class StepInfo:
     tokens: int  # tokens this peer has trained on so far
     lr: float
     elapsed_s: float  # wall time of this fit() call so far
-    tokens_per_s: float  # this fit() call's throughput so far
+    tokens_per_s: float  # this fit() call's training throughput so far (evaluation and saving excluded)
     report: StepReport
     loss_tensor: torch.Tensor
     grad_norm_tensor: torch.Tensor | None = None
@@ -75,12 +75,13 @@ class TrainResult:
     tokens: int
     final_train_loss: float
     final_val_loss: float | None
-    wall_s: float
+    wall_s: float  # wall time of this fit() call (mid-run evals and checkpoints in, the final eval out)
     history: list[dict[str, Any]] = field(default_factory=list)  # the train/eval records logged
     metrics_path: str | None = None
     checkpoint_dir: str | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    train_s: float = 0.0  # wall_s without evaluation and checkpoint saving
 
 
 def resolve_device(name: str) -> torch.device:
@@ -222,7 +223,7 @@ class Trainer:
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
             return x
-        return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device, non_blocking=True)
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor | None, StepReport, float]:
         """One optimisation step.
@@ -290,6 +291,7 @@ class Trainer:
         self.model.train()
         t0 = time.perf_counter()
         tokens0 = self.tokens
+        paused = 0.0  # evaluation and checkpoint time, left out of tokens/s
         last_loss = torch.full((), math.nan)
         window: list[torch.Tensor] = []
         val_loss: float | None = None
@@ -302,13 +304,15 @@ class Trainer:
                 last_loss, grad_norm, report, lr = self.train_step()
                 window.append(last_loss)
                 elapsed = time.perf_counter() - t0
-                tps = (self.tokens - tokens0) / max(elapsed, 1e-9)
+                tps = (self.tokens - tokens0) / max(elapsed - paused, 1e-9)
                 if report.synced:
                     metrics.write(self._sync_record(report))
                 step_val: float | None = None
                 if self.step % tc.eval_interval == 0 and self.step < end:
+                    t_pause = time.perf_counter()
                     step_val = val_loss = self._logged_eval(metrics, history)
                     val_step = self.step
+                    paused += time.perf_counter() - t_pause
                 if self.step % tc.log_interval == 0 or self.step == end:
                     rec = self._train_record(window, grad_norm, lr, tps, elapsed)
                     window = []
@@ -320,10 +324,10 @@ class Trainer:
                 else:
                     bar.update(self.step)
                 if tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0:
-                    self._fit_elapsed = time.perf_counter() - t0
-                    t_save = time.perf_counter()
+                    t_pause = time.perf_counter()
+                    self._fit_elapsed = t_pause - t0
                     self.save_checkpoint(self.checkpoint_dir)
-                    t0 += time.perf_counter() - t_save  # saving time is not training time
+                    paused += time.perf_counter() - t_pause
                 if on_step is not None:
                     on_step(
                         StepInfo(
@@ -332,7 +336,7 @@ class Trainer:
                     )
             wall = time.perf_counter() - t0
             if window:
-                tps = (self.tokens - tokens0) / max(wall, 1e-9)
+                tps = (self.tokens - tokens0) / max(wall - paused, 1e-9)
                 rec = self._train_record(window, None, lr_at(max(self.step - 1, 0), tc), tps, wall)
                 metrics.write(rec)
                 history.append(rec)
@@ -351,6 +355,7 @@ class Trainer:
             checkpoint_dir=str(self.checkpoint_dir) if tc.checkpoint_interval else None,
             bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received,
+            train_s=wall - paused,
         )
 
     def _logged_eval(self, metrics: MetricsWriter, history: list[dict[str, Any]]) -> float:

@@ -123,14 +123,14 @@ def _run(cfg: Any, resume: str | None) -> None:
     tokens_before = trainer.tokens
     try:
         result = trainer.fit(on_step)
+        path = trainer.save_checkpoint(trainer.checkpoint_dir)
     except KeyboardInterrupt:
         path = trainer.save_checkpoint(trainer.checkpoint_dir)
         out.print(f"interrupted at step {trainer.step}; checkpoint saved to {path}")
         raise
     finally:
         trainer.close()
-    path = trainer.save_checkpoint(trainer.checkpoint_dir)
-    tps = ((result.tokens - tokens_before) / result.wall_s) if result.wall_s > 0 else 0.0
+    tps = ((result.tokens - tokens_before) / result.train_s) if result.train_s > 0 else 0.0
     val = "n/a" if result.final_val_loss is None else f"{result.final_val_loss:.4f}"
     out.print(
         f"done: step {result.steps}/{tc.steps}, {result.tokens:,} tokens, {result.wall_s:.1f} s this run "
