@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-import compression
+from compression import build_compressor
 from swarmtrain.config import CompressionConfig, StrategyConfig
 from swarmtrain.errors import ConfigError
 from swarmtrain.protocols import Collective, Compressor, Reducer, Strategy
@@ -66,10 +66,7 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
     """The codec a strategy sends through: ``ctx.compressor`` or one built from ``ctx.compression``."""
     if ctx.compressor is not None:
         return ctx.compressor
-    build = getattr(compression, "build_compressor", None)
-    if build is None:
-        raise ConfigError("compression.build_compressor is not available in this installation")
-    comp: Compressor = build(ctx.compression)
+    comp: Compressor = build_compressor(ctx.compression)
     return comp
 
 
