@@ -24,7 +24,11 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "main"]
 
 # Sub-command modules, each with ``register(app: typer.Typer) -> None``.
-COMMAND_MODULES: tuple[str, ...] = ("swarmtrain.commands.train", "swarmtrain.commands.peers")
+COMMAND_MODULES: tuple[str, ...] = (
+    "swarmtrain.commands.train",
+    "swarmtrain.commands.peers",
+    "swarmtrain.commands.simulate",
+)
 
 app = typer.Typer(
     name="swarmtrain",

@@ -161,6 +161,9 @@ class PeersConfig(_Section):
     region: str = "unknown"
     min_peers: int = Field(default=1, ge=1)
     round_timeout: float = Field(default=60.0, gt=0)
+    join_window: float = Field(
+        default=3.0, gt=0, le=600, description="seconds a round's leader waits for late joiners"
+    )
     reducer: str = "mean"
     byzantine_f: int = Field(default=0, ge=0, description="peers the reducer must tolerate")
 

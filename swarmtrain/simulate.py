@@ -1,0 +1,295 @@
+"""A local multi-peer run: a bootstrap DHT node and N real peer processes on 127.0.0.1.
+
+Each peer is a separate interpreter in its own process group (``peers.process.spawn_function``), with
+its own hivemind DHT node and p2pd daemon; the peers find each other through the bootstrap node and
+train one model with the configured strategy over ``peers.P2PCollective``. The parent collects each
+peer's outcome through a queue (final validation loss, a digest of its parameters after every
+committed sync, its byte ledger) and always tears every process group down.
+
+``run_simulation`` is what ``swarmtrain simulate`` and the integration tests drive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing as mp
+import queue as queue_mod
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from swarmtrain.config import Config
+from swarmtrain.errors import PeerTimeoutError, SwarmError
+
+__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "param_digest"]
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over every parameter's bytes, in name order: equal digests mean bit-identical models."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class PeerOutcome:
+    """What one peer reports at the end of its run."""
+
+    rank: int
+    peer_id: str
+    steps: int
+    tokens: int
+    final_train_loss: float
+    final_val_loss: float | None
+    final_digest: str
+    sync_digests: dict[int, str]  # round id -> parameter digest right after that committed sync
+    committed_rounds: int
+    failed_rounds: int
+    bytes_sent: int
+    bytes_received: int
+    ledger: dict[str, Any]
+    wall_s: float
+
+
+@dataclass
+class SimulationResult:
+    """The outcome of one simulated run (one strategy/codec over N peers)."""
+
+    strategy: str
+    compressor: str
+    peers: int
+    steps: int
+    tokens: int
+    final_val_loss: float
+    params_identical: bool
+    bytes_sent_per_peer: float
+    bytes_received_per_peer: float
+    wall_s: float
+    outcomes: list[PeerOutcome] = field(default_factory=list)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes sent per peer per token that peer trained on."""
+        per_peer_tokens = self.tokens / max(self.peers, 1)
+        return self.bytes_sent_per_peer / max(per_peer_tokens, 1)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-data summary (no per-peer details)."""
+        d = asdict(self)
+        d.pop("outcomes")
+        d["bytes_per_token"] = self.bytes_per_token
+        return d
+
+
+# ------------------------------------------------------------------------------ child processes
+def _quiet_logs(level: int) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+    logging.getLogger("hivemind").setLevel(max(level, logging.ERROR))
+
+
+def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
+    """A DHT bootstrap node: reports its multiaddrs, then serves until its group is terminated."""
+    from peers import GracefulExit, PeerNode
+
+    _quiet_logs(log_level)
+
+    cfg = Config.model_validate_json(cfg_json)
+    try:
+        with GracefulExit() as stop, PeerNode(cfg.peers, role="bootstrap") as node:
+            q.put(("bootstrap", -1, node.visible_maddrs))
+            stop.wait(None)
+    except BaseException as e:  # report, never hang the parent
+        q.put(("error", -1, f"bootstrap: {type(e).__name__}: {e}"))
+
+
+def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
+    """One training peer: node + collective + trainer; reports progress and a final ``PeerOutcome``."""
+    from peers import GracefulExit, P2PCollective, PeerNode
+    from peers.reducers import build_reducer
+    from swarmtrain.trainer import StepInfo, Trainer
+
+    _quiet_logs(log_level)
+
+    cfg = Config.model_validate_json(cfg_json)
+    try:
+        with GracefulExit() as stop, PeerNode(cfg.peers, role="trainer") as node:
+            collective = P2PCollective(
+                node,
+                min_peers=cfg.peers.min_peers,
+                expected_peers=n_peers,
+                join_window=cfg.peers.join_window,
+            )
+            reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f)
+            trainer = Trainer(cfg, collective=collective, peer_index=rank, num_peers=n_peers, reducer=reducer)
+            digests: dict[int, str] = {}
+            counts = {"committed": 0, "failed": 0}
+
+            def on_step(info: StepInfo) -> None:
+                r = info.report
+                if r.synced:
+                    if r.committed:
+                        counts["committed"] += 1
+                        digests[r.round_id] = param_digest(trainer.model)
+                    else:
+                        counts["failed"] += 1
+                    node.publish(step=info.step, round=r.round_id, throughput=info.tokens_per_s)
+                if info.step % cfg.train.log_interval == 0 or r.synced:
+                    q.put(("step", rank, (info.step, info.loss)))
+                if stop.requested:
+                    raise KeyboardInterrupt
+
+            t0 = time.perf_counter()
+            result = trainer.fit(on_step)
+            outcome = PeerOutcome(
+                rank=rank,
+                peer_id=node.peer_id,
+                steps=result.steps,
+                tokens=result.tokens,
+                final_train_loss=result.final_train_loss,
+                final_val_loss=result.final_val_loss,
+                final_digest=param_digest(trainer.model),
+                sync_digests=digests,
+                committed_rounds=counts["committed"],
+                failed_rounds=counts["failed"],
+                bytes_sent=node.ledger.sent,
+                bytes_received=node.ledger.received,
+                ledger=node.ledger.totals(),
+                wall_s=time.perf_counter() - t0,
+            )
+            q.put(("done", rank, asdict(outcome)))
+            # stay reachable until the parent has every outcome: a peer that leaves early would make
+            # a slower peer's last round fail
+            stop.wait(cfg.peers.round_timeout)
+            collective.close()
+    except BaseException as e:
+        q.put(("error", rank, f"peer {rank}: {type(e).__name__}: {e}"))
+
+
+# ------------------------------------------------------------------------------------- parent
+def _next(q: Any, deadline: float) -> tuple[str, int, Any]:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise PeerTimeoutError("the simulation did not finish in time")
+    try:
+        msg: tuple[str, int, Any] = q.get(timeout=min(left, 1.0))
+        return msg
+    except queue_mod.Empty:
+        return ("tick", -1, None)
+
+
+def run_simulation(
+    cfg: Config,
+    n_peers: int,
+    *,
+    timeout: float = 1800.0,
+    on_progress: Callable[[int, int, float], None] | None = None,
+) -> SimulationResult:
+    """Train ``cfg`` with ``n_peers`` real peer processes on loopback and collect their outcomes.
+
+    Args:
+        cfg: the run configuration (strategy, codec, steps...). Peers listen on 127.0.0.1 only.
+        n_peers: number of training peers (a bootstrap DHT node is started besides them).
+        timeout: seconds for the whole run; every process is torn down after it.
+        on_progress: called with (rank, step, loss) as peers report.
+
+    Raises:
+        SwarmError: a peer failed (its message says why), or the run timed out.
+    """
+    from peers import find_orphans, spawn_function
+
+    if n_peers < 1:
+        raise SwarmError("need at least one peer")
+    cfg = cfg.model_copy(deep=True)
+    cfg.peers.host_maddrs = list(LOOPBACK)
+    cfg.peers.announce_maddrs = []
+    cfg.train.progress = False
+    if cfg.train.threads is None:
+        cfg.train.threads = 1  # N peers share this machine's cores
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = []
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    try:
+        level = logging.getLogger().getEffectiveLevel()
+        level = level if level < logging.WARNING else logging.ERROR
+        procs.append(spawn_function(_bootstrap_main, (cfg.model_dump_json(), q, level), name="bootstrap"))
+        initial: list[str] = []
+        while not initial:
+            kind, rank, payload = _next(q, deadline)
+            if kind == "error":
+                raise SwarmError(str(payload))
+            if kind == "bootstrap":
+                initial = list(payload)
+        cfg.peers.initial_peers = initial
+        cfg_json = cfg.model_dump_json()
+        for rank in range(n_peers):
+            procs.append(spawn_function(_peer_main, (rank, n_peers, cfg_json, q, level), name=f"peer{rank}"))
+        outcomes: dict[int, PeerOutcome] = {}
+        while len(outcomes) < n_peers:
+            kind, rank, payload = _next(q, deadline)
+            if kind == "error":
+                raise SwarmError(str(payload))
+            if kind == "step" and on_progress is not None:
+                on_progress(rank, int(payload[0]), float(payload[1]))
+            elif kind == "done":
+                outcomes[rank] = PeerOutcome(**payload)
+            elif kind == "tick":
+                dead = [p for p in procs[1:] if not p.alive and p.exitcode not in (0, None)]
+                if dead:
+                    raise SwarmError(f"a peer process died (exit code {dead[0].exitcode})")
+    finally:
+        _stop_all(procs)
+        markers = [p.marker for p in procs]
+        left = [o for m in markers for o in find_orphans(m)]
+        if left:
+            logger.error("processes left behind after the simulation: %s", [o.pid for o in left])
+        q.close()
+    wall = time.perf_counter() - t0
+    ordered = [outcomes[r] for r in range(n_peers)]
+    return SimulationResult(
+        strategy=cfg.strategy.name,
+        compressor=cfg.compression.codec,
+        peers=n_peers,
+        steps=ordered[0].steps,
+        tokens=sum(o.tokens for o in ordered),
+        final_val_loss=float(sum(o.final_val_loss or float("nan") for o in ordered) / n_peers),
+        params_identical=params_identical(ordered),
+        bytes_sent_per_peer=sum(o.bytes_sent for o in ordered) / n_peers,
+        bytes_received_per_peer=sum(o.bytes_received for o in ordered) / n_peers,
+        wall_s=wall,
+        outcomes=ordered,
+    )
+
+
+def _stop_all(procs: list[Any]) -> None:
+    """Ask every peer to leave (SIGTERM to its main process: it deregisters and exits), then kill
+    whatever is left of each process group."""
+    import signal
+
+    for p in procs:
+        if p.alive:
+            p.signal(signal.SIGTERM)
+    end = time.monotonic() + 15.0
+    for p in procs:
+        p.join(max(0.1, end - time.monotonic()))
+    for p in reversed(procs):
+        p.terminate(grace=3.0)
+
+
+def params_identical(outcomes: list[PeerOutcome]) -> bool:
+    """True when every peer ends bit-identical and agreed after every round all of them committed."""
+    if len({o.final_digest for o in outcomes}) != 1:
+        return False
+    common = set.intersection(*(set(o.sync_digests) for o in outcomes)) if outcomes else set()
+    return all(len({o.sync_digests[r] for o in outcomes}) == 1 for r in common)
