@@ -63,9 +63,9 @@ def _int4_encoder(block: int) -> Encoder:
         xb = x.reshape(-1, block).float()  # [nb, block], block even
         am = xb.abs().amax(1, keepdim=True)
         inv = torch.where(am > 0, 7.0 / am, torch.zeros_like(am))
-        code = (torch.round(xb * inv).clamp(-7.0, 7.0) + 8.0).to(torch.uint8)  # 1..15
-        pairs = code.reshape(-1, 2)  # [nb * block / 2, 2]
-        return pairs[:, 0] | (pairs[:, 1] << 4), am.reshape(-1)
+        code = (torch.round(xb * inv).clamp(-7.0, 7.0) + 8.0).to(torch.uint8)  # [nb, block], 1..15
+        half = block // 2  # element j sits in byte j's low nibble, element j + half in its high one
+        return (code[:, :half] | (code[:, half:] << 4)).reshape(-1), am.reshape(-1)
 
     return enc
 
@@ -79,9 +79,10 @@ def _int8_decoder(block: int, dtype: torch.dtype) -> Decoder:
 
 def _int4_decoder(block: int, dtype: torch.dtype) -> Decoder:
     def dec(packed: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        lo = ((packed & 15).to(torch.int8) - 8).clamp(min=-7)
-        hi = ((packed >> 4).to(torch.int8) - 8).clamp(min=-7)
-        q = torch.stack([lo, hi], dim=1).reshape(-1, block)  # [nb, block]
+        pb = packed.reshape(-1, block // 2)  # [nb, block / 2]
+        lo = ((pb & 15).to(torch.int8) - 8).clamp(min=-7)
+        hi = ((pb >> 4).to(torch.int8) - 8).clamp(min=-7)
+        q = torch.cat([lo, hi], dim=1)  # [nb, block]
         return (q.float() * s.reshape(-1, 1)).to(dtype).reshape(-1)
 
     return dec
@@ -134,7 +135,8 @@ class BlockwiseCodec(Codec):
             absmax.append(a)
         if n > full:
             tail = x[full:]
-            width = tail.numel() + (-tail.numel()) % 8  # pad the short last block with zeros
+            unit = 8 // self.bits  # pad the short last block with zeros to whole code bytes
+            width = tail.numel() + (-tail.numel()) % unit
             padded = torch.zeros(width, dtype=x.dtype, device=x.device)
             padded[: tail.numel()] = tail
             c, a = self._encoder(width)(padded)
@@ -171,7 +173,7 @@ class BlockwiseCodec(Codec):
             kern = _kernel(f"{self.name}-dec-{p.dtype}", block, lambda b: self._decoder(b, dtype))
             parts.append(kern(codes_t[: self._codes_nbytes(full)], scales[:nfb], numel=full))
         if n > full:
-            width = (n - full) + (-(n - full)) % 8
+            width = (n - full) + (-(n - full)) % (8 // self.bits)
             tail_codes = codes_t[self._codes_nbytes(full) :]
             pad = self._codes_nbytes(width) - tail_codes.numel()
             if pad:
@@ -212,7 +214,9 @@ class Int8Compressor(BlockwiseCodec):
 class Int4Compressor(BlockwiseCodec):
     """4-bit blockwise absmax quantisation, two codes per byte: ``0.5 + 4 / block`` bytes per element.
 
-    Codes ``q`` in ``[-7, 7]`` are stored as nibbles ``q + 8`` (element ``2i`` in the low nibble). The
+    Codes ``q`` in ``[-7, 7]`` are stored as nibbles ``q + 8``: within a block of ``B`` elements (the
+    last block padded with a zero to even length), byte ``j`` holds element ``j`` in its low nibble
+    and element ``j + B / 2`` in its high nibble. The
     decoder reads nibble 0 (never written by an honest encoder) as ``-7``. Error bound: within
     ``absmax / 14`` of the input per element (plus float32 rounding).
     """

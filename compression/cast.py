@@ -55,9 +55,13 @@ class _CastCodec(Codec):
     def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
         """Round ``t`` to the wire dtype (round to nearest even)."""
         dtype = dtype_name(t, self.name)
-        h = t.detach().to(self.wire_dtype)
-        if t.numel() and not bool(torch.isfinite(h).all()):
-            raise UpdateRejected(f"codec {self.name!r}: values not finite in {self.wire_dtype}")
+        x = t.detach()
+        if x.numel():
+            lo, hi = torch.aminmax(x)  # one read pass; NaN propagates and fails the check below
+            limit = torch.finfo(self.wire_dtype).max
+            if not (-limit <= float(lo) and float(hi) <= limit):
+                raise UpdateRejected(f"codec {self.name!r}: values not finite in {self.wire_dtype}")
+        h = x.to(self.wire_dtype)
         return Packet(codec=self.name, shape=tuple(t.shape), dtype=dtype, buffers=(tensor_bytes(h),))
 
     def decompress(self, p: Packet) -> torch.Tensor:

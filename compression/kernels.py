@@ -5,7 +5,8 @@ Eager torch runs a blockwise quantizer as many separate passes over memory; ``to
 one pass, which is what brings the codecs near the memory roofline. Compiling costs seconds to tens
 of seconds per kernel, so:
 
-* only tensors with at least ``min_numel()`` elements (default 2**20) take the compiled path;
+* only tensors with at least ``min_numel()`` elements (default 2**22) take the compiled path, so
+  small runs (and the many short-lived peer processes of the tests) never pay for compilation;
 * each kernel compiles once per process, on first use, with dynamic shapes (one kernel for all sizes);
 * ``SWARMTRAIN_COMPILE_CODECS=0`` disables compilation, ``=1`` forces it for every size (tests);
   ``SWARMTRAIN_COMPILE_MIN_NUMEL`` moves the threshold;
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 ENV_COMPILE = "SWARMTRAIN_COMPILE_CODECS"
 ENV_MIN_NUMEL = "SWARMTRAIN_COMPILE_MIN_NUMEL"
-_DEFAULT_MIN_NUMEL = 1 << 20
+_DEFAULT_MIN_NUMEL = 1 << 22
 
 
 def compile_mode() -> str:
@@ -80,6 +81,9 @@ class Kernel:
     def __call__(self, *args: Any, numel: int) -> Any:
         if self.use_compiled(numel):
             try:
+                for a in args:  # sizes vary, the block size (a closure constant) does not
+                    if isinstance(a, torch.Tensor) and a.dim():
+                        torch._dynamo.maybe_mark_dynamic(a, 0)
                 return self._get()(*args)
             except Exception as e:  # compiler missing, unsupported device, Inductor bug: stay correct
                 self._failed = True
@@ -89,5 +93,5 @@ class Kernel:
     def _get(self) -> Callable[..., Any]:
         with self._lock:
             if self._compiled is None:
-                self._compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+                self._compiled = torch.compile(self.fn, fullgraph=True)
             return self._compiled

@@ -4,7 +4,8 @@ Communication in Distributed Deep Learning", NeurIPS 2017), with one scale per b
 Each block of ``block`` elements keeps its absmax ``s`` (float32) and sends, per element, a code in
 ``{-1, 0, +1}``: ``sign(x) * Bernoulli(|x| / s)``; decoding gives ``s * code``, so the expectation is
 ``x``. Codes take 2 bits (``0`` -> 0, ``1`` -> +1, ``2`` -> -1; the decoder reads the unused ``3``
-as 0), four per byte, element ``4i + j`` in bits ``2j..2j+1``.
+as 0), four per byte: within a block of ``B`` elements (the last block padded with zeros to a
+multiple of 4), byte ``j`` holds element ``j + i * B / 4`` in bits ``2i..2i+1``.
 
 Randomness. The uniform draws come from a counter-based hash of (seed, key, call number, element
 index) computed with exact integer arithmetic, not from a ``torch.Generator``: the same inputs give
@@ -65,18 +66,20 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
         s = torch.where(am > 0, am, torch.ones_like(am))
         idx = torch.arange(xb.numel(), device=x.device, dtype=torch.int64).reshape(xb.shape)
         keep = hash_uniform(idx, base) < xb.abs() / s
-        code = torch.where(keep, torch.where(xb < 0, 2, 1), 0).to(torch.uint8).reshape(-1, 4)
-        packed = code[:, 0] | (code[:, 1] << 2) | (code[:, 2] << 4) | (code[:, 3] << 6)
-        return packed, am.reshape(-1)
+        code = torch.where(keep, torch.where(xb < 0, 2, 1), 0).to(torch.uint8)
+        q = code.reshape(-1, 4, block // 4)  # byte j of a block: elements j + i * block / 4, i = 0..3
+        packed = q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)
+        return packed.reshape(-1), am.reshape(-1)
 
     return enc
 
 
 def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def dec(packed: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        c = torch.stack([(packed >> sh) & 3 for sh in (0, 2, 4, 6)], dim=1)  # [m, 4]
-        v = (c == 1).to(torch.int8) - (c == 2).to(torch.int8)  # 0->0, 1->1, 2->-1, 3->0
-        return (v.reshape(-1, block).float() * s.reshape(-1, 1)).to(dtype).reshape(-1)
+        pb = packed.reshape(-1, 1, block // 4)  # [nb, 1, block / 4]
+        c = torch.cat([(pb >> sh) & 3 for sh in (0, 2, 4, 6)], dim=1)  # [nb, 4, block / 4]
+        v = ((c == 1).to(torch.int8) - (c == 2).to(torch.int8)).reshape(-1, block)  # 3 reads as 0
+        return (v.float() * s.reshape(-1, 1)).to(dtype).reshape(-1)
 
     return dec
 
@@ -138,7 +141,7 @@ class TernaryCompressor(Codec):
             absmax.append(a)
         if n > full:
             tail = x[full:]
-            width = tail.numel() + (-tail.numel()) % 8
+            width = tail.numel() + (-tail.numel()) % 4
             padded = torch.zeros(width, dtype=x.dtype, device=x.device)
             padded[: tail.numel()] = tail
             b = torch.tensor(base + full, dtype=torch.int64, device=x.device)
@@ -173,7 +176,7 @@ class TernaryCompressor(Codec):
             kern = _kernel(f"ternary-dec-{p.dtype}", block, lambda b: _decoder(b, dtype))
             parts.append(kern(codes[: full // 4], scales[: full // block], numel=full))
         if n > full:
-            width = (n - full) + (-(n - full)) % 8
+            width = (n - full) + (-(n - full)) % 4
             tail = codes[full // 4 :]
             if width // 4 > tail.numel():
                 tail = torch.cat([tail, tail.new_zeros(width // 4 - tail.numel())])

@@ -1,0 +1,226 @@
+"""Codec throughput against the memory roofline, measured in one run on one machine.
+
+For each codec: compress and decompress time of one large float32 tensor (best of ``reps`` after a
+warm-up call that also triggers any ``torch.compile``), the relative L2 error and the payload bits
+per element. The roofline is a plain ``copy_`` of the same tensor measured in the same run: the
+fraction reported for a codec is (bytes it must read + write) per second divided by the copy's
+(read + write) bytes per second. Compress must read ``4n`` bytes and write its payload; decompress
+reads the payload and writes ``4n``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from compression.factory import codec_names, make_codec
+from compression.kernels import compile_mode, min_numel
+from swarmtrain.errors import ConfigError
+
+__all__ = [
+    "CodecResult",
+    "measure_copy",
+    "benchmark_codecs",
+    "environment",
+    "report",
+    "format_table",
+    "table_rows",
+    "TABLE_HEADER",
+    "DEFAULT_CODECS",
+]
+
+DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4", "ternary", "topk+int8")
+
+
+@dataclass(frozen=True)
+class CodecResult:
+    """One codec's measured figures (GB are 1e9 bytes; "of input" means float32 input bytes)."""
+
+    codec: str
+    numel: int
+    bits_per_element: float
+    rel_l2_error: float
+    compress_s: float
+    decompress_s: float
+    compress_gbps: float
+    decompress_gbps: float
+    compress_roofline: float
+    decompress_roofline: float
+    copy_rw_gbps: float
+    compiled: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def _compiled_path(numel: int) -> bool:
+    mode = compile_mode()
+    return mode == "always" or (mode == "auto" and numel >= min_numel())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_copy(x: torch.Tensor, reps: int = 5) -> float:
+    """Read + write bytes per second of ``y.copy_(x)`` (best of ``reps``)."""
+    y = torch.empty_like(x)
+    y.copy_(x)
+    t = _best(lambda: y.copy_(x), reps, x.device)
+    return 2 * x.numel() * x.element_size() / t
+
+
+def benchmark_codecs(
+    numel: int = 1 << 26,
+    codecs: Sequence[str] = DEFAULT_CODECS,
+    *,
+    reps: int = 3,
+    device: str | torch.device = "cpu",
+    block: int = 256,
+    topk_fraction: float = 0.01,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[CodecResult]:
+    """Measure every codec in ``codecs`` on one standard-normal float32 tensor of ``numel`` elements.
+
+    The copy roofline is measured before each codec and the best copy seen is used for every
+    fraction, so background load on a shared machine lowers fractions rather than inflating them.
+    """
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=gen).to(dev)
+    in_bytes = 4 * numel
+    raw: list[tuple[str, int, float, float, float, bool]] = []
+    copy_bw = 0.0
+    for name in codecs:
+        if name not in codec_names():
+            raise ConfigError(f"unknown codec {name!r}; choose from {', '.join(codec_names())}")
+        copy_bw = max(copy_bw, measure_copy(x))
+        codec = make_codec(name, block=block, fraction=topk_fraction, seed=seed, device=dev)
+        if progress is not None:
+            progress(f"{name}: warming up")
+        p = codec.compress(x, key="bench")  # warm-up (compiles once when enabled)
+        y = codec.decompress(p)
+        err = float((y.float() - x).norm() / x.norm())
+        payload = p.payload_nbytes
+        del y
+        tc = _best(lambda: codec.compress(x, key="bench"), reps, dev)  # noqa: B023 - used at once
+        td = _best(lambda: codec.decompress(p), reps, dev)  # noqa: B023 - used at once
+        compiled = name in ("int8", "int4", "ternary") and _compiled_path(numel)
+        raw.append((name, payload, err, tc, td, compiled))
+        if progress is not None:
+            progress(
+                f"{name}: compress {in_bytes / tc / 1e9:.2f} GB/s, decompress {in_bytes / td / 1e9:.2f} GB/s"
+            )
+    copy_bw = max(copy_bw, measure_copy(x))
+    out = []
+    for name, payload, err, tc, td, compiled in raw:
+        moved = in_bytes + payload
+        out.append(
+            CodecResult(
+                codec=name,
+                numel=numel,
+                bits_per_element=8.0 * payload / numel,
+                rel_l2_error=err,
+                compress_s=tc,
+                decompress_s=td,
+                compress_gbps=in_bytes / tc / 1e9,
+                decompress_gbps=in_bytes / td / 1e9,
+                compress_roofline=moved / tc / copy_bw,
+                decompress_roofline=moved / td / copy_bw,
+                copy_rw_gbps=copy_bw / 1e9,
+                compiled=compiled,
+            )
+        )
+    return out
+
+
+def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Where the figures were measured."""
+    dev = torch.device(device)
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or "unknown",
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "device": str(dev),
+        "compile_mode": compile_mode(),
+    }
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+    return info
+
+
+TABLE_HEADER = (
+    "codec",
+    "bits/elem",
+    "rel L2 err",
+    "compress GB/s",
+    "decompress GB/s",
+    "compress roofline",
+    "decompress roofline",
+)
+
+
+def table_rows(results: Sequence[CodecResult]) -> list[tuple[str, ...]]:
+    """Formatted table cells, one row per codec, in ``TABLE_HEADER`` order."""
+    return [
+        (
+            r.codec,
+            f"{r.bits_per_element:.3f}",
+            f"{r.rel_l2_error:.2e}",
+            f"{r.compress_gbps:.2f}",
+            f"{r.decompress_gbps:.2f}",
+            f"{r.compress_roofline:.2f}",
+            f"{r.decompress_roofline:.2f}",
+        )
+        for r in results
+    ]
+
+
+def format_table(results: Sequence[CodecResult]) -> str:
+    """A plain-text table (for scripts and logs)."""
+    rows = [TABLE_HEADER, *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_HEADER))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def report(results: Sequence[CodecResult], device: str | torch.device = "cpu") -> dict[str, Any]:
+    """The JSON document the benchmark writes: environment, roofline and one entry per codec."""
+    return {
+        "benchmark": "codecs",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "environment": environment(device),
+        "numel": results[0].numel if results else 0,
+        "copy_rw_gbps": results[0].copy_rw_gbps if results else 0.0,
+        "notes": (
+            "GB/s are 1e9 bytes of float32 input per second; roofline = (bytes read + written) / s "
+            "divided by a same-run tensor copy's (read + write) bytes / s. Compress includes building "
+            "the packet's bytes; best of reps after a warm-up call (compilation excluded)."
+        ),
+        "results": [r.as_dict() for r in results],
+    }
