@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "swarmtrain.commands.train",
     "swarmtrain.commands.peers",
     "swarmtrain.commands.simulate",
+    "swarmtrain.commands.bench",
 )
 
 app = typer.Typer(
