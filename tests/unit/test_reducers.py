@@ -335,3 +335,16 @@ def test_all_combinations_of_small_stacks_agree_with_reference_median() -> None:
     for perm in itertools.permutations(range(5)):
         x = torch.tensor(perm, dtype=torch.float64)[:, None]
         assert float(r.reduce(x, torch.ones(5))[0]) == 2.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", REDUCERS.names())
+def test_cuda_matches_cpu_and_is_deterministic(name: str) -> None:
+    f = 0 if name == "mean" else 2
+    x = _inputs(9, 5000, 1, torch.float32)
+    w = torch.ones(9)
+    cpu = build_reducer(name, f).reduce(x, w)
+    a = build_reducer(name, f).reduce(x.cuda(), w.cuda())
+    b = build_reducer(name, f).reduce(x.cuda(), w.cuda())
+    assert a.device.type == "cuda" and torch.equal(a, b)
+    torch.testing.assert_close(a.cpu(), cpu, rtol=1e-4, atol=1e-5)
