@@ -58,10 +58,11 @@ def codecs(
         title=f"codecs on {size:,} float32 elements ({device}); copy {results[0].copy_rw_gbps:.1f} GB/s r+w"
     )
     for col in TABLE_HEADER:
-        table.add_column(col, justify="left" if col == "codec" else "right")
+        table.add_column(col, justify="left" if col == "codec" else "right", no_wrap=True)
     for row in table_rows(results):
         table.add_row(*row)
-    Console().print(table)
+    out = Console()
+    Console(width=max(out.width, 132)).print(table)
     if json_path:
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
