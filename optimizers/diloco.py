@@ -107,6 +107,14 @@ class DiLoCo:
         self.tokens_since_sync = 0
         return report
 
+    def global_parameters(self) -> dict[str, torch.Tensor]:
+        """Copies of the global (anchor) parameters, fp32.
+
+        They are identical on every peer that committed the same rounds, also while the local models
+        differ (between syncs, or with ``mixing > 0``): compare or evaluate these across peers.
+        """
+        return {n: t.clone() for n, t in self.anchor.items()}
+
     def state_dict(self) -> dict[str, Any]:
         """Anchor, outer momentum, counters and codec state: enough to continue bit-exactly.
 

@@ -138,6 +138,30 @@ def _run(model: torch.nn.Module, strat: Any, steps: range, peer: int = 0) -> lis
     return applied
 
 
+def test_global_parameters_identical_across_peers_with_mixing() -> None:
+    group = InProcessGroup(2)
+    anchors: list[list[dict[str, torch.Tensor]]] = [[], []]
+    finals: list[dict[str, torch.Tensor]] = []
+
+    def peer(i: int) -> None:
+        model = make_model()
+        strat = make_strategy(
+            "streaming_diloco", model, make_optimizer(model), group[i], **{**OPTS, "mixing": 0.5}
+        )
+        for s in range(12):
+            backward(model, *batch(i, s))
+            strat.step(16)
+            anchors[i].append(strat.global_parameters())  # type: ignore[attr-defined]
+        strat.close()
+        finals.append(params_of(model))
+
+    run_threads(peer, 2)
+    for a, b in zip(anchors[0], anchors[1], strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(anchors[0][0]["blocks.1.weight"], anchors[0][-1]["blocks.1.weight"])
+    assert any(not torch.equal(finals[0][k], finals[1][k]) for k in finals[0])  # local models differ
+
+
 def test_state_dict_round_trip_with_fragment_in_flight() -> None:
     opts = {**OPTS, "overlap": 2, "mixing": 0.5}
     model = make_model()
