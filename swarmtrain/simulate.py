@@ -16,7 +16,7 @@ import logging
 import multiprocessing as mp
 import queue as queue_mod
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,20 +25,29 @@ import torch
 from swarmtrain.config import Config
 from swarmtrain.errors import PeerTimeoutError, SwarmError
 
-__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "param_digest"]
+__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "param_digest", "shared_parameters"]
 
 logger = logging.getLogger(__name__)
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
-def param_digest(model: torch.nn.Module) -> str:
-    """SHA-256 over every parameter's bytes, in name order: equal digests mean bit-identical models."""
+def param_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's bytes, in name order: equal digests mean bit-identical tensors."""
     h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
+    for name in sorted(tensors):
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def shared_parameters(strategy: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters every peer must agree on: the strategy's global (anchor) parameters when it
+    keeps them apart from the local model (DiLoCo, StreamingDiLoCo), else the model's own."""
+    glob = getattr(strategy, "global_parameters", None)
+    if callable(glob):
+        return dict(glob())
+    return dict(model.named_parameters())
 
 
 @dataclass
@@ -55,6 +64,8 @@ class PeerOutcome:
     sync_digests: dict[int, str]  # round id -> parameter digest right after that committed sync
     committed_rounds: int
     failed_rounds: int
+    peak_sync_bytes_sent: int  # the most bytes this peer sent in any single sync
+    comm_wait_s: float  # time the training loop waited on communication (StepReport.extra)
     bytes_sent: int
     bytes_received: int
     ledger: dict[str, Any]
@@ -75,6 +86,8 @@ class SimulationResult:
     bytes_sent_per_peer: float
     bytes_received_per_peer: float
     wall_s: float
+    peak_sync_bytes_sent: int = 0  # the most bytes any peer sent in any single sync
+    compute_utilization: float = 1.0  # 1 - (time waiting on communication / training wall time)
     outcomes: list[PeerOutcome] = field(default_factory=list)
 
     @property
@@ -132,14 +145,17 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
             reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f)
             trainer = Trainer(cfg, collective=collective, peer_index=rank, num_peers=n_peers, reducer=reducer)
             digests: dict[int, str] = {}
-            counts = {"committed": 0, "failed": 0}
+            counts = {"committed": 0, "failed": 0, "peak": 0}
+            waited = [0.0]
 
             def on_step(info: StepInfo) -> None:
                 r = info.report
+                waited[0] += float(r.extra.get("comm_wait_s", 0.0))
                 if r.synced:
+                    counts["peak"] = max(counts["peak"], r.bytes_sent)
                     if r.committed:
                         counts["committed"] += 1
-                        digests[r.round_id] = param_digest(trainer.model)
+                        digests[r.round_id] = param_digest(shared_parameters(trainer.strategy, trainer.model))
                     else:
                         counts["failed"] += 1
                     node.publish(step=info.step, round=r.round_id, throughput=info.tokens_per_s)
@@ -157,10 +173,12 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 tokens=result.tokens,
                 final_train_loss=result.final_train_loss,
                 final_val_loss=result.final_val_loss,
-                final_digest=param_digest(trainer.model),
+                final_digest=param_digest(shared_parameters(trainer.strategy, trainer.model)),
                 sync_digests=digests,
                 committed_rounds=counts["committed"],
                 failed_rounds=counts["failed"],
+                peak_sync_bytes_sent=counts["peak"],
+                comm_wait_s=waited[0],
                 bytes_sent=node.ledger.sent,
                 bytes_received=node.ledger.received,
                 ledger=node.ledger.totals(),
@@ -268,6 +286,8 @@ def run_simulation(
         bytes_sent_per_peer=sum(o.bytes_sent for o in ordered) / n_peers,
         bytes_received_per_peer=sum(o.bytes_received for o in ordered) / n_peers,
         wall_s=wall,
+        peak_sync_bytes_sent=max(o.peak_sync_bytes_sent for o in ordered),
+        compute_utilization=1.0 - sum(o.comm_wait_s / max(o.wall_s, 1e-9) for o in ordered) / n_peers,
         outcomes=ordered,
     )
 
