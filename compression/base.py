@@ -134,8 +134,8 @@ def check_scales(scales: torch.Tensor, dtype: str, qmax: int, codec: str) -> Non
     if scales.numel() == 0:
         return
     limit = torch.tensor(abs_limit(dtype), dtype=torch.float32) / qmax
-    lo = float(scales.min())
-    hi = float(scales.max())
+    lo_t, hi_t = torch.aminmax(scales)  # NaN propagates into both and fails the check
+    lo, hi = float(lo_t), float(hi_t)
     if not (lo >= 0.0 and hi <= float(limit)):  # also false for NaN
         raise ProtocolError(
             f"codec {codec!r}: block scales must lie in [0, {float(limit):.3g}], got {lo}..{hi}"

@@ -230,3 +230,38 @@ def test_unknown_names_are_config_errors(bad: str) -> None:
 def test_block_must_be_a_multiple_of_8() -> None:
     with pytest.raises(ConfigError):
         compression.build_compressor(CompressionConfig(codec="int8", block_size=100))
+
+
+_CHILD = """
+import hashlib, sys, torch
+import compression
+from swarmtrain.wire import encode_packet
+torch.set_num_threads(1)
+x = torch.randn(5000, generator=torch.Generator().manual_seed(11))
+for name in sys.argv[1:]:
+    c = compression.make_codec(name, block=64, fraction=0.1, seed=2)
+    data = encode_packet(c.compress(x, key="w"))
+    y = c.decompress(c.compress(x, key="w"))
+    print(name, hashlib.sha256(data).hexdigest(), hashlib.sha256(y.numpy().tobytes()).hexdigest())
+"""
+
+
+def test_packets_and_decodes_are_identical_across_processes_and_thread_counts() -> None:
+    """Another process (one thread, fresh interpreter) makes the same packet bytes and decodes."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from swarmtrain.wire import encode_packet
+
+    names = ["int8", "int4", "ternary", "topk+int8", "bf16"]
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, *names], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split("\n")
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(11))
+    for name, line in zip(names, child, strict=False):
+        c = compression.make_codec(name, block=64, fraction=0.1, seed=2)
+        data = encode_packet(c.compress(x, key="w"))
+        y = c.decompress(c.compress(x, key="w"))
+        mine = f"{name} {hashlib.sha256(data).hexdigest()} {hashlib.sha256(y.numpy().tobytes()).hexdigest()}"
+        assert line == mine
