@@ -6,6 +6,10 @@ the first ``--warmup`` steps of each phase are not timed, and one short untimed 
 comes first. Prints tokens/s and peak memory of both
 and their ratio, and writes JSON to ``benchmarks/results/local_loop_<device>.json``.
 
+Throughput is reported per wall-clock second and per CPU second of the training thread
+(``time.thread_time``); on a shared CPU machine run with ``--threads 1`` and trust the CPU-time ratio,
+since other processes' load moves wall-clock figures by tens of percent between rounds.
+
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the peak resident set size above
 the phase's starting RSS, sampled every 2 ms by a thread (psutil).
 
@@ -81,17 +85,21 @@ def _sync(device: torch.device) -> None:
 def run_trainer(cfg: Config, steps: int, warmup: int) -> dict[str, float]:
     """Time ``Trainer.fit`` (metrics, hooks and all) between the end of step ``warmup`` and the last."""
     trainer = Trainer(cfg)
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
 
     def on_step(info: StepInfo) -> None:
         if info.step == warmup or info.step == steps:
             _sync(trainer.device)
-        stamps.append(time.perf_counter())
+        stamps.append((time.perf_counter(), time.thread_time()))
 
     with PeakMemory(trainer.device) as mem:
         trainer.fit(on_step)
-    dt = stamps[steps - 1] - stamps[warmup - 1]
-    return {"tokens_per_s": (steps - warmup) * trainer.tokens_per_step / dt, "peak_mem_bytes": mem.peak}
+    tokens = (steps - warmup) * trainer.tokens_per_step
+    return {
+        "tokens_per_s": tokens / (stamps[steps - 1][0] - stamps[warmup - 1][0]),
+        "tokens_per_cpu_s": tokens / (stamps[steps - 1][1] - stamps[warmup - 1][1]),
+        "peak_mem_bytes": mem.peak,
+    }
 
 
 def run_minimal(cfg: Config, steps: int, warmup: int) -> dict[str, float]:
@@ -111,12 +119,12 @@ def run_minimal(cfg: Config, steps: int, warmup: int) -> dict[str, float]:
     )
     fwd: Callable[..., Any] = torch.compile(model) if tc.compile else model
     amp = device.type == "cuda" and tc.bf16 != "off" and torch.cuda.is_bf16_supported()
-    t_start = 0.0
+    t_start = c_start = 0.0
     with PeakMemory(device) as mem:
         for step in range(steps):
             if step == warmup:
                 _sync(device)
-                t_start = time.perf_counter()
+                t_start, c_start = time.perf_counter(), time.thread_time()
             x, y = sampler.get(step)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -127,9 +135,9 @@ def run_minimal(cfg: Config, steps: int, warmup: int) -> dict[str, float]:
             opt.step()
             opt.zero_grad(set_to_none=True)
         _sync(device)
-        dt = time.perf_counter() - t_start
+        dt, dc = time.perf_counter() - t_start, time.thread_time() - c_start
     tokens = (steps - warmup) * tc.batch_size * model.block_size
-    return {"tokens_per_s": tokens / dt, "peak_mem_bytes": mem.peak}
+    return {"tokens_per_s": tokens / dt, "tokens_per_cpu_s": tokens / dc, "peak_mem_bytes": mem.peak}
 
 
 def main() -> None:
@@ -178,28 +186,43 @@ def main() -> None:
             res = fn(cfg, args.steps, args.warmup)
             rows.append({"round": r, "loop": name, **res})
             mib = res["peak_mem_bytes"] / 2**20
-            print(f"round {r} {name:8s} {res['tokens_per_s']:>10,.0f} tok/s  {mib:8.1f} MiB")
+            print(
+                f"round {r} {name:8s} {res['tokens_per_s']:>10,.0f} tok/s  "
+                f"{res['tokens_per_cpu_s']:>10,.0f} tok/cpu-s  {mib:8.1f} MiB"
+            )
     summary: dict[str, dict[str, float]] = {}
     for name in ("trainer", "minimal"):
         mine = [x for x in rows if x["loop"] == name]
         summary[name] = {
-            "tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in mine),
-            "peak_mem_bytes_median": statistics.median(x["peak_mem_bytes"] for x in mine),
+            f"{k}_median": statistics.median(x[k] for x in mine)
+            for k in ("tokens_per_s", "tokens_per_cpu_s", "peak_mem_bytes")
         }
-    ratio = summary["trainer"]["tokens_per_s_median"] / summary["minimal"]["tokens_per_s_median"]
-    per_round = [
-        next(x for x in rows if x["round"] == r and x["loop"] == "trainer")["tokens_per_s"]
-        / next(x for x in rows if x["round"] == r and x["loop"] == "minimal")["tokens_per_s"]
-        for r in range(args.rounds)
-    ]
+
+    def ratios(key: str) -> tuple[float, list[float]]:
+        def one(r: int, loop: str) -> float:
+            return float(next(x for x in rows if x["round"] == r and x["loop"] == loop)[key])
+
+        overall = summary["trainer"][f"{key}_median"] / summary["minimal"][f"{key}_median"]
+        return overall, [one(r, "trainer") / one(r, "minimal") for r in range(args.rounds)]
+
+    wall_ratio, wall_rounds = ratios("tokens_per_s")
+    cpu_ratio, cpu_rounds = ratios("tokens_per_cpu_s")
     mem_label = "peak CUDA alloc" if device.type == "cuda" else "peak RSS growth"
     print()
-    print(f"{'loop':10s} {'tokens/s (median)':>18s} {mem_label + ' (MiB)':>24s}")
+    print(f"{'loop':10s} {'tok/s (median)':>16s} {'tok/cpu-s (median)':>20s} {mem_label + ' MiB':>22s}")
     for name in ("trainer", "minimal"):
-        s = summary[name]
-        print(f"{name:10s} {s['tokens_per_s_median']:>18,.0f} {s['peak_mem_bytes_median'] / 2**20:>24.1f}")
-    rounds_txt = ", ".join(f"{x:.3f}" for x in per_round)
-    print(f"trainer / minimal throughput: {ratio:.3f}  (per round: {rounds_txt})")
+        m = summary[name]
+        print(
+            f"{name:10s} {m['tokens_per_s_median']:>16,.0f} {m['tokens_per_cpu_s_median']:>20,.0f} "
+            f"{m['peak_mem_bytes_median'] / 2**20:>22.1f}"
+        )
+    for label, r_all, r_rounds in (
+        ("wall clock", wall_ratio, wall_rounds),
+        ("thread CPU", cpu_ratio, cpu_rounds),
+    ):
+        per = ", ".join(f"{x:.3f}" for x in r_rounds)
+        print(f"trainer / minimal, {label}: {r_all:.3f}  (rounds: {per})")
+    print(f"load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     out = Path(args.out) if args.out else RESULTS / f"local_loop_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -216,8 +239,12 @@ def main() -> None:
         "memory_metric": mem_label,
         "rounds": rows,
         "summary": summary,
-        "ratio_trainer_over_minimal": ratio,
-        "ratio_per_round": per_round,
+        "ratio_trainer_over_minimal": wall_ratio,
+        "ratio_per_round": wall_rounds,
+        "cpu_time_ratio_trainer_over_minimal": cpu_ratio,
+        "cpu_time_ratio_per_round": cpu_rounds,
+        "note": "tok/cpu-s uses the main thread's CPU time (time.thread_time): with --threads 1 on CPU it "
+        "is the loop's own compute, insensitive to other processes sharing the cores",
     }
     out.write_text(json.dumps(record, indent=1))
     print(f"wrote {out}")

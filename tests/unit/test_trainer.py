@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from optimizers.base import STRATEGIES, StrategyContext
+from optimizers.base import StrategyContext
 from swarmtrain.checkpoint import CheckpointError, pack_state, read_checkpoint, unpack_state, write_checkpoint
 from swarmtrain.config import Config, TrainConfig, load_config
 from swarmtrain.lr import lr_at
@@ -60,11 +60,10 @@ def test_fit_learns_against_its_initial_loss(tmp_path: Path) -> None:
     assert trainer.evaluate() == pytest.approx(result.final_val_loss)  # deterministic eval
 
 
-@STRATEGIES.register("test_spy")
 class SpyStrategy:
     """Checks the trainer's side of the hook contract and reports fake traffic."""
 
-    name = "test_spy"
+    name = "spy"
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
@@ -101,11 +100,12 @@ class SpyStrategy:
 
 
 def test_strategy_hook_metrics_and_report(tmp_path: Path) -> None:
-    cfg = small_config(
-        tmp_path,
-        **{"strategy.name": "test_spy", "train.steps": 20, "train.grad_accum": 2, "train.grad_clip": 0.5},
-    )
+    cfg = small_config(tmp_path, **{"train.steps": 20, "train.grad_accum": 2, "train.grad_clip": 0.5})
     trainer = Trainer(cfg)
+    # swapped in rather than registered, so the global strategy registry stays as the project defines it
+    trainer.strategy = SpyStrategy(
+        StrategyContext(trainer.model, trainer.optimizer, cfg.strategy, cfg.compression)
+    )
     infos: list[StepInfo] = []
     result = trainer.fit(infos.append)
     spy = trainer.strategy
