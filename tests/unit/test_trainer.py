@@ -192,3 +192,17 @@ def test_resume_into_a_different_model_fails_clearly(tmp_path: Path) -> None:
     b = Trainer(small_config(tmp_path, **{"model.n_embd": 48}))
     with pytest.raises(CheckpointError, match="does not fit"):
         b.load_checkpoint(tmp_path / "ck")
+
+
+def test_peers_start_identical_and_read_disjoint_data(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path)
+    a = Trainer(cfg, peer_index=0, num_peers=2)
+    torch.rand(100)  # a peer's global RNG history must not matter
+    b = Trainer(cfg, peer_index=1, num_peers=2)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    starts_a = {int(s) for step in range(5) for s in a.sampler.starts(step)}
+    starts_b = {int(s) for step in range(5) for s in b.sampler.starts(step)}
+    assert starts_a.isdisjoint(starts_b)
+    assert a.metrics_path != b.metrics_path and a.checkpoint_dir != b.checkpoint_dir
+    assert a.evaluate() == b.evaluate()  # same parameters, same held-out batches
