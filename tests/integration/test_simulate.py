@@ -53,6 +53,7 @@ def test_simulate_rejects_unknown_codec_in_one_line() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_diloco_four_peers_matches_data_parallel_with_100x_fewer_bytes() -> None:
     """4 real peers, equal tokens: DiLoCo (int8, H=30) within 3% of fp32 DataParallel's val loss,
     with >= 100x fewer bytes per token, and all peers identical after every outer step."""
