@@ -13,6 +13,7 @@ as they were): applying only the local gradient would make this replica drift fr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,9 +96,13 @@ class DataParallel:
 
     @torch.no_grad()
     def step(self, tokens: int) -> StepReport:
-        """Average gradients across peers (weight = ``tokens``), then ``optimizer.step()``."""
+        """Average gradients across peers (weight = ``tokens``), then ``optimizer.step()``.
+
+        ``extra["comm_wait_s"]``: seconds spent inside the blocking all-reduce.
+        """
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         buckets, layout = flatten_buckets(grads, self.bucket_numel)
+        t0 = time.perf_counter()
         res = self.collective.all_reduce(
             buckets,
             compressor=self.compressor,
@@ -105,6 +110,7 @@ class DataParallel:
             weight=float(tokens),
             timeout=self.ctx.config.sync_timeout,
         )
+        wait = time.perf_counter() - t0
         report = StepReport(
             synced=True,
             committed=res.committed,
@@ -112,6 +118,7 @@ class DataParallel:
             participants=len(res.participants),
             bytes_sent=res.bytes_sent,
             bytes_received=res.bytes_received,
+            extra={"comm_wait_s": wait},
         )
         if not res.committed:
             self.failed_rounds += 1

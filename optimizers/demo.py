@@ -24,6 +24,7 @@ gradient stays in the local momentum and is sent later).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -119,7 +120,10 @@ class DeMo:
 
     @torch.no_grad()
     def step(self, tokens: int) -> StepReport:
-        """Accumulate momentum, send its top DCT components, apply the peers' average (sign-SGD)."""
+        """Accumulate momentum, send its top DCT components, apply the peers' average (sign-SGD).
+
+        ``extra["comm_wait_s"]``: seconds spent inside the blocking all-gather.
+        """
         items: list[tuple[torch.Tensor, torch.Tensor]] = []
         for (n, p), spec in zip(self.params.items(), self.specs, strict=True):
             lr, _ = self._hyper(p)
@@ -128,11 +132,19 @@ class DeMo:
             items.append(demo_extract(self.transforms[n].encode(self.delta[n]), spec.k))
         payload = encode_payload(items, self.specs, self.mode)
         sent = decode_payload(payload, self.specs, self.mode)  # exactly what the peers will see
+        t0 = time.perf_counter()
         res = self.collective.all_gather(payload, timeout=self.ctx.config.sync_timeout)
+        wait = time.perf_counter() - t0
         if not res.committed:
             self.failed_rounds += 1
             return StepReport(
-                True, False, res.round_id, len(res.participants), res.bytes_sent, res.bytes_received
+                True,
+                False,
+                res.round_id,
+                len(res.participants),
+                res.bytes_sent,
+                res.bytes_received,
+                extra={"comm_wait_s": wait},
             )
         decoded: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         dropped = 0
@@ -166,7 +178,7 @@ class DeMo:
             participants=len(res.participants),
             bytes_sent=res.bytes_sent,
             bytes_received=res.bytes_received,
-            extra={"dropped_payloads": float(dropped)},
+            extra={"dropped_payloads": float(dropped), "comm_wait_s": wait},
         )
 
     def state_dict(self) -> dict[str, Any]:

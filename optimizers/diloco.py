@@ -18,6 +18,7 @@ successful sync (and its weight all those tokens).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,16 +73,20 @@ class DiLoCo:
 
     @torch.no_grad()
     def step(self, tokens: int) -> StepReport:
-        """One inner step; every ``H`` steps also the outer step."""
+        """One inner step; every ``H`` steps also the outer step.
+
+        ``extra["comm_wait_s"]``: seconds spent inside the blocking all-reduce (0 between syncs).
+        """
         self.ctx.optimizer.step()
         self.steps += 1
         self.tokens_since_sync += int(tokens)
         if self.steps % self.inner_steps != 0:
-            return StepReport()
+            return StepReport(extra={"comm_wait_s": 0.0})
         return self._sync()
 
     def _sync(self) -> StepReport:
         pseudo = {n: self.anchor[n] - p.detach().to(torch.float32) for n, p in self.params.items()}
+        t0 = time.perf_counter()
         res = self.collective.all_reduce(
             pseudo,
             compressor=self.compressor,
@@ -89,6 +94,7 @@ class DiLoCo:
             weight=float(self.tokens_since_sync),
             timeout=self.ctx.config.sync_timeout,
         )
+        wait = time.perf_counter() - t0
         report = StepReport(
             synced=True,
             committed=res.committed,
@@ -96,6 +102,7 @@ class DiLoCo:
             participants=len(res.participants),
             bytes_sent=res.bytes_sent,
             bytes_received=res.bytes_received,
+            extra={"comm_wait_s": wait},
         )
         if not res.committed:
             self.failed_rounds += 1

@@ -24,8 +24,9 @@ download applies that result at the same step as every other peer.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -98,6 +99,7 @@ class StreamingDiLoCo:
         self.tokens_since_sync = [0] * len(self.fragments)
         self.pending: _Pending | None = None
         self._pool: cf.ThreadPoolExecutor | None = None
+        self._wait_s = 0.0  # seconds this step() blocked on communication
 
     def _due(self) -> int | None:
         phase = self.steps % self.inner_steps
@@ -108,11 +110,17 @@ class StreamingDiLoCo:
 
     @torch.no_grad()
     def step(self, tokens: int) -> StepReport:
-        """One inner step; apply a sync that is due, then start the next fragment's sync if scheduled."""
+        """One inner step; apply a sync that is due, then start the next fragment's sync if scheduled.
+
+        ``extra["comm_wait_s"]``: seconds this call blocked on communication: waiting to join the
+        in-flight round (near zero when ``tau`` steps of training hid the transfer) plus, with
+        ``tau = 0``, the whole synchronous all-reduce.
+        """
+        self._wait_s = 0.0
         self.ctx.optimizer.step()
         self.steps += 1
         self.tokens_since_sync = [t + int(tokens) for t in self.tokens_since_sync]
-        report = StepReport()
+        report = StepReport(extra={"comm_wait_s": 0.0})
         if self.pending is not None and self.pending.apply_at <= self.steps:
             report = self._apply(self.pending)
         f = self._due()
@@ -122,6 +130,8 @@ class StreamingDiLoCo:
             self.pending = self._start(f)
             if self.overlap == 0:
                 report = self._apply(self.pending)
+        if report.synced:
+            report = replace(report, extra={**report.extra, "comm_wait_s": self._wait_s})
         return report
 
     def _start(self, f: int) -> _Pending:
@@ -130,7 +140,9 @@ class StreamingDiLoCo:
         weight = float(self.tokens_since_sync[f])
         pending = _Pending(fragment=f, apply_at=self.steps + self.overlap)
         if self.overlap == 0:
+            t0 = time.perf_counter()
             pending.result = self._reduce(pseudo, weight)
+            self._wait_s += time.perf_counter() - t0
         else:
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streaming-diloco")
@@ -147,7 +159,9 @@ class StreamingDiLoCo:
         )
 
     def _apply(self, pending: _Pending) -> StepReport:
+        t0 = time.perf_counter()
         res = pending.wait()
+        self._wait_s += time.perf_counter() - t0
         self.pending = None
         f = pending.fragment
         report = StepReport(
