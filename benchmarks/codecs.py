@@ -2,7 +2,8 @@
 
 Run: ``python benchmarks/codecs.py [--size N] [--device cpu|cuda]``. Prints a table and writes
 ``benchmarks/results/codecs_<device>.json``. Compilation (``torch.compile`` of the quantisers) happens
-in a warm-up call and is not timed; ``SWARMTRAIN_COMPILE_CODECS=0`` measures the eager path.
+in a warm-up call and is not timed; ``SWARMTRAIN_COMPILE_CODECS=0`` measures the eager path, and
+``--reuse-memory`` lets the allocator keep freed pages (``codecs_<device>_reuse.json``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, format_table, report
+from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, format_table, keep_freed_memory, report
 
 
 def main() -> int:
@@ -21,8 +22,14 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--codec", action="append", default=None)
-    ap.add_argument("--json", default=None, help="default: benchmarks/results/codecs_<device>.json")
+    ap.add_argument("--json", default=None, help="default: benchmarks/results/codecs_<device>[_reuse].json")
+    ap.add_argument(
+        "--reuse-memory",
+        action="store_true",
+        help="let glibc keep freed memory, so fresh-page faults do not dominate (see keep_freed_memory)",
+    )
     args = ap.parse_args()
+    reuse = keep_freed_memory() if args.reuse_memory else False
     results = benchmark_codecs(
         args.size,
         tuple(args.codec) if args.codec else DEFAULT_CODECS,
@@ -32,9 +39,12 @@ def main() -> int:
     )
     print(f"{args.size:,} float32 elements on {args.device}; copy {results[0].copy_rw_gbps:.2f} GB/s (r+w)")
     print(format_table(results))
-    out = Path(args.json or Path(__file__).parent / "results" / f"codecs_{args.device.split(':')[0]}.json")
+    stem = f"codecs_{args.device.split(':')[0]}{'_reuse' if reuse else ''}"
+    out = Path(args.json or Path(__file__).parent / "results" / f"{stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report(results, args.device), indent=2) + "\n", encoding="utf-8")
+    out.write_text(
+        json.dumps(report(results, args.device, reuse_memory=reuse), indent=2) + "\n", encoding="utf-8"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -33,6 +33,7 @@ __all__ = [
     "table_rows",
     "TABLE_HEADER",
     "DEFAULT_CODECS",
+    "keep_freed_memory",
 ]
 
 DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4", "ternary", "topk+int8")
@@ -58,6 +59,24 @@ class CodecResult:
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
         return asdict(self)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to serve large allocations from its heap and keep freed memory (benchmarks only).
+
+    By default every large tensor or ``bytes`` object is a fresh ``mmap`` whose pages the kernel
+    must fault in and zero on first touch, which on small machines costs as much as the codec's own
+    memory traffic. Setting ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` high lets repeated calls reuse
+    warm pages, which isolates the codec's own cost. Returns whether both settings were accepted.
+    Process-wide: the library never calls this itself.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 31))  # M_MMAP_, M_TRIM_
+    except (OSError, AttributeError):
+        return False
 
 
 def _compiled_path(numel: int) -> bool:
@@ -209,9 +228,12 @@ def format_table(results: Sequence[CodecResult]) -> str:
     return "\n".join(lines)
 
 
-def report(results: Sequence[CodecResult], device: str | torch.device = "cpu") -> dict[str, Any]:
+def report(
+    results: Sequence[CodecResult], device: str | torch.device = "cpu", *, reuse_memory: bool = False
+) -> dict[str, Any]:
     """The JSON document the benchmark writes: environment, roofline and one entry per codec."""
     return {
+        "reuse_memory": reuse_memory,
         "benchmark": "codecs",
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": environment(device),

@@ -79,10 +79,10 @@ def _int8_decoder(block: int, dtype: torch.dtype) -> Decoder:
 
 def _int4_decoder(block: int, dtype: torch.dtype) -> Decoder:
     def dec(packed: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        pb = packed.reshape(-1, block // 2)  # [nb, block / 2]
-        lo = ((pb & 15).to(torch.int8) - 8).clamp(min=-7)
-        hi = ((pb >> 4).to(torch.int8) - 8).clamp(min=-7)
-        q = torch.cat([lo, hi], dim=1)  # [nb, block]
+        # int32 lanes and a broadcast shift vectorise far better than two slices and a cat
+        pb = packed.reshape(-1, 1, block // 2).to(torch.int32)  # [nb, 1, block / 2]
+        shifts = torch.tensor([0, 4], device=packed.device, dtype=torch.int32).view(1, 2, 1)
+        q = (((pb >> shifts) & 15) - 8).clamp(min=-7).reshape(-1, block)  # [nb, block]
         return (q.float() * s.reshape(-1, 1)).to(dtype).reshape(-1)
 
     return dec

@@ -76,10 +76,12 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
 
 def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def dec(packed: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        pb = packed.reshape(-1, 1, block // 4)  # [nb, 1, block / 4]
-        c = torch.cat([(pb >> sh) & 3 for sh in (0, 2, 4, 6)], dim=1)  # [nb, 4, block / 4]
-        v = ((c == 1).to(torch.int8) - (c == 2).to(torch.int8)).reshape(-1, block)  # 3 reads as 0
-        return (v.float() * s.reshape(-1, 1)).to(dtype).reshape(-1)
+        # int32 lanes and a broadcast shift vectorise far better than per-plane slices and a cat
+        pb = packed.reshape(-1, 1, block // 4).to(torch.int32)  # [nb, 1, block / 4]
+        shifts = torch.arange(0, 8, 2, device=packed.device, dtype=torch.int32).view(1, 4, 1)
+        c = (pb >> shifts) & 3  # [nb, 4, block / 4]
+        v = ((c == 1).float() - (c == 2).float()).reshape(-1, block)  # code 3 reads as 0
+        return (v * s.reshape(-1, 1)).to(dtype).reshape(-1)
 
     return dec
 
