@@ -166,6 +166,14 @@ class PeersConfig(_Section):
     )
     reducer: str = "mean"
     byzantine_f: int = Field(default=0, ge=0, description="peers the reducer must tolerate")
+    reducer_options: dict[str, float | int] = Field(
+        default_factory=dict, description="options of the reducer, e.g. {tau = 1.0, max_iters = 20}"
+    )
+    attack: str = Field(default="none", description="simulate: the peers.attacks name attackers run")
+    attackers: int = Field(default=0, ge=0, description="simulate: how many peers attack (--byzantine K)")
+    attack_options: dict[str, float | int | str] = Field(
+        default_factory=dict, description="options of the attack, e.g. {scale = 4.0}"
+    )
 
 
 class Config(_Section):

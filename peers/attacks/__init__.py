@@ -2,12 +2,13 @@
 
 Update level: ``sign_flip``, ``random_direction``, ``gaussian_noise``, ``alie`` (Baruch et al. 2019),
 ``ipm`` (Xie et al. 2020), ``stale``. Data level: ``label_flip``. Owner level: ``malicious_owner``.
-``none`` is honest behaviour.
+``none`` is honest behaviour. ``AttackingCollective`` makes a real peer run an update-level attack.
 """
 
 from __future__ import annotations
 
 from peers.attacks.base import ATTACKS, Attack, build_attack, check_update, forge_rows
+from peers.attacks.collective import AttackingCollective
 from peers.attacks.data import LabelFlip, flip_labels
 from peers.attacks.owner import MaliciousOwner
 from peers.attacks.update import ALIE, IPM, GaussianNoise, RandomDirection, SignFlip, Stale, alie_z
@@ -18,6 +19,7 @@ __all__ = [
     "build_attack",
     "check_update",
     "forge_rows",
+    "AttackingCollective",
     "SignFlip",
     "RandomDirection",
     "GaussianNoise",

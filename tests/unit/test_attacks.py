@@ -183,3 +183,66 @@ def test_the_mean_breaks_under_coarse_attacks_and_centered_clip_does_not(attack:
     if attack == "ipm":  # the mean's aggregate now points against the honest direction
         assert float(build_reducer("mean").reduce(stack, w) @ target) < 0
         assert float(build_reducer("centered_clip", f).reduce(stack, w) @ target) > 0
+
+
+# ---- AttackingCollective over the in-process collective --------------------------------------------
+
+
+def _rounds_with_one_attacker(attack: str, rounds: int, **opts: float) -> list[list[torch.Tensor]]:
+    """4 members in threads; member 0 attacks; returns every member's results, round by round."""
+    import threading
+
+    from compression import make_codec
+    from optimizers import InProcessGroup
+    from peers.attacks import AttackingCollective
+
+    group = InProcessGroup(4, timeout=30.0)
+    codec = make_codec("none")
+    results: list[list[torch.Tensor]] = [[] for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def peer(i: int) -> None:
+        coll = group.members[i] if i else AttackingCollective(group.members[0], attack, opts)
+        try:
+            for r in range(rounds):
+                x = torch.full((2, 3), float(i + 1)) * (r + 1)
+                res = coll.all_reduce({"w": x, "b": x[0] * 10}, compressor=codec)
+                assert res.committed
+                results[i].append(torch.cat([res.tensors["w"].reshape(-1), res.tensors["b"]]))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=peer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+def test_attacking_collective_forges_its_contribution_in_a_real_round() -> None:
+    results = _rounds_with_one_attacker("sign_flip", 1, scale=4.0)
+    # Peers 2, 3, 4 send 2, 3, 4; the attacker's honest 1 is sent as -4: mean (2 + 3 + 4 - 4) / 4.
+    expected = torch.cat([torch.full((6,), 5 / 4), torch.full((3,), 50 / 4)])
+    for got in results:
+        torch.testing.assert_close(got[0], expected)
+
+
+def test_attacking_collective_keeps_stale_state_per_tensor() -> None:
+    results = _rounds_with_one_attacker("stale", 3, delay=2)
+    # Round r: honest peers send (i+1)*(r+1); the attacker replays its round-0 value 1 (per tensor).
+    for r in range(3):
+        expected_w = (2 + 3 + 4) * (r + 1) / 4 + 1 / 4
+        torch.testing.assert_close(results[1][r][:6], torch.full((6,), expected_w))
+        torch.testing.assert_close(results[1][r][6:], torch.full((3,), 10 * expected_w))
+
+
+def test_attacking_collective_refuses_attacks_it_cannot_run() -> None:
+    from optimizers import InProcessGroup
+    from peers.attacks import AttackingCollective
+
+    member = InProcessGroup(1).members[0]
+    for name in ("alie", "ipm", "label_flip", "malicious_owner"):
+        with pytest.raises(ConfigError):
+            AttackingCollective(member, name)

@@ -1,0 +1,83 @@
+"""``AttackingCollective``: make one real peer Byzantine by wrapping its ``Collective``.
+
+The wrapper forges what this peer contributes to every ``all_reduce`` with an update-level attack
+(``sign_flip``, ``random_direction``, ``gaussian_noise``, ``stale``), one attack instance per tensor
+name so that stateful attacks keep a separate memory per tensor. Everything else passes through.
+
+Out of its reach, on purpose: omniscient attacks (``alie``, ``ipm``) need the other peers' updates,
+which a real peer never sees, so they are refused here and live in the simulation
+(``peers.attacks.forge_rows``); ``label_flip`` acts on the training batches (``transform_batch``,
+applied by the trainer wiring); ``malicious_owner`` acts inside the network collective
+(``corrupt_aggregate``, called by the partition owner).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from peers.attacks.base import Attack, build_attack
+from swarmtrain.errors import ConfigError
+from swarmtrain.protocols import Collective, Compressor, GatherResult, Reducer, RoundResult
+
+__all__ = ["AttackingCollective"]
+
+
+class AttackingCollective:
+    """A ``Collective`` whose ``all_reduce`` contributions are forged by the attack ``name``.
+
+    Args:
+        inner: this peer's real collective.
+        name: an update-level ``ATTACKS`` name.
+        options: the attack's options.
+        seed: seed of the randomised attacks.
+
+    Raises:
+        ConfigError: unknown attack, bad options, or an attack that cannot act through the update.
+    """
+
+    def __init__(self, inner: Collective, name: str, options: Mapping[str, Any] | None = None, seed: int = 0):
+        self._inner = inner
+        self._name = name
+        self._options = dict(options or {})
+        probe = build_attack(name, **self._options)
+        if probe.omniscient:
+            raise ConfigError(f"attack {name!r} needs the other peers' updates: simulation only (forge_rows)")
+        if probe.data_level or probe.owner_level:
+            raise ConfigError(f"attack {name!r} does not act on the update; wire its own hook instead")
+        self._attacks: dict[str, Attack] = {}
+        self._generator = torch.Generator().manual_seed(int(seed))
+
+    @property
+    def peer_id(self) -> str:
+        return self._inner.peer_id
+
+    def all_reduce(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        compressor: Compressor,
+        reducer: Reducer | None = None,
+        weight: float = 1.0,
+        timeout: float = 60.0,
+        kind: str = "reduce",
+    ) -> RoundResult:
+        """Forge every tensor of this peer, then take part in the round as usual."""
+        forged: dict[str, torch.Tensor] = {}
+        for key, t in tensors.items():
+            attack = self._attacks.get(key)
+            if attack is None:
+                attack = self._attacks[key] = build_attack(self._name, **self._options)
+            flat = t.detach().reshape(-1)
+            if not flat.is_floating_point():
+                raise ConfigError(f"AttackingCollective: tensor {key!r} is not floating point")
+            forged[key] = attack.forge(flat, generator=self._generator).reshape(t.shape).to(t.dtype)
+        return self._inner.all_reduce(
+            forged, compressor=compressor, reducer=reducer, weight=weight, timeout=timeout, kind=kind
+        )
+
+    def all_gather(self, payload: bytes, *, timeout: float = 60.0, kind: str = "gather") -> GatherResult:
+        """Passed through unchanged."""
+        return self._inner.all_gather(payload, timeout=timeout, kind=kind)
