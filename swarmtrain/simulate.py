@@ -142,7 +142,13 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 expected_peers=n_peers,
                 join_window=cfg.peers.join_window,
             )
-            reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f)
+            reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
+            if rank < cfg.peers.attackers and cfg.peers.attack != "none":  # a Byzantine peer (issue 6)
+                from peers.attacks import AttackingCollective
+
+                collective = AttackingCollective(  # type: ignore[assignment]
+                    collective, cfg.peers.attack, cfg.peers.attack_options, seed=rank
+                )
             trainer = Trainer(cfg, collective=collective, peer_index=rank, num_peers=n_peers, reducer=reducer)
             digests: dict[int, str] = {}
             counts = {"committed": 0, "failed": 0, "peak": 0}

@@ -52,6 +52,11 @@ def register(app: typer.Typer) -> None:
         inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H."),
         error_feedback: str | None = typer.Option(None, "--error-feedback", help="none, ef or ef21."),
         reducer: str | None = typer.Option(None, "--reducer", help="Aggregation rule (default mean)."),
+        byzantine: int | None = typer.Option(
+            None, "--byzantine", min=0, help="How many peers attack (ranks 0..K-1; see --attack)."
+        ),
+        attack: str | None = typer.Option(None, "--attack", help="Attack the Byzantine peers run."),
+        tolerate: int | None = typer.Option(None, "--tolerate", min=0, help="f the reducer tolerates."),
         preset: str | None = typer.Option(None, "--preset", help="Model preset (default tiny)."),
         batch_size: int | None = typer.Option(None, "--batch-size", min=1),
         lr: float | None = typer.Option(None, "--lr", help="Inner learning rate."),
@@ -80,6 +85,9 @@ def register(app: typer.Typer) -> None:
             "strategy.inner_steps": inner_steps,
             "compression.error_feedback": error_feedback,
             "peers.reducer": reducer,
+            "peers.attackers": byzantine,
+            "peers.attack": attack,
+            "peers.byzantine_f": tolerate,
             "model.preset": preset,
             "train.batch_size": batch_size,
             "train.lr": lr,
@@ -151,3 +159,22 @@ def _validate_names(cfg: Any) -> None:
     optimizers.STRATEGIES.get(cfg.strategy.name)
     build_compressor(cfg.compression)
     REDUCERS.get(cfg.peers.reducer)
+    if cfg.peers.attackers and cfg.peers.attack != "none":
+        from peers.attacks import AttackingCollective
+        from peers.reducers import build_reducer
+
+        build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
+        # Raises ConfigError for names it cannot run with real peers (omniscient/data/owner attacks).
+        AttackingCollective(_NullCollective(), cfg.peers.attack, cfg.peers.attack_options)
+
+
+class _NullCollective:
+    """Stands in for a collective while ``_validate_names`` checks an attack name (never called)."""
+
+    peer_id = "validation"
+
+    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def all_gather(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError

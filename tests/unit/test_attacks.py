@@ -246,3 +246,16 @@ def test_attacking_collective_refuses_attacks_it_cannot_run() -> None:
     for name in ("alie", "ipm", "label_flip", "malicious_owner"):
         with pytest.raises(ConfigError):
             AttackingCollective(member, name)
+
+
+@pytest.mark.parametrize("attack", ["bogus", "alie", "label_flip"])
+def test_simulate_refuses_attacks_real_peers_cannot_run_before_starting(
+    attack: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swarmtrain.cli import run
+
+    args = ["simulate", "-n", "3", "--byzantine", "1", "--attack", attack]
+    code = run([*args, "--reducer", "coordinate_median", "--tolerate", "1", "--steps", "1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("swarmtrain: error:") and attack in err
