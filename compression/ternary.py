@@ -67,8 +67,9 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
         idx = torch.arange(xb.numel(), device=x.device, dtype=torch.int64).reshape(xb.shape)
         keep = hash_uniform(idx, base) < xb.abs() / s
         code = torch.where(keep, torch.where(xb < 0, 2, 1), 0).to(torch.uint8)
-        q = code.reshape(-1, 4, block // 4)  # byte j of a block: elements j + i * block / 4, i = 0..3
-        packed = q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)
+        w = block // 4  # byte j of a block holds elements j + i * w in bits 2i..2i+1 (i = 0..3)
+        packed = code[:, :w] | (code[:, w : 2 * w] << 2)
+        packed = packed | (code[:, 2 * w : 3 * w] << 4) | (code[:, 3 * w :] << 6)
         return packed.reshape(-1), am.reshape(-1)
 
     return enc
