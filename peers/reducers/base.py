@@ -161,8 +161,8 @@ class BaseReducer:
             raise ConfigError(f"reducer {self.name!r}: no rows to reduce")
         if not isinstance(weights, torch.Tensor) or weights.shape != (n,):
             raise ConfigError(f"reducer {self.name!r}: weights must have shape [{n}]")
-        weights = weights.to(device=stack.device, dtype=torch.float64 if stack.dtype == torch.float64 else
-                             torch.float32)
+        wdtype = torch.float64 if stack.dtype == torch.float64 else torch.float32
+        weights = weights.to(device=stack.device, dtype=wdtype)
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise ConfigError(f"reducer {self.name!r}: weights must be finite and non-negative")
         return stack, weights
