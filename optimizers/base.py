@@ -67,6 +67,14 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
     if ctx.compressor is not None:
         return ctx.compressor
     comp: Compressor = build_compressor(ctx.compression)
+    if getattr(comp, "sends_increments", False):
+        # EF21 packets decode to increments of each sender's running estimate; the collective's
+        # owners average decoded values from whichever peers joined the round, so they cannot
+        # rebuild those estimates when membership changes. Refuse rather than average wrong values.
+        raise ConfigError(
+            "compression.error_feedback 'ef21' sends increments, which the all-reduce cannot average "
+            "across changing groups; use 'ef' with strategies"
+        )
     return comp
 
 

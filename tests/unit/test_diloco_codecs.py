@@ -94,3 +94,18 @@ def test_error_feedback_state_round_trip_is_bit_exact() -> None:
             st.step(16)
     for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters(), strict=True):
         assert torch.equal(a, b), n
+
+
+def test_ef21_is_refused_by_strategies_with_a_clear_error() -> None:
+    from optimizers.base import make_compressor
+    from swarmtrain.errors import ConfigError
+
+    model = torch.nn.Linear(2, 2)
+    ctx = StrategyContext(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        config=StrategyConfig(name="diloco"),
+        compression=CompressionConfig(codec="int8", error_feedback="ef21"),
+    )
+    with pytest.raises(ConfigError, match="ef21"):
+        make_compressor(ctx)
