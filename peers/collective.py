@@ -17,18 +17,20 @@ left out of the owner's reduce, which every member then decodes consistently.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from peers.ledger import ByteLedger
-from peers.mailbox import Delivery, Mailbox
+from peers.mailbox import Delivery, Key, Mailbox
 from peers.messages import (
     Envelope,
     decode_envelope,
@@ -95,7 +97,7 @@ class P2PCollective:
         expected_peers: int | None = None,
         ledger: ByteLedger | None = None,
         join_window: float = 3.0,
-        chunk_elems: int = 1 << 20,
+        chunk_elems: int = 1 << 18,
         max_message_bytes: int = 1 << 31,
         max_gather_bytes: int = 256 << 20,
         max_buffer_bytes: int = 4 << 30,
@@ -123,6 +125,11 @@ class P2PCollective:
             join_window=join_window,
         )
         self._call_lock = threading.Lock()
+        self.max_streams_per_peer = 2
+        self._outgoing: dict[str, asyncio.Semaphore] = {}  # used on the event loop only
+        #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
+        self.last_timings: dict[str, float] = {}
+        self._t_last = time.perf_counter()
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
         node.loop.run(node.p2p.add_binary_stream_handler(self._handler_name, self._handle), 15.0)
@@ -183,16 +190,44 @@ class P2PCollective:
     def _send(self, peer: str, env: Envelope, frames: list[Any], deadline: float) -> Future[None]:
         from hivemind.p2p import PeerID
 
-        coro = send_message(
-            self.node.p2p,
-            PeerID.from_base58(peer),
-            self._handler_name,
-            env,
-            frames,
-            ledger=self.ledger,
-            timeout=max(deadline - time.monotonic(), 0.1),
+        async def _limited() -> None:
+            # a few streams per destination at a time: bulk bursts of dozens of concurrent streams
+            # starve the daemon and the event loop on small machines
+            sem = self._outgoing.get(peer)
+            if sem is None:
+                sem = self._outgoing[peer] = asyncio.Semaphore(self.max_streams_per_peer)
+            async with sem:
+                await send_message(
+                    self.node.p2p,
+                    PeerID.from_base58(peer),
+                    self._handler_name,
+                    env,
+                    frames,
+                    ledger=self.ledger,
+                    timeout=max(deadline - time.monotonic(), 0.1),
+                )
+
+        fut = self.node.loop.submit(_limited())
+        if env.type in ("part", "agg", "gather"):
+            fut.add_done_callback(lambda f: self._on_send_done(f, env))
+        return fut
+
+    def _on_send_done(self, fut: Future[None], env: Envelope) -> None:
+        """A failed send wakes up our own waits at once with a local abort marker."""
+        if fut.cancelled() or fut.exception() is None:
+            return
+        marker = Envelope(
+            type="abort",
+            run=self.run_id,
+            kind=env.kind,
+            round=env.round,
+            digest=env.digest[:16],
+            note=str(fut.exception())[:200],
         )
-        return self.node.loop.submit(coro)
+        try:
+            self._mailbox.put(Delivery(self.peer_id, marker, ()))
+        except ProtocolError:
+            pass  # round already over, or a marker is already there
 
     def _abort(self, group: Group, kind: str, reason: str) -> None:
         env = Envelope(
@@ -208,31 +243,35 @@ class P2PCollective:
             if peer != self.peer_id:
                 self._send(peer, env, [], deadline)  # fire and forget: the peer may be gone
 
-    @staticmethod
-    def _wait_sends(futs: list[Future[None]], deadline: float) -> None:
+    def _settle_sends(self, futs: list[Future[None]], deadline: float) -> None:
+        """Let the outgoing messages finish (bounded by the deadline) once we hold our result.
+
+        A failure here no longer concerns this peer's result: the receiver either got the message or
+        fails its own wait. It is logged, not raised.
+        """
         for f in futs:
             try:
                 f.result(timeout=max(deadline - time.monotonic(), 0.0))
-            except SwarmError:
-                raise
-            except TimeoutError:
-                raise RoundFailed("sending did not finish before the deadline") from None
+            except Exception as e:
+                logger.info("an outgoing message did not complete: %s", e)
 
-    def _check_aborts(self, group: Group, slot: Mapping[tuple[str, str], Delivery]) -> None:
-        for (typ, sender), d in slot.items():
+    def _check_aborts(self, group: Group, slot: Mapping[Key, Delivery]) -> None:
+        for (typ, sender, _), d in slot.items():
             if typ == "abort" and sender in group.members and d.env.digest == group.digest:
+                if sender == self.peer_id:  # one of our own sends failed (see _send)
+                    raise RoundFailed(f"sending failed: {d.env.note}")
                 raise RoundFailed(f"member {sender[:16]} aborted: {d.env.note}")
 
-    def _collect(
-        self, group: Group, kind: str, typ: str, digest: bytes, deadline: float
-    ) -> dict[str, Delivery]:
-        """Wait for one ``typ`` message from every other member (or an abort / the deadline)."""
-        others = [m for m in group.members if m != self.peer_id]
+    def _wait_keys(
+        self, group: Group, kind: str, keys: list[Key], digest: bytes, deadline: float
+    ) -> dict[Key, Delivery]:
+        """Wait until a message for every ``(type, sender, chunk)`` in ``keys`` arrived (or an abort /
+        the deadline); check each carries ``digest``."""
 
-        def ready(slot: dict[tuple[str, str], Delivery]) -> bool:
+        def ready(slot: dict[Key, Delivery]) -> bool:
             if any(k[0] == "abort" and slot[k].env.digest == group.digest for k in slot):
                 return True
-            return all((typ, m) in slot for m in others)
+            return all(k in slot for k in keys)
 
         slot = None
         start = time.monotonic()
@@ -241,19 +280,26 @@ class P2PCollective:
             slot = self._mailbox.wait(kind, group.round_id, ready, min(deadline, time.monotonic() + 2.0))
             if slot is None and time.monotonic() - start > 2.0:
                 have = self._mailbox.snapshot(kind, group.round_id)
-                self._check_connected([m for m in others if (typ, m) not in have])
+                self._check_connected(sorted({k[1] for k in keys if k not in have}))
         if slot is None:
             have = self._mailbox.snapshot(kind, group.round_id)
-            missing = [m[:12] for m in others if (typ, m) not in have]
-            raise RoundFailed(f"timed out waiting for {typ} from {missing}")
+            missing = sorted({k[1][:12] for k in keys if k not in have})
+            raise RoundFailed(f"timed out waiting for {keys[0][0]} from {missing}")
         self._check_aborts(group, slot)
         out = {}
-        for m in others:
-            d = slot[(typ, m)]
+        for k in keys:
+            d = slot[k]
             if d.env.digest != digest:
-                raise RoundFailed(f"{typ} from {m[:12]} belongs to another group or tensor layout")
-            out[m] = d
+                raise RoundFailed(f"{k[0]} from {k[1][:12]} belongs to another group or tensor layout")
+            out[k] = d
         return out
+
+    def _collect(
+        self, group: Group, kind: str, typ: str, digest: bytes, deadline: float
+    ) -> dict[str, Delivery]:
+        """Wait for one ``typ`` message (chunk 0) from every other member."""
+        keys = [(typ, m, 0) for m in group.members if m != self.peer_id]
+        return {k[1]: d for k, d in self._wait_keys(group, kind, keys, digest, deadline).items()}
 
     def _check_connected(self, missing: list[str]) -> None:
         """Raise ``RoundFailed`` if one of ``missing`` no longer has a connection to us."""
@@ -268,6 +314,11 @@ class P2PCollective:
         if gone:
             raise RoundFailed(f"members {gone} disconnected")
 
+    def _mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.last_timings[phase] = now - self._t_last
+        self._t_last = now
+
     def _begin(self, kind: str, timeout: float) -> tuple[int, float, Group]:
         if self._closed:
             raise SwarmError("collective is closed")
@@ -277,7 +328,10 @@ class P2PCollective:
         self.round_id = r + 1
         self._mailbox.set_floor(r)
         deadline = time.monotonic() + timeout
+        self.last_timings = {}
+        self._t_last = time.perf_counter()
         group = self._matchmaker.form_group(kind, r, deadline)
+        self._mark("group")
         return r, deadline, group
 
     def _finish(self, r: int) -> None:
@@ -288,38 +342,6 @@ class P2PCollective:
             logger.debug("publishing the round failed", exc_info=True)
 
     # --- all-reduce ---------------------------------------------------------------------------------
-
-    def _decode_chunks(
-        self, compressor: Compressor, frames: tuple[bytes, ...], ranges: list[tuple[int, int]]
-    ) -> torch.Tensor:
-        """Decode one partition (a frame per chunk) into a flat fp32 tensor, checking every chunk."""
-        if len(frames) != len(ranges):
-            raise ProtocolError(f"expected {len(ranges)} chunks, got {len(frames)}")
-        out = []
-        for frame, (lo, hi) in zip(frames, ranges, strict=True):
-            pkt = decode_packet_bytes(frame)
-            if tuple(pkt.shape) != (hi - lo,):
-                raise ProtocolError(f"chunk shape {tuple(pkt.shape)} != ({hi - lo},)")
-            t = compressor.decompress(pkt)
-            if t.numel() != hi - lo:
-                raise ProtocolError("decoded chunk has the wrong size")
-            out.append(t.reshape(-1).to(torch.float32))
-        flat = torch.cat(out) if out else torch.zeros(0)
-        if not bool(torch.isfinite(flat).all()):
-            raise ProtocolError("non-finite values")
-        return flat
-
-    def _chunk_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        step = self.chunk_elems
-        return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
-
-    def _encode_chunks(
-        self, compressor: Compressor, flat: torch.Tensor, lo: int, hi: int, key: str
-    ) -> list[bytes]:
-        return [
-            encode_packet_bytes(compressor.compress(flat[a:b], key=f"{key}/{a}"))
-            for a, b in self._chunk_ranges(lo, hi)
-        ]
 
     def all_reduce(
         self,
@@ -373,6 +395,25 @@ class P2PCollective:
                 if r >= 0:
                     self._finish(r)
 
+    def _decode_chunk(self, compressor: Compressor, frames: tuple[bytes, ...], length: int) -> torch.Tensor:
+        """Decode one chunk (one frame, one packet) into a flat fp32 tensor of ``length`` elements."""
+        if len(frames) != 1:
+            raise ProtocolError(f"expected 1 frame per chunk, got {len(frames)}")
+        pkt = decode_packet_bytes(frames[0])
+        if tuple(pkt.shape) != (length,):
+            raise ProtocolError(f"chunk shape {tuple(pkt.shape)} != ({length},)")
+        t = compressor.decompress(pkt)
+        if t.numel() != length:
+            raise ProtocolError("decoded chunk has the wrong size")
+        t = t.reshape(-1).to(torch.float32)
+        if not bool(torch.isfinite(t).all()):
+            raise ProtocolError("non-finite values")
+        return t
+
+    def _chunk_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        step = self.chunk_elems
+        return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
     def _reduce_round(
         self,
         tensors: Mapping[str, torch.Tensor],
@@ -393,77 +434,75 @@ class P2PCollective:
         spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
         digest = group.digest + spec
         parts = _bounds(n_total, group.size)
+        chunks = [self._chunk_ranges(lo, hi) for lo, hi in parts]  # per owner: absolute [a, b) ranges
         me = group.index
+        others = [p for p in group.members if p != self.peer_id]
         base = Envelope(
             type="part", run=self.run_id, kind=kind, round=group.round_id, digest=digest, numel=n_total
         )
 
-        # 1. push my slice of every other owner's partition
+        def envelope(typ: str, index: int, chunk: int, frame: bytes, w: float = 0.0) -> Envelope:
+            return replace(base, type=typ, index=index, chunk=chunk, weight=w, frames=1, nbytes=len(frame))
+
+        # 1. push my slice of every other owner's partition, chunk by chunk (round-robin over owners so
+        #    every owner can start reducing early); sends run on the event loop while we keep encoding
         sends: list[Future[None]] = []
-        for i, peer in enumerate(group.members):
-            if i == me:
-                continue
-            lo, hi = parts[i]
-            frames = self._encode_chunks(compressor, flat, lo, hi, f"{kind}/{group.size}/{i}")
-            env = Envelope(
-                **{
-                    **base.__dict__,
-                    "index": i,
-                    "weight": weight,
-                    "frames": len(frames),
-                    "nbytes": sum(map(len, frames)),
-                }
-            )
-            sends.append(self._send(peer, env, frames, deadline))
+        for c in range(max((len(ch) for ch in chunks), default=0)):
+            for i, peer in enumerate(group.members):
+                if i == me or c >= len(chunks[i]):
+                    continue
+                a, b = chunks[i][c]
+                frame = encode_packet_bytes(
+                    compressor.compress(flat[a:b], key=f"{kind}/{group.size}/{i}/{c}")
+                )
+                sends.append(self._send(peer, envelope("part", i, c, frame, weight), [frame], deadline))
+        self._mark("encode_parts")
 
-        # 2. reduce my partition from the rows that arrived
-        lo, hi = parts[me]
-        ranges = [(a - lo, b - lo) for a, b in self._chunk_ranges(lo, hi)]
-        got = self._collect(group, kind, "part", digest, deadline)
-        rows, weights = [flat[lo:hi]], [weight]
-        for peer, d in got.items():
-            try:
-                if d.env.index != me or d.env.numel != n_total:
-                    raise ProtocolError("part for another partition or layout")
-                rows.append(self._decode_chunks(compressor, d.frames, ranges))
-                weights.append(d.env.weight)
-            except (ProtocolError, ValueError, RuntimeError) as e:
-                logger.warning("round %d: contribution of %s left out: %s", group.round_id, peer[:12], e)
-        stack = torch.stack(rows)  # [k, hi - lo]
-        agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
-        if tuple(agg.shape) != (hi - lo,):
-            raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
-        agg_frames = [
-            encode_packet_bytes(compressor.compress(agg[a:b], key=f"{kind}/agg/{group.size}/{me}/{a}"))
-            for a, b in ranges
-        ]
-        env = Envelope(
-            **{
-                **base.__dict__,
-                "type": "agg",
-                "index": me,
-                "frames": len(agg_frames),
-                "nbytes": sum(map(len, agg_frames)),
-            }
-        )
-        for i, peer in enumerate(group.members):
-            if i != me:
-                sends.append(self._send(peer, env, agg_frames, deadline))
-        # the owner decodes exactly the bytes it sent, like everybody else
-        pieces: dict[int, torch.Tensor] = {me: self._decode_chunks(compressor, tuple(agg_frames), ranges)}
+        # 2. reduce my partition chunk by chunk as rows arrive; push each aggregate chunk at once. The
+        #    owner decodes exactly the bytes it sends, like everybody else.
+        pieces: dict[tuple[int, int], torch.Tensor] = {}
+        excluded: set[str] = set()
+        for c, (a, b) in enumerate(chunks[me]):
+            got = self._wait_keys(group, kind, [("part", p, c) for p in others], digest, deadline)
+            rows, weights = [flat[a:b]], [weight]
+            for (_, peer, _), d in got.items():
+                if peer in excluded:
+                    continue
+                try:
+                    if d.env.index != me or d.env.numel != n_total:
+                        raise ProtocolError("part for another partition or layout")
+                    rows.append(self._decode_chunk(compressor, d.frames, b - a))
+                    weights.append(d.env.weight)
+                except (ProtocolError, ValueError, RuntimeError) as e:
+                    excluded.add(peer)  # left out of every chunk of this partition, consistently
+                    logger.warning("round %d: contribution of %s left out: %s", group.round_id, peer[:12], e)
+            agg = reducer.reduce(torch.stack(rows), torch.tensor(weights, dtype=torch.float32))  # [b - a]
+            if tuple(agg.shape) != (b - a,):
+                raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
+            frame = encode_packet_bytes(compressor.compress(agg, key=f"{kind}/agg/{group.size}/{me}/{c}"))
+            env = envelope("agg", me, c, frame)
+            sends += [self._send(p, env, [frame], deadline) for p in others]
+            pieces[(me, c)] = self._decode_chunk(compressor, (frame,), b - a)
+        self._mark("reduce_encode_agg")
 
-        # 3. collect every other owner's aggregate
-        aggs = self._collect(group, kind, "agg", digest, deadline)
-        for peer, d in aggs.items():
+        # 3. collect every other owner's aggregate chunks
+        keys = [("agg", p, c) for i, p in enumerate(group.members) if i != me for c in range(len(chunks[i]))]
+        aggs = self._wait_keys(group, kind, keys, digest, deadline)
+        self._mark("wait_aggs")
+        for (_, peer, c), d in aggs.items():
             i = group.members.index(peer)
             if d.env.index != i or d.env.numel != n_total:
                 raise ProtocolError(f"aggregate from {peer[:12]} is for another partition or layout")
-            plo, phi = parts[i]
-            pieces[i] = self._decode_chunks(
-                compressor, d.frames, [(a - plo, b - plo) for a, b in self._chunk_ranges(plo, phi)]
-            )
-        self._wait_sends(sends, deadline)
-        result = torch.cat([pieces[i] for i in range(group.size)]) if n_total else flat
+            a, b = chunks[i][c]
+            pieces[(i, c)] = self._decode_chunk(compressor, d.frames, b - a)
+        self._mark("decode_aggs")
+        self._settle_sends(sends, deadline)
+        self._mark("wait_sends")
+        result = (
+            torch.cat([pieces[(i, c)] for i in range(group.size) for c in range(len(chunks[i]))])
+            if n_total
+            else flat
+        )
         out: dict[str, torch.Tensor] = {}
         offset = 0
         for k in names:
@@ -502,7 +541,7 @@ class P2PCollective:
                     self._send(p, env, list(frames), deadline) for p in group.members if p != self.peer_id
                 ]
                 got = self._collect(group, kind, "gather", group.digest, deadline)
-                self._wait_sends(sends, deadline)
+                self._settle_sends(sends, deadline)
                 payloads = {p: b"".join(d.frames) for p, d in got.items()}
                 payloads[self.peer_id] = bytes(payload)
                 sent, recv = self.ledger.round_bytes(kind, r)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from peers.messages import Envelope
 from swarmtrain.errors import ProtocolError
 
-__all__ = ["Mailbox", "Delivery"]
+__all__ = ["Mailbox", "Delivery", "Key"]
 
+Key = tuple[str, str, int]  # (message type, sender, chunk)
 AHEAD_ROUNDS = 32  # rounds past the current one that may be buffered
 
 
@@ -37,7 +38,7 @@ class Delivery:
 
 
 class Mailbox:
-    """Messages keyed by ``(kind, round)`` then ``(type, sender)``.
+    """Messages keyed by ``(kind, round)`` then ``(type, sender, chunk)``.
 
     Args:
         max_bytes: cap on the payload bytes buffered across all rounds.
@@ -46,7 +47,7 @@ class Mailbox:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._cond = threading.Condition()
-        self._slots: dict[tuple[str, int], dict[tuple[str, str], Delivery]] = {}
+        self._slots: dict[tuple[str, int], dict[Key, Delivery]] = {}
         self._bytes = 0
         self._floor = 0  # rounds below this are over
 
@@ -69,7 +70,7 @@ class Mailbox:
             if r < self._floor or r > self._floor + AHEAD_ROUNDS:
                 raise ProtocolError(f"round {r} outside the accepted window from {self._floor}")
             slot = self._slots.setdefault((d.env.kind, r), {})
-            key = (d.env.type, d.sender)
+            key = (d.env.type, d.sender, d.env.chunk)
             if key in slot:
                 raise ProtocolError(f"duplicate {d.env.type} message for round {r}")
             if self._bytes + d.nbytes > self.max_bytes:
@@ -82,9 +83,9 @@ class Mailbox:
         self,
         kind: str,
         round_id: int,
-        ready: Callable[[dict[tuple[str, str], Delivery]], bool],
+        ready: Callable[[dict[Key, Delivery]], bool],
         deadline: float,
-    ) -> dict[tuple[str, str], Delivery] | None:
+    ) -> dict[Key, Delivery] | None:
         """Block until ``ready(slot)`` holds for the round's messages or ``deadline`` (monotonic) passes.
 
         Returns:
@@ -100,7 +101,7 @@ class Mailbox:
                     return None
                 self._cond.wait(min(left, 1.0))
 
-    def snapshot(self, kind: str, round_id: int) -> dict[tuple[str, str], Delivery]:
+    def snapshot(self, kind: str, round_id: int) -> dict[Key, Delivery]:
         """The round's messages received so far."""
         with self._cond:
             return dict(self._slots.get((kind, round_id), {}))

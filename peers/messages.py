@@ -79,6 +79,7 @@ class Envelope:
         frames: number of data frames that follow.
         nbytes: total bytes of those data frames.
         numel: total elements of the flat vector being reduced (``part``/``agg``), else 0.
+        chunk: chunk index within the partition (``part``/``agg``), else 0.
         note: a short free-text reason (``abort``) or JSON metadata (``state_hdr``), bounded.
     """
 
@@ -92,6 +93,7 @@ class Envelope:
     frames: int = 0
     nbytes: int = 0
     numel: int = 0
+    chunk: int = 0
     note: str = ""
 
 
@@ -106,6 +108,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "frames": (int,),
     "nbytes": (int,),
     "numel": (int,),
+    "chunk": (int,),
     "note": (str,),
 }
 
@@ -167,8 +170,8 @@ def decode_envelope(data: bytes, max_note: int = 4096) -> Envelope:
         raise ProtocolError("weight must be finite and >= 0")
     if not 0 <= env.frames <= MAX_FRAMES or not 0 <= env.nbytes <= MAX_FRAME * MAX_FRAMES:
         raise ProtocolError("frame count or byte count out of range")
-    if not 0 <= env.numel < 1 << 40:
-        raise ProtocolError("numel out of range")
+    if not 0 <= env.numel < 1 << 40 or not 0 <= env.chunk < 1 << 30:
+        raise ProtocolError("numel or chunk out of range")
     if len(env.note) > max_note:
         raise ProtocolError("note too long")
     return env

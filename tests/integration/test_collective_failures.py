@@ -7,6 +7,7 @@ import os
 import signal
 from typing import Any
 
+import pytest
 import torch
 from peer_helpers import Fp32Identity, PeerGroup, loopback_config, report, reporting_errors
 
@@ -57,6 +58,7 @@ def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int) -> No
             )
 
 
+@pytest.mark.slow
 def test_sigkill_mid_round_survivors_commit_later() -> None:
     rounds = 3
     with PeerGroup(worker, N_PEERS, args=(N_PEERS, rounds)) as g:

@@ -10,6 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from peers.process import PeerProcess, find_orphans, spawn_command
 from swarmtrain.cli import run
 
@@ -51,6 +53,7 @@ def _start_dht(identity: Path) -> tuple[PeerProcess, str, list[str]]:
     return proc, peer_id, maddrs
 
 
+@pytest.mark.slow
 def test_dht_status_and_identity(tmp_path: Path) -> None:
     key = tmp_path / "keys" / "boot.key"
     proc, peer_id, maddrs = _start_dht(key)
