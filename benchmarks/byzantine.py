@@ -12,7 +12,12 @@ A second, smaller "goal" grid repeats mean vs centered_clip with 7 of 16 attacke
 the issue's goal: centered_clip within 5% of the clean run for sign flip, random direction, ALIE, IPM
 and label flip, while the plain mean visibly fails (ratio > 1.2).
 
-Not covered yet: rows with real peers over hivemind (needs the network collective; phase 2).
+``--real-peers`` instead runs ``swarmtrain simulate`` (real peer processes over hivemind on
+127.0.0.1, DiLoCo, tiny byte-level GPT): 3 peers, one of them attacking through
+``AttackingCollective``, for each attack a real peer can run alone (sign flip, random direction,
+Gaussian noise, stale), with the mean and with centered_clip (f = 1); written to
+``byzantine_real.json``. ALIE and IPM (omniscient), label flip (needs a trainer batch hook) and the
+malicious owner (needs the owner hook in the network collective) have no real-peer rows yet.
 
 Run: ``python benchmarks/byzantine.py`` (writes ``benchmarks/results/byzantine.{json,png}``);
 ``--quick`` runs a small smoke grid (written under ``byzantine_quick.*``).
@@ -259,6 +264,96 @@ def _plot(grid: list[dict[str, Any]], goal: list[dict[str, Any]], path: Path) ->
     fig.savefig(path, dpi=110)
 
 
+REAL_ATTACKS = ["sign_flip", "random_direction", "gaussian_noise", "stale"]
+
+
+def _real_peers(out: Path, steps: int) -> int:
+    """Real-peer rows through ``swarmtrain simulate`` (one subprocess per run)."""
+    import subprocess
+    import tempfile
+
+    rows: list[dict[str, Any]] = []
+    # One row per attack with the defence, plus the clean run and the undefended mean under sign flip.
+    cells = [("none", "mean"), ("sign_flip", "mean")] + [(a, "centered_clip") for a in REAL_ATTACKS]
+    t0 = time.perf_counter()
+    for attack, reducer in cells:
+        with tempfile.TemporaryDirectory() as tmp:
+            js = Path(tmp) / "run.json"
+            cmd = [
+                "swarmtrain",
+                "simulate",
+                "-n",
+                "3",
+                "--steps",
+                str(steps),
+                "-H",
+                "10",
+                "--compressor",
+                "none",
+                "--reducer",
+                reducer,
+                "--json",
+                str(js),
+            ]
+            if reducer != "mean":
+                cmd += ["--tolerate", "1"]
+            if attack != "none":
+                cmd += ["--byzantine", "1", "--attack", attack]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            res = json.loads(js.read_text()) if js.exists() else {}
+        row = {
+            "attack": attack,
+            "reducer": reducer,
+            "n": 3,
+            "f": int(attack != "none"),
+            "steps": steps,
+            "loss": res.get("final_val_loss"),
+            "params_identical": res.get("params_identical"),
+            "wall_s": res.get("wall_s"),
+            "rc": proc.returncode,
+            "error": proc.stderr.strip().splitlines()[-1] if proc.returncode else "",
+        }
+        rows.append(row)
+        print(
+            f"  real {attack:<16} {reducer:<14} loss={row['loss']} identical={row['params_identical']} "
+            f"rc={proc.returncode}",
+            flush=True,
+        )
+        out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
+        partial = json.dumps(_finite({"rows": rows, "partial": True}), indent=1)
+        (out / "byzantine_real.json").write_text(partial)
+    clean = next(r["loss"] for r in rows if r["attack"] == "none" and r["reducer"] == "mean")
+    for r in rows:
+        r["ratio"] = r["loss"] / clean if r["loss"] is not None and clean else None
+    print("\nreal peers (3 peers, 1 attacker, DiLoCo H=10): loss / clean-mean loss")
+    print(f"{'attack':<18}{'mean':>10}{'centered_clip':>15}")
+    for attack in ["none", *REAL_ATTACKS]:
+        got = {r["reducer"]: r["ratio"] for r in rows if r["attack"] == attack}
+        print(
+            f"{attack:<18}"
+            + "".join(
+                f"{(f'{got[x]:.2f}' if got.get(x) else '-'):>{w}}"
+                for x, w in (("mean", 10), ("centered_clip", 15))
+            )
+        )
+    meta = {
+        "benchmark": "byzantine_real",
+        "command": "swarmtrain simulate",
+        "strategy": "diloco",
+        "preset": "tiny",
+        "peers": 3,
+        "attackers": 1,
+        "inner_steps": 10,
+        "steps": steps,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "cpu_count": os.cpu_count(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "byzantine_real.json").write_text(json.dumps(_finite({"meta": meta, "rows": rows}), indent=1))
+    print(f"wrote {out / 'byzantine_real.json'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small smoke grid (n=8 only, few rounds)")
@@ -267,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--replot", metavar="JSON", help="only redraw the PNG from a results JSON")
+    ap.add_argument("--real-peers", action="store_true", help="only the real-peer rows (swarmtrain simulate)")
+    ap.add_argument("--real-steps", type=int, default=40, help="local steps per real peer")
     args = ap.parse_args(argv)
+    if args.real_peers:
+        return _real_peers(Path(args.out), args.real_steps)
     if args.replot:
         saved = json.loads(Path(args.replot).read_text())
         _plot(saved["grid"], saved["goal"], Path(args.replot).with_suffix(".png"))
