@@ -19,6 +19,7 @@ index range and uniqueness per chunk and value finiteness, and raises ``Protocol
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgpack
@@ -116,7 +117,7 @@ def _decode_values(vb: bytes, scale: bytes, spec: TensorSpec, mode: str) -> torc
         if len(scale) != 4:
             raise ProtocolError("sign payload: scale must be one fp32")
         s = float(np.frombuffer(scale, dtype="<f4")[0])
-        if not np.isfinite(s) or s < 0:
+        if not math.isfinite(s) or s < 0:
             raise ProtocolError("sign payload: scale must be finite and non-negative")
         bits = np.unpackbits(np.frombuffer(vb, dtype=np.uint8))[: spec.count].astype(np.float32)
         return torch.from_numpy(bits * 2.0 - 1.0) * s

@@ -1,0 +1,271 @@
+"""Overlap under a bandwidth cap: compute utilization of DiLoCo vs StreamingDiLoCo at the same H.
+
+Four training peers and a bootstrap node run in their own network namespaces, joined by veth pairs
+to a bridge, every link capped with ``tc tbf`` (20 Mbit/s by default, both directions;
+``benchmarks/wan_netns.py``). Each peer is ``swarmtrain.simulate``'s peer process, started with
+``ip netns exec`` (``benchmarks/wan_worker.py``). Both strategies send fp32 pseudo-gradients (codec
+``none``), so a DiLoCo sync of the tiny model moves megabytes through the cap and the training loop
+stalls on it, while StreamingDiLoCo sends one fragment at a time in a background thread and joins it
+``tau`` steps later. Reported per strategy: compute utilization (1 - time ``step()`` blocked on
+communication / training wall time, mean over peers), the wait per sync, bytes, loss, identical
+parameters. Needs root (``ip netns``); uses only 10.213.0.0/24 inside namespaces it creates and
+deletes them in ``finally`` (and leftovers of a crashed run at start).
+
+Usage::
+
+    sudo python benchmarks/wan_overlap.py              # writes benchmarks/results/wan_overlap.json
+    sudo python benchmarks/wan_overlap.py --quick      # 2 short runs, results not kept
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
+    sys.path.insert(0, str(HERE))
+
+from wan_netns import Wan, ip_of  # noqa: E402
+from wan_worker import MESSAGE_PREFIX  # noqa: E402
+
+from swarmtrain.config import Config, load_config  # noqa: E402
+from swarmtrain.errors import SwarmError  # noqa: E402
+from swarmtrain.simulate import PeerOutcome, params_identical  # noqa: E402
+
+__all__ = ["WanRun", "run_wan", "run_benchmark", "main"]
+
+RESULTS = HERE / "results"
+
+
+@dataclass
+class WanRun:
+    """One strategy's outcome over the emulated WAN."""
+
+    strategy: str
+    outcomes: list[PeerOutcome]
+    wall_s: float
+
+    @property
+    def compute_utilization(self) -> float:
+        """Mean over peers of ``1 - comm_wait / wall`` (as ``swarmtrain.simulate`` computes it)."""
+        return 1.0 - sum(o.comm_wait_s / max(o.wall_s, 1e-9) for o in self.outcomes) / len(self.outcomes)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain data for the JSON file."""
+        n = len(self.outcomes)
+        syncs = [o.committed_rounds + o.failed_rounds for o in self.outcomes]
+        return {
+            "strategy": self.strategy,
+            "compute_utilization": self.compute_utilization,
+            "comm_wait_s_per_peer": [o.comm_wait_s for o in self.outcomes],
+            "train_wall_s_per_peer": [o.wall_s for o in self.outcomes],
+            "syncs_per_peer": syncs,
+            "committed_rounds": [o.committed_rounds for o in self.outcomes],
+            "failed_rounds": [o.failed_rounds for o in self.outcomes],
+            "mean_wait_per_sync_s": sum(o.comm_wait_s for o in self.outcomes) / max(sum(syncs), 1),
+            "bytes_sent_per_peer": sum(o.bytes_sent for o in self.outcomes) / n,
+            "peak_sync_bytes_sent": max(o.peak_sync_bytes_sent for o in self.outcomes),
+            "final_val_loss": sum(o.final_val_loss or float("nan") for o in self.outcomes) / n,
+            "params_identical": params_identical(self.outcomes),
+            "wall_s": self.wall_s,
+        }
+
+
+def _reader(stream: Any, rank: int, q: queue.Queue[tuple[str, int, Any]]) -> None:
+    for line in stream:
+        if line.startswith(MESSAGE_PREFIX):
+            kind, r, payload = json.loads(line[len(MESSAGE_PREFIX) :])
+            q.put((str(kind), int(r), payload))
+    q.put(("eof", rank, None))
+
+
+def _start(wan: Wan, node: int, args: list[str], rank: int, q: queue.Queue[tuple[str, int, Any]]) -> Any:
+    """Start a worker in node ``node``'s namespace, in its own session, with a peer marker."""
+    from peers.process import MARKER_ENV, PeerProcess
+
+    argv = ["ip", "netns", "exec", wan.ns(node), sys.executable, str(HERE / "wan_worker.py"), *args]
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARKER_ENV: marker}
+    popen = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
+    threading.Thread(target=_reader, args=(popen.stdout, rank, q), daemon=True).start()
+    return PeerProcess(popen.pid, marker, popen)
+
+
+def _outcome(payload: dict[str, Any]) -> PeerOutcome:
+    payload = dict(payload)
+    payload["sync_digests"] = {int(k): v for k, v in payload["sync_digests"].items()}
+    return PeerOutcome(**payload)
+
+
+def run_wan(wan: Wan, cfg: Config, n_peers: int, timeout: float = 900.0) -> WanRun:
+    """Train ``cfg`` with a bootstrap on node 0 and peer ``r`` on node ``r + 1`` of ``wan``."""
+    import signal
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.train.progress = False
+    cfg.train.threads = 1
+    q: queue.Queue[tuple[str, int, Any]] = queue.Queue()
+    procs: list[Any] = []
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(prefix="swt-wan-") as tmp:
+
+        def write(node: int, c: Config) -> str:
+            c = c.model_copy(deep=True)
+            c.peers.host_maddrs = [f"/ip4/{ip_of(node)}/tcp/0"]
+            c.peers.announce_maddrs = []
+            path = Path(tmp) / f"node{node}.json"
+            path.write_text(c.model_dump_json())
+            return str(path)
+
+        def get() -> tuple[str, int, Any]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SwarmError("the WAN run did not finish in time")
+            try:
+                return q.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                return ("tick", -1, None)
+
+        try:
+            procs.append(_start(wan, 0, ["bootstrap", write(0, cfg)], -1, q))
+            initial: list[str] = []
+            while not initial:
+                kind, _, payload = get()
+                if kind in ("error", "eof"):
+                    raise SwarmError(f"bootstrap failed: {payload}")
+                if kind == "bootstrap":
+                    initial = list(payload)
+            cfg.peers.initial_peers = initial
+            for r in range(n_peers):
+                procs.append(_start(wan, r + 1, ["peer", str(r), str(n_peers), write(r + 1, cfg)], r, q))
+            outcomes: dict[int, PeerOutcome] = {}
+            while len(outcomes) < n_peers:
+                kind, rank, payload = get()
+                if kind == "error" or (kind == "eof" and rank not in outcomes):
+                    raise SwarmError(f"peer {rank} failed: {payload}")
+                if kind == "done":
+                    outcomes[rank] = _outcome(payload)
+        finally:
+            for p in procs:
+                if p.alive:
+                    p.signal(signal.SIGTERM)
+            end = time.monotonic() + 15.0
+            for p in procs:
+                p.join(max(0.1, end - time.monotonic()))
+            for p in reversed(procs):
+                p.terminate(grace=3.0)
+    return WanRun(cfg.strategy.name, [outcomes[r] for r in range(n_peers)], time.perf_counter() - t0)
+
+
+def settings(quick: bool) -> dict[str, Any]:
+    """Shared settings and the two strategies' options (same H, same steps, batch, seed, data)."""
+    h, f, tau = (10, 2, 5) if quick else (20, 4, 5)
+    return {
+        "peers": 4,
+        "rate_mbit": 20.0,
+        "shared": {
+            "model.preset": "tiny",
+            "train.steps": 2 * h,
+            "train.batch_size": 16,
+            "train.seed": 0,
+            "train.warmup_steps": 5,
+            "train.eval_interval": 100_000,
+            "train.eval_batches": 2,
+            "compression.codec": "none",
+            "peers.min_peers": 4,
+            "strategy.inner_steps": h,
+            "strategy.sync_timeout": 180.0,
+            "peers.round_timeout": 180.0,
+        },
+        "diloco": {"strategy.name": "diloco"},
+        "streaming_diloco": {
+            "strategy.name": "streaming_diloco",
+            "strategy.fragments": f,
+            "strategy.overlap": tau,
+            "strategy.mixing": 0.5,
+        },
+    }
+
+
+def run_benchmark(quick: bool = False, timeout: float = 900.0) -> dict[str, Any]:
+    """Build the emulated WAN, check the cap with a raw TCP transfer, run both strategies."""
+    s = settings(quick)
+    n = s["peers"]
+    rows = []
+    with Wan(n + 1, s["rate_mbit"]) as wan:
+        probe_bytes = 2_500_000
+        probe_s = wan.transfer(1, 2, probe_bytes)
+        qdisc = wan.qdiscs(1)
+        for name in ("diloco", "streaming_diloco"):
+            cfg = load_config(None, {**s["shared"], **s[name]}, env={})
+            run = run_wan(wan, cfg, n, timeout=timeout)
+            row = run.summary()
+            row["strategy_options"] = cfg.strategy.model_dump()
+            rows.append(row)
+            print(f"  {name}: utilization {row['compute_utilization']:.1%}", flush=True)
+    return {
+        "benchmark": "wan_overlap",
+        "quick": quick,
+        "settings": s,
+        "link_check": {
+            "bytes": probe_bytes,
+            "seconds": probe_s,
+            "mbit_per_s": probe_bytes * 8 / probe_s / 1e6,
+            "qdisc": qdisc,
+        },
+        "note": (
+            "StreamingDiLoCo's last fragment round (started at the final step) is joined in close(), "
+            "outside step(), so its wait is not in comm_wait_s; at the cap it is one fragment's transfer."
+        ),
+        "rows": rows,
+    }
+
+
+def _table(doc: dict[str, Any]) -> str:
+    lines = [
+        f"link check: {doc['link_check']['mbit_per_s']:.1f} Mbit/s measured "
+        f"(cap {doc['settings']['rate_mbit']} Mbit/s; {doc['link_check']['qdisc']})",
+        f"{'strategy':<18}{'util':>8}{'wait/sync s':>13}{'syncs':>7}{'sent/peer MB':>14}"
+        f"{'peak sync MB':>14}{'val loss':>10}{'ident':>7}",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"{r['strategy']:<18}{r['compute_utilization']:>8.1%}{r['mean_wait_per_sync_s']:>13.2f}"
+            f"{r['syncs_per_peer'][0]:>7}{r['bytes_sent_per_peer'] / 1e6:>14.2f}"
+            f"{r['peak_sync_bytes_sent'] / 1e6:>14.2f}{r['final_val_loss']:>10.4f}"
+            f"{'yes' if r['params_identical'] else 'NO':>7}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run, print the table, write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="H=10, F=2: a short smoke run (not kept)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per strategy run")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    doc = run_benchmark(args.quick, args.timeout)
+    print(_table(doc))
+    out = args.out or RESULTS / ("wan_overlap_quick.json" if args.quick else "wan_overlap.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
