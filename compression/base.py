@@ -129,24 +129,34 @@ def tensor_bytes(*parts: torch.Tensor) -> bytes:
     return b"".join(v.data for v in views)
 
 
+def _extremes(t: torch.Tensor) -> tuple[float, float]:
+    """``(min, max)`` of a non-empty float tensor; NaN in either when ``t`` holds a NaN.
+
+    Per-block scales are small (one per block): on CPU numpy reduces them on the calling thread,
+    because waking torch's thread pool for a few hundred KB costs milliseconds on a busy machine.
+    """
+    if t.device.type == "cpu":
+        a = t.detach().contiguous().numpy()
+        return float(a.min()), float(a.max())  # numpy's min/max propagate NaN
+    lo_t, hi_t = torch.aminmax(t)  # NaN propagates into both
+    return float(lo_t), float(hi_t)
+
+
 def check_scales(scales: torch.Tensor, dtype: str, qmax: int, codec: str) -> None:
     """Reject per-block scales from a peer that are negative, non-finite or could overflow ``dtype``."""
     if scales.numel() == 0:
         return
-    limit = torch.tensor(abs_limit(dtype), dtype=torch.float32) / qmax
-    lo_t, hi_t = torch.aminmax(scales)  # NaN propagates into both and fails the check
-    lo, hi = float(lo_t), float(hi_t)
-    if not (lo >= 0.0 and hi <= float(limit)):  # also false for NaN
-        raise ProtocolError(
-            f"codec {codec!r}: block scales must lie in [0, {float(limit):.3g}], got {lo}..{hi}"
-        )
+    limit = float(torch.tensor(abs_limit(dtype), dtype=torch.float32) / qmax)
+    lo, hi = _extremes(scales)
+    if not (lo >= 0.0 and hi <= limit):  # also false for NaN
+        raise ProtocolError(f"codec {codec!r}: block scales must lie in [0, {limit:.3g}], got {lo}..{hi}")
 
 
 def check_finite_absmax(absmax: torch.Tensor, dtype: str, codec: str) -> None:
     """Refuse to encode blocks whose absmax is non-finite or beyond ``abs_limit(dtype)``."""
     if absmax.numel() == 0:
         return
-    top = float(absmax.max())
+    top = _extremes(absmax)[1]
     if not top <= abs_limit(dtype):  # NaN compares false
         raise UpdateRejected(f"codec {codec!r} cannot encode non-finite or huge values (max |x| = {top})")
 

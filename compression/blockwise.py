@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from compression.base import (
@@ -88,6 +89,13 @@ def _int4_decoder(block: int, dtype: torch.dtype) -> Decoder:
     return dec
 
 
+def _scales(am: torch.Tensor, qmax: int) -> torch.Tensor:
+    """``am * float32(1 / qmax)`` per block; on CPU with numpy on this thread (a small array)."""
+    if am.device.type == "cpu":
+        return torch.from_numpy(am.contiguous().numpy() * np.float32(1.0 / qmax))
+    return am * (1.0 / qmax)
+
+
 class BlockwiseCodec(Codec):
     """Blockwise absmax quantiser with ``bits`` bits per code; subclasses fix ``bits``.
 
@@ -130,7 +138,9 @@ class BlockwiseCodec(Codec):
         codes, absmax = [], []
         if full:
             kern = _kernel(f"{self.name}-enc", self.block, self._encoder)
-            c, a = kern(x[:full], numel=full)
+            # A [nblocks, block] view: with a flat input Inductor's dynamic-shape loops for the
+            # absmax and the quantisation get different bounds and are not fused into one pass.
+            c, a = kern(x[:full].view(-1, self.block), numel=full)
             codes.append(c)
             absmax.append(a)
         if n > full:
@@ -144,7 +154,7 @@ class BlockwiseCodec(Codec):
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
         check_finite_absmax(am, dtype, self.name)
-        scales = am.float() * (1.0 / self.qmax)
+        scales = _scales(am.float(), self.qmax)
         return Packet(
             codec=self.name,
             shape=tuple(t.shape),
@@ -171,7 +181,9 @@ class BlockwiseCodec(Codec):
         parts = []
         if full:
             kern = _kernel(f"{self.name}-dec-{p.dtype}", block, lambda b: self._decoder(b, dtype))
-            parts.append(kern(codes_t[: self._codes_nbytes(full)], scales[:nfb], numel=full))
+            per_block = self._codes_nbytes(block)  # 2D views: one loop bound shared by both inputs
+            q2 = codes_t[: self._codes_nbytes(full)].view(nfb, per_block)
+            parts.append(kern(q2, scales[:nfb].view(nfb, 1), numel=full))
         if n > full:
             width = (n - full) + (-(n - full)) % (8 // self.bits)
             tail_codes = codes_t[self._codes_nbytes(full) :]

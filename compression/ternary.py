@@ -59,13 +59,37 @@ def hash_uniform(idx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     return ((h >> 8).float() + 0.5) * (2.0**-24)
 
 
+def _hash_uniform32(idx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``hash_uniform`` on int32 lanes: the same draws, at half the vector width of int64.
+
+    int32 tensors hold the bit patterns of the uint32 values: additions and products wrap modulo
+    2**32 (what the CPU and GPU integer units do), and a mask after each arithmetic right shift
+    makes it the logical shift of the uint32 mixer. The tests check it against ``hash_uniform``.
+    """
+    h = idx + base
+    h = ((h >> 16) & 0xFFFF) ^ h
+    h = h * _MUL
+    h = ((h >> 16) & 0xFFFF) ^ h
+    h = h * _MUL
+    h = ((h >> 16) & 0xFFFF) ^ h
+    return (((h >> 8) & 0xFFFFFF).float() + 0.5) * (2.0**-24)
+
+
+def _as_int32(v: int) -> int:
+    """The int32 whose bit pattern is ``v mod 2**32``."""
+    v &= _M32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
 def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     def enc(x: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # base: int32 (the bit pattern of base mod 2**32) when x has < 2**31 elements, else int64
         xb = x.reshape(-1, block).float()  # [nb, block], block % 4 == 0
         am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
         s = torch.where(am > 0, am, torch.ones_like(am))
-        idx = torch.arange(xb.numel(), device=x.device, dtype=torch.int64).reshape(xb.shape)
-        keep = hash_uniform(idx, base) < xb.abs() / s
+        idx = torch.arange(xb.numel(), device=x.device, dtype=base.dtype).reshape(xb.shape)
+        u = _hash_uniform32(idx, base) if base.dtype == torch.int32 else hash_uniform(idx, base)
+        keep = u < xb.abs() / s
         code = torch.where(keep, torch.where(xb < 0, 2, 1), 0).to(torch.uint8)
         w = block // 4  # byte j of a block holds elements j + i * w in bits 2i..2i+1 (i = 0..3)
         packed = code[:, :w] | (code[:, w : 2 * w] << 2)
@@ -73,6 +97,13 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
         return packed.reshape(-1), am.reshape(-1)
 
     return enc
+
+
+def _base_tensor(base: int, numel: int, device: torch.device) -> torch.Tensor:
+    """``base`` as the encoder takes it: int32 lanes unless the element indices need int64."""
+    if numel < 1 << 31:
+        return torch.tensor(_as_int32(base), dtype=torch.int32, device=device)
+    return torch.tensor(base, dtype=torch.int64, device=device)
 
 
 def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -138,8 +169,9 @@ class TernaryCompressor(Codec):
         full = n - n % self.block
         codes, absmax = [], []
         if full:
-            b = torch.tensor(base, dtype=torch.int64, device=x.device)
-            c, a = _kernel("ternary-enc", self.block, _encoder)(x[:full], b, numel=full)
+            b = _base_tensor(base, full, x.device)
+            xb = x[:full].view(-1, self.block)  # 2D so Inductor fuses absmax and packing in one pass
+            c, a = _kernel("ternary-enc", self.block, _encoder)(xb, b, numel=full)
             codes.append(c)
             absmax.append(a)
         if n > full:
@@ -147,8 +179,7 @@ class TernaryCompressor(Codec):
             width = tail.numel() + (-tail.numel()) % 4
             padded = torch.zeros(width, dtype=x.dtype, device=x.device)
             padded[: tail.numel()] = tail
-            b = torch.tensor(base + full, dtype=torch.int64, device=x.device)
-            c, a = _encoder(width)(padded, b)
+            c, a = _encoder(width)(padded, _base_tensor(base + full, width, x.device))
             codes.append(c[: (tail.numel() + 3) // 4])
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
@@ -177,7 +208,9 @@ class TernaryCompressor(Codec):
         parts = []
         if full:
             kern = _kernel(f"ternary-dec-{p.dtype}", block, lambda b: _decoder(b, dtype))
-            parts.append(kern(codes[: full // 4], scales[: full // block], numel=full))
+            nfb = full // block
+            q2 = codes[: full // 4].view(nfb, block // 4)  # 2D views share one loop bound
+            parts.append(kern(q2, scales[:nfb].view(nfb, 1), numel=full))
         if n > full:
             width = (n - full) + (-(n - full)) % 4
             tail = codes[full // 4 :]

@@ -55,3 +55,14 @@ def test_hash_draws_are_uniform_and_device_free() -> None:
     assert torch.equal(u, hash_uniform(idx, torch.tensor(12345)))
     v = hash_uniform(idx, torch.tensor(54321))
     assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.02
+
+
+def test_int32_hash_lanes_give_the_int64_reference_draws() -> None:
+    """The encoder's int32 mixer wraps modulo 2**32 exactly like the int64 reference."""
+    from compression.ternary import _as_int32, _hash_uniform32
+
+    idx = torch.randint(0, 2**31 - 1, (1 << 16,), generator=torch.Generator().manual_seed(3))
+    for base in (0, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5, 123_456_789):
+        ref = hash_uniform(idx, torch.tensor(base))
+        lanes = _hash_uniform32(idx.int(), torch.tensor(_as_int32(base), dtype=torch.int32))
+        assert torch.equal(ref, lanes), base
