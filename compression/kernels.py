@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 ENV_COMPILE = "SWARMTRAIN_COMPILE_CODECS"
 ENV_MIN_NUMEL = "SWARMTRAIN_COMPILE_MIN_NUMEL"
 _DEFAULT_MIN_NUMEL = 1 << 22
+# Inductor's CPU backend decides whether to parallelise a loop nest from size hints; with dynamic
+# shapes and a fused [nblocks, block] reduction + pointwise nest it can judge the work too small and
+# emit a single-threaded kernel. ``dynamic_threads`` always opens a parallel region and lets OpenMP
+# size it at run time.
+_OPTIONS: dict[str, Any] = {"cpp.dynamic_threads": True}
 
 
 def compile_mode() -> str:
@@ -93,5 +98,5 @@ class Kernel:
     def _get(self) -> Callable[..., Any]:
         with self._lock:
             if self._compiled is None:
-                self._compiled = torch.compile(self.fn, fullgraph=True)
+                self._compiled = torch.compile(self.fn, fullgraph=True, options=_OPTIONS)
             return self._compiled

@@ -90,11 +90,12 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
         idx = torch.arange(xb.numel(), device=x.device, dtype=base.dtype).reshape(xb.shape)
         u = _hash_uniform32(idx, base) if base.dtype == torch.int32 else hash_uniform(idx, base)
         keep = u < xb.abs() / s
-        code = torch.where(keep, torch.where(xb < 0, 2, 1), 0).to(torch.uint8)
+        # codes 0, 1 (+1) or 2 (-1), in int32 lanes like the floats (8-bit lanes vectorise badly)
+        code = keep.to(torch.int32) + (keep & (xb < 0)).to(torch.int32)
         w = block // 4  # byte j of a block holds elements j + i * w in bits 2i..2i+1 (i = 0..3)
         packed = code[:, :w] | (code[:, w : 2 * w] << 2)
         packed = packed | (code[:, 2 * w : 3 * w] << 4) | (code[:, 3 * w :] << 6)
-        return packed.reshape(-1), am.reshape(-1)
+        return packed.to(torch.uint8).reshape(-1), am.reshape(-1)
 
     return enc
 
