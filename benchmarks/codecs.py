@@ -41,7 +41,8 @@ def main() -> int:
     )
     steady = any(r.steady_state for r in results)
     print(
-        f"{args.size:,} float32 elements on {args.device}; copy {results[0].copy_rw_gbps:.2f} GB/s (r+w); "
+        f"{args.size:,} float32 elements on {args.device}; copy (r+w, timed beside each codec) "
+        f"{min(r.copy_rw_gbps for r in results):.1f}-{max(r.copy_rw_gbps for r in results):.1f} GB/s; "
         f"headline columns: {'steady state (reused pages)' if steady else 'fresh pages'}"
     )
     print(format_table(results))
