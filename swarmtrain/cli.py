@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "swarmtrain.commands.train",
     "swarmtrain.commands.peers",
     "swarmtrain.commands.simulate",
+    "swarmtrain.commands.join",
     "swarmtrain.commands.bench",
 )
 

@@ -207,8 +207,8 @@ def _parse_env_value(raw: str) -> Any:
 def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     layer: dict[str, Any] = {}
     for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX):
-            continue
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue  # other SWARMTRAIN_* variables (process markers, codec switches) are not config
         path = key[len(ENV_PREFIX) :].lower().split("__")
         if len(path) != 2 or not all(path):
             raise ConfigError(f"environment variable {key}: expected {ENV_PREFIX}<SECTION>__<FIELD>")

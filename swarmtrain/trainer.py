@@ -126,6 +126,8 @@ class Trainer:
         peer_index: this peer's index among ``num_peers`` (selects its disjoint data shard).
         num_peers: peers training together.
         reducer: robust reducer handed to the strategy (``None``: token-weighted mean).
+        data_seed: seed of this peer's data stream (default ``config.train.seed``). Volunteers who do
+            not know their index derive it from their peer ID, so their streams differ.
 
     Attributes:
         model: the (uncompiled) ``GPT``.
@@ -143,6 +145,7 @@ class Trainer:
         peer_index: int = 0,
         num_peers: int = 1,
         reducer: Reducer | None = None,
+        data_seed: int | None = None,
     ) -> None:
         tc = config.train
         if num_peers < 1 or not 0 <= peer_index < num_peers:
@@ -162,7 +165,7 @@ class Trainer:
             self.corpus.train,
             batch_size=tc.batch_size,
             block_size=self.model.block_size,
-            seed=tc.seed,
+            seed=tc.seed if data_seed is None else data_seed,
             peer_index=peer_index,
             num_peers=num_peers,
             grad_accum=tc.grad_accum,

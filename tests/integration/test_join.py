@@ -1,0 +1,127 @@
+"""``swarmtrain dht`` + ``swarmtrain join`` as real processes on 127.0.0.1: newcomers, leaving."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from peers import PeerProcess, find_orphans, spawn_command
+
+SW = [sys.executable, "-m", "swarmtrain"]
+LOOP = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "SWARMTRAIN_TRAIN__THREADS": "1",
+        "SWARMTRAIN_TRAIN__EVAL_INTERVAL": "100000",
+        "SWARMTRAIN_TRAIN__BATCH_SIZE": "8",
+        "SWARMTRAIN_TRAIN__EVAL_BATCHES": "4",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _start_dht(tmp: Path, run: str) -> tuple[PeerProcess, str]:
+    out = tmp / "dht.out"
+    proc = spawn_command([*SW, "dht", *LOOP, "--run-id", run], env=_env(),
+                         stdout=out.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = re.search(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", out.read_text())
+        if m:
+            return proc, m.group(1)
+        assert proc.alive, out.read_text()
+        time.sleep(0.2)
+    raise AssertionError("the bootstrap node printed no multiaddr")
+
+
+def _join(tmp: Path, name: str, maddr: str, run: str, *args: str) -> PeerProcess:
+    return spawn_command(
+        [*SW, "join", "--initial-peers", maddr, "--run-id", run, *LOOP,
+         "--json", str(tmp / f"{name}.json"), *args],
+        env=_env(), stdout=(tmp / f"{name}.out").open("w"), stderr=(tmp / f"{name}.err").open("w"),
+    )
+
+
+def _wait_exit(p: PeerProcess, timeout: float, what: str, tmp: Path) -> None:
+    assert p.join(timeout), f"{what} did not finish; stderr tail: {(tmp / f'{what}.err').read_text()[-2000:]}"
+    assert p.exitcode == 0, f"{what} exited {p.exitcode}: {(tmp / f'{what}.err').read_text()[-2000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path) -> None:
+    """Two peers train with DiLoCo; a third joins mid-run, adopts the swarm's state (bit-exact) and
+    ends with the same global parameters as the others."""
+    run = "jointest"
+    procs: list[PeerProcess] = []
+    try:
+        dht, maddr = _start_dht(tmp_path, run)
+        procs.append(dht)
+        common = ["-s", "diloco", "-H", "10", "--compressor", "int8", "--steps", "160"]
+        a = _join(tmp_path, "a", maddr, run, *common)
+        b = _join(tmp_path, "b", maddr, run, *common)
+        procs += [a, b]
+        deadline = time.monotonic() + 600
+        while "round 3" not in (tmp_path / "a.err").read_text():  # a few outer steps done
+            assert a.alive and b.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()
+            time.sleep(0.5)
+        c = _join(tmp_path, "c", maddr, run, *common)
+        procs.append(c)
+        for p, name in ((a, "a"), (b, "b"), (c, "c")):
+            _wait_exit(p, 900, name, tmp_path)
+        res = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "abc"}
+        first = res["c"]["downloads"][0]
+        # the newcomer's downloaded global parameters equal the donors' after that round, bit for bit
+        assert first["digest"] in set(res["a"]["sync_digests"].values())
+        assert first["round"] >= 3
+        assert res["c"]["committed_rounds"] >= 1  # it then took part in the swarm's rounds
+        common_rounds = set.intersection(*(set(res[n]["sync_digests"]) for n in "abc"))
+        assert common_rounds
+        for r in common_rounds:
+            assert len({res[n]["sync_digests"][r] for n in "abc"}) == 1
+        assert len({res[n]["final_digest"] for n in "abc"}) == 1
+        assert res["c"]["ledger"]["by_kind"]["state"]["received"] > 0  # counted in the ledger
+    finally:
+        for p in procs:
+            p.terminate(grace=3.0)
+    assert not [o for p in procs for o in find_orphans(p.marker)]
+
+
+@pytest.mark.slow
+def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
+    """SIGTERM makes a volunteer finish its step, deregister and exit 0, leaving no process behind."""
+    run = "sigterm"
+    procs: list[PeerProcess] = []
+    try:
+        dht, maddr = _start_dht(tmp_path, run)
+        procs.append(dht)
+        a = _join(tmp_path, "a", maddr, run, "-s", "diloco", "-H", "100000", "--steps", "100000")
+        procs.append(a)
+        deadline = time.monotonic() + 300
+        while "step " not in (tmp_path / "a.err").read_text():
+            assert a.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()[-2000:]
+            time.sleep(0.3)
+        a.signal(signal.SIGTERM)
+        _wait_exit(a, 120, "a", tmp_path)
+        assert "stopped by signal" in (tmp_path / "a.out").read_text()
+        assert json.loads((tmp_path / "a.json").read_text())["stopped_by_signal"] is True
+        status = subprocess.run([*SW, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
+                                capture_output=True, text=True, timeout=120, env=_env())
+        assert status.returncode == 0, status.stderr
+        roles = [r["role"] for r in json.loads(status.stdout)]
+        assert "trainer" not in roles  # deregistered at once (tombstone), not after the TTL
+        assert not find_orphans(a.marker)
+    finally:
+        for p in procs:
+            p.terminate(grace=3.0)
