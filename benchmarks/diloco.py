@@ -142,7 +142,8 @@ def format_table(doc: dict[str, Any]) -> str:
     lines = [head, "-" * len(head)]
     for r in doc["rows"]:
         h = "-" if r["inner_steps"] is None else str(r["inner_steps"])
-        outer = "-" if r["outer_steps_planned"] is None else str(r["outer_steps_planned"])
+        committed = min(r.get("committed_rounds") or [0])
+        outer = "-" if r["outer_steps_planned"] is None else f"{committed}/{r['outer_steps_planned']}"
         gap = "n/a" if r.get("loss_vs_dp") is None else f"{r['loss_vs_dp']:+.2%}"
         red = "n/a" if r.get("bytes_reduction_vs_dp") is None else f"{r['bytes_reduction_vs_dp']:,.0f}x"
         lines.append(
@@ -154,8 +155,14 @@ def format_table(doc: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"{doc['peers']} peers, {s['train.steps']} steps of batch {s['train.batch_size']} per peer, "
-        f"seed {s['train.seed']}, equal tokens for every row; 'outer' = outer steps DiLoCo made (steps // H)."
+        f"seed {s['train.seed']}, equal tokens for every row; 'outer' = outer steps committed by every "
+        "peer / planned (steps // H)."
     )
+    failed = [
+        f"{r['key']}: {sum(r['failed_rounds'])}" for r in doc["rows"] if sum(r.get("failed_rounds") or [0])
+    ]
+    if failed:
+        lines.append(f"Failed (uncommitted) rounds, summed over peers: {', '.join(failed)}")
     few = [r for r in doc["rows"] if r["outer_steps_planned"] is not None and r["outer_steps_planned"] < 5]
     if few:
         hs = sorted({r["inner_steps"] for r in few})
