@@ -10,14 +10,19 @@ scalars/arrays when they parse, else taken as strings. Every validation failure 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmtrain.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 __all__ = [
     "ModelConfig",
