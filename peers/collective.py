@@ -8,11 +8,10 @@ compresses the aggregate *once* and pushes those bytes to every other member. Ev
 included, decodes the same bytes, so all members end bit-identical. Membership comes from
 ``peers.rounds.Matchmaker``; every message carries the group digest and is checked against it.
 
-Failure semantics: any missing, refused or late message, an abort from a member, or the deadline makes
-the round fail *for this peer* with ``committed=False`` and no tensors, and this peer tells the other
-members to abort too (best effort), so they stop waiting. The caller's next call forms a new round
-without a dead peer. A contribution that arrives but fails validation (shape, non-finite values) is
-left out of the owner's reduce, which every member then decodes consistently.
+Failure semantics: a missing, refused or late message, a member's abort or the deadline fails the round
+*for this peer* (``committed=False``, no tensors), and it tells the others to abort. A peer commits only
+once every member said it holds the full result (``peers.agreement``; its docstring states the residual
+window). A contribution that fails validation is left out of the owner's reduce, for every member.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from peers.agreement import HAVE, agree
 from peers.ledger import ByteLedger
 from peers.mailbox import Delivery, Key, Mailbox
 from peers.messages import (
@@ -166,7 +166,7 @@ class P2PCollective:
             env = decode_envelope(body)
             if env.run != self.run_id:
                 raise ProtocolError("message for another run")
-            if env.type not in ("part", "agg", "gather", "abort"):
+            if env.type not in ("part", "agg", "gather", "abort", HAVE):
                 raise ProtocolError(f"unexpected message type {env.type}")
             cap = self.max_gather_bytes if env.type == "gather" else self.max_message_bytes
             frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
@@ -382,6 +382,7 @@ class P2PCollective:
             try:
                 r, deadline, group = self._begin(kind, timeout)
                 out = self._reduce_round(tensors, compressor, red, float(weight), kind, group, deadline)
+                agree(self, group, kind, deadline)  # commit only if every member holds its result
                 sent, recv = self.ledger.round_bytes(kind, r)
                 return RoundResult(r, group.members, sent, recv, True, out)
             except (SwarmError, TimeoutError) as e:
@@ -542,6 +543,7 @@ class P2PCollective:
                 ]
                 got = self._collect(group, kind, "gather", group.digest, deadline)
                 self._settle_sends(sends, deadline)
+                agree(self, group, kind, deadline)
                 payloads = {p: b"".join(d.frames) for p, d in got.items()}
                 payloads[self.peer_id] = bytes(payload)
                 sent, recv = self.ledger.round_bytes(kind, r)
