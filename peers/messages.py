@@ -38,7 +38,9 @@ __all__ = [
     "decode_packet_bytes",
 ]
 
-MESSAGE_TYPES = frozenset({"part", "agg", "gather", "abort", "have", "state_req", "state_hdr"})
+MESSAGE_TYPES = frozenset(
+    {"part", "agg", "gather", "abort", "have", "state_req", "state_hdr", "vpart", "vdig"}
+)
 MAX_HEADER = 64 * 1024  # bytes of one msgpack header frame
 MAX_FRAME = 16 * 1024 * 1024  # bytes of one data frame (the sender uses <= 4-8 MiB parts)
 MAX_FRAMES = 1 << 16  # data frames of one message

@@ -28,7 +28,7 @@ import msgpack
 
 from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
 
-__all__ = ["Group", "RoundFailed", "Matchmaker", "group_digest"]
+__all__ = ["Group", "RoundFailed", "ListsBannedPeer", "Matchmaker", "group_digest"]
 
 logger = logging.getLogger(__name__)
 _MAX_MEMBERS = 1024
@@ -37,6 +37,15 @@ _GROUP_TTL = 600.0
 
 class RoundFailed(SwarmError):
     """The round could not be formed or finished; ``reason`` says why (returned in ``RoundResult``)."""
+
+
+class ListsBannedPeer(RoundFailed):
+    """The round's published list holds a peer this peer considers banned; ``group`` is that list
+    (so the caller can tell its members to abort rather than wait for it)."""
+
+    def __init__(self, message: str, group: Group) -> None:
+        super().__init__(message)
+        self.group = group
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,9 @@ class Matchmaker:
         self.expected_peers = expected_peers
         self.join_window = join_window
         self.poll = poll
+        #: peers excluded from rounds (issue 6 bans, kept up to date by ``peers.guard``): a leader leaves
+        #: them out of its list and a member refuses a published list that holds one
+        self.banned: frozenset[str] = frozenset()
 
     def _key(self, kind: str, round_id: int, what: str) -> str:
         return f"{self.run_id}.{kind}.{round_id}.{what}"
@@ -152,9 +164,12 @@ class Matchmaker:
             if members[0] != leader:
                 logger.warning("ignoring group record of %s: leader is not its smallest member", leader[:16])
                 continue
+            if leader in self.banned - {self.peer_id}:  # a banned leader cannot capture the round
+                logger.info("ignoring group record of banned %s", leader[:16])
+                continue
             if self.peer_id not in members:
                 raise RoundFailed(f"late: round {round_id} was formed without this peer")
-            return Group(
+            group = Group(
                 kind=kind,
                 round_id=round_id,
                 members=members,
@@ -162,6 +177,10 @@ class Matchmaker:
                 digest=group_digest(self.run_id, kind, round_id, members),
                 index=members.index(self.peer_id),
             )
+            bad = sorted(set(members) & (self.banned - {self.peer_id}))
+            if bad:
+                raise ListsBannedPeer(f"round {round_id} lists banned peers {[b[:12] for b in bad]}", group)
+            return group
         return None
 
     def form_group(self, kind: str, round_id: int, deadline: float) -> Group:
@@ -188,11 +207,12 @@ class Matchmaker:
             group = self._adopt(kind, round_id, self._get(group_key, left))
             if group is not None:
                 return group
-            joined = sorted(self._get(join_key, left))
+            joined = sorted(set(self._get(join_key, left)) - (self.banned - {self.peer_id}))
             if self.peer_id not in joined:
                 joined = sorted({*joined, self.peer_id})
             enough = len(joined) >= self.min_peers
-            full = self.expected_peers is not None and len(joined) >= self.expected_peers
+            expected = None if self.expected_peers is None else self.expected_peers - len(self.banned)
+            full = expected is not None and len(joined) >= expected
             if joined[0] == self.peer_id and enough and (full or time.monotonic() >= close_at):
                 members = tuple(joined[:_MAX_MEMBERS])
                 value = bytes(msgpack.packb(list(members), use_bin_type=True))

@@ -179,6 +179,14 @@ class PeersConfig(_Section):
     attack_options: dict[str, float | int | str] = Field(
         default_factory=dict, description="options of the attack, e.g. {scale = 4.0}"
     )
+    owner_check: bool = Field(
+        default=False,
+        description="replicated-owner check, signed suspicion records and bans (issue 6)",
+    )
+    ban_strikes: int = Field(default=3, ge=1, description="outlier rounds an accuser needs before it counts")
+    malicious_owners: int = Field(
+        default=0, ge=0, description="simulate: ranks after the attackers that return wrong aggregates"
+    )
 
 
 class Config(_Section):

@@ -70,6 +70,7 @@ class PeerOutcome:
     bytes_received: int
     ledger: dict[str, Any]
     wall_s: float
+    banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
 
 
 @dataclass
@@ -134,16 +135,30 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
     _quiet_logs(log_level)
 
     cfg = Config.model_validate_json(cfg_json)
+    # malicious owners: ranks K..K+M-1 after K update attackers (ranks < K with --attack malicious_owner)
+    first_owner_attacker = cfg.peers.attackers if cfg.peers.attack not in ("none", "malicious_owner") else 0
+    bad_owner = first_owner_attacker <= rank < first_owner_attacker + cfg.peers.malicious_owners
+    bad_owner |= cfg.peers.attack == "malicious_owner" and rank < cfg.peers.attackers
+    if cfg.peers.owner_check or bad_owner:  # issue 6: the guard signs with the node's identity file
+        from peers.guard import ensure_signing_identity
+
+        ensure_signing_identity(cfg.peers)
     try:
         with GracefulExit() as stop, PeerNode(cfg.peers, role="trainer") as node:
+            guard = None
+            if cfg.peers.owner_check or bad_owner:
+                from peers.guard import build_guard
+
+                guard = build_guard(node, cfg.peers, malicious_owner=bad_owner, seed=rank)
             collective = P2PCollective(
                 node,
                 min_peers=cfg.peers.min_peers,
                 expected_peers=n_peers,
                 join_window=cfg.peers.join_window,
+                guard=guard,
             )
             reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
-            if rank < cfg.peers.attackers and cfg.peers.attack != "none":  # a Byzantine peer (issue 6)
+            if rank < cfg.peers.attackers and cfg.peers.attack not in ("none", "malicious_owner"):  # issue 6
                 from peers.attacks import AttackingCollective
 
                 collective = AttackingCollective(  # type: ignore[assignment]
@@ -189,6 +204,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 bytes_received=node.ledger.received,
                 ledger=node.ledger.totals(),
                 wall_s=time.perf_counter() - t0,
+                banned=dict(guard.refresh()) if guard is not None else {},
             )
             q.put(("done", rank, asdict(outcome)))
             # stay reachable until the parent has every outcome: a peer that leaves early would make

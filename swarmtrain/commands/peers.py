@@ -99,23 +99,34 @@ def register(app: typer.Typer) -> None:
         run_id: str = typer.Option("swarmtrain", "--run-id", help="Run whose peers to list."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the DHT."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        tolerate: int = typer.Option(
+            1, "--tolerate", min=0, help="f of the run's ban rule (bans need f + 1 accusers)."
+        ),
+        strikes: int = typer.Option(3, "--ban-strikes", min=1, help="The run's peers.ban_strikes."),
     ) -> None:
-        """Print a table of the run's live peers (ID, role, region, progress, bytes, version) and exit."""
+        """Print a table of the run's live peers (ID, role, region, progress, bytes, version) and exit.
+
+        Below it: the peers banned by the run's signed suspicion records (issue 6) and why.
+        """
         import json
         from dataclasses import asdict
 
         from rich.console import Console
         from rich.table import Table
 
+        from peers.guard import read_tables
         from peers.node import PeerNode, dht_time
+        from peers.suspicion import compute_bans
 
         cfg = _peers_config(run_id, split_maddrs(initial_peers), ["/ip4/127.0.0.1/tcp/0"], [], None)
         with PeerNode(
             cfg, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout
         ) as node:
             records = node.live_peers(timeout=timeout)
+            bans = compute_bans(read_tables(node.dht, run_id, timeout), tolerate, strikes=strikes)
         if json_out:
-            typer.echo(json.dumps([asdict(r) for r in records], default=str))
+            rows = [{**asdict(r), "banned": bans.get(r.peer_id)} for r in records]
+            typer.echo(json.dumps(rows, default=str))
             return
         now = dht_time()
         table = Table(title=f"run {run_id!r}: {len(records)} live peer(s)")
@@ -150,3 +161,7 @@ def register(app: typer.Typer) -> None:
                 f"{max(now - r.time, 0):.0f}s ago" if r.time else "-",
             )
         Console(width=160).print(table)
+        for peer, why in sorted(bans.items()):
+            typer.echo(f"banned {peer}: {why}")
+        if not bans:
+            typer.echo("banned: none")

@@ -57,6 +57,12 @@ def register(app: typer.Typer) -> None:
         ),
         attack: str | None = typer.Option(None, "--attack", help="Attack the Byzantine peers run."),
         tolerate: int | None = typer.Option(None, "--tolerate", min=0, help="f the reducer tolerates."),
+        malicious_owners: int | None = typer.Option(
+            None, "--malicious-owners", min=0, help="Ranks after the attackers that return wrong aggregates."
+        ),
+        owner_check: bool | None = typer.Option(
+            None, "--owner-check/--no-owner-check", help="Replicated-owner check, suspicion and bans."
+        ),
         preset: str | None = typer.Option(None, "--preset", help="Model preset (default tiny)."),
         batch_size: int | None = typer.Option(None, "--batch-size", min=1),
         lr: float | None = typer.Option(None, "--lr", help="Inner learning rate."),
@@ -88,6 +94,8 @@ def register(app: typer.Typer) -> None:
             "peers.attackers": byzantine,
             "peers.attack": attack,
             "peers.byzantine_f": tolerate,
+            "peers.malicious_owners": malicious_owners,
+            "peers.owner_check": owner_check,
             "model.preset": preset,
             "train.batch_size": batch_size,
             "train.lr": lr,
@@ -159,7 +167,7 @@ def _validate_names(cfg: Any) -> None:
     optimizers.STRATEGIES.get(cfg.strategy.name)
     build_compressor(cfg.compression)
     REDUCERS.get(cfg.peers.reducer)
-    if cfg.peers.attackers and cfg.peers.attack != "none":
+    if cfg.peers.attackers and cfg.peers.attack not in ("none", "malicious_owner"):
         from peers.attacks import AttackingCollective
         from peers.reducers import build_reducer
 

@@ -1,0 +1,169 @@
+"""``ByzantineGuard``: one peer's owner checks, suspicion records and bans (issue 6 point 4).
+
+The collective calls the guard at four points of a round: before forming the group (``refresh``: read
+the run's signed suspicion records, recompute the bans, hand them to the matchmaker), after reducing a
+partition (``observe``: outlier flags), when an owner check fails (``owner_failed``) and when the
+round is over (``publish``: re-sign and store this peer's table). The logic lives in
+``peers.verify`` (the check) and ``peers.suspicion`` (records and the ban rule).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from peers.suspicion import AccusationTable, Signer, compute_bans, decode_signed, encode_signed, suspicion_key
+from swarmtrain.errors import ConfigError, ProtocolError
+
+__all__ = ["ByzantineGuard", "read_tables", "build_guard", "ensure_signing_identity"]
+
+logger = logging.getLogger(__name__)
+_RECORD_TTL = 3600.0
+
+
+class ByzantineGuard:
+    """Owner check on/off, accusation table, ban view of one peer.
+
+    Args:
+        node: the started ``PeerNode`` (its DHT stores the records).
+        identity_path: the node's libp2p identity file (signs the records; must be the key behind
+            ``node.peer_id``).
+        f: Byzantine peers tolerated (the ban rule needs ``f + 1`` accusers).
+        owner_check: run the replicated-owner check in every all-reduce.
+        strikes: outlier rounds an accuser must see before it counts.
+        min_ratio: fraction of observed rounds that must be outliers.
+        owner_attack: for simulations: an attack with ``corrupt_aggregate`` this peer applies to the
+            aggregates it returns as a primary owner (``peers.attacks.MaliciousOwner``).
+
+    Raises:
+        ConfigError: the identity does not match the node, or bad thresholds.
+    """
+
+    def __init__(
+        self,
+        node: Any,
+        identity_path: str,
+        *,
+        f: int = 0,
+        owner_check: bool = True,
+        strikes: int = 3,
+        min_ratio: float = 0.5,
+        owner_attack: Any = None,
+    ) -> None:
+        self.signer = Signer(identity_path)
+        if self.signer.peer_id != node.peer_id:
+            raise ConfigError("the identity file is not the key of this node")
+        compute_bans({}, f, strikes=strikes, min_ratio=min_ratio)  # validates the thresholds
+        self.node = node
+        self.f = f
+        self.owner_check = owner_check
+        self.strikes = strikes
+        self.min_ratio = min_ratio
+        self.owner_attack = owner_attack
+        self.table = AccusationTable()
+        self.bans: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def peer_id(self) -> str:
+        """This peer's ID."""
+        return str(self.node.peer_id)
+
+    def read_tables(self, timeout: float = 10.0) -> dict[str, AccusationTable]:
+        """Every verified record of the run (this peer's own local table always included)."""
+        out = read_tables(self.node.dht, self.node.run_id, timeout)
+        with self._lock:
+            out[self.peer_id] = AccusationTable.from_obj(self.table.to_obj())
+        return out
+
+    def refresh(self, timeout: float = 10.0) -> dict[str, str]:
+        """Recompute the bans from the records; returns peer -> reason (also kept in ``bans``)."""
+        bans = compute_bans(self.read_tables(timeout), self.f, strikes=self.strikes, min_ratio=self.min_ratio)
+        new = set(bans) - set(self.bans)
+        for p in sorted(new):
+            logger.warning("banning %s: %s", p[:16], bans[p])
+        self.bans = bans
+        return bans
+
+    def observe(self, seen: set[str], flagged: set[str]) -> None:
+        """One round's outlier evidence: ``seen`` senders whose rows this peer reduced, ``flagged`` ones."""
+        with self._lock:
+            for p in sorted(seen):
+                if p != self.peer_id:
+                    self.table.observe(p, p in flagged)
+
+    def owner_failed(self, round_id: int, pairs: list[tuple[str, str]]) -> None:
+        """Record failed owner checks ``(primary, verifier)`` of ``round_id``."""
+        with self._lock:
+            for primary, verifier in pairs:
+                self.table.add_owner_failure(round_id, primary, verifier)
+
+    def publish(self) -> None:
+        """Sign and store this peer's table (non-blocking; a failed store is retried next round)."""
+        from peers.node import dht_time
+
+        with self._lock:
+            value = encode_signed(self.node.run_id, self.table, self.signer)
+        try:
+            self.node.dht.store(
+                suspicion_key(self.node.run_id),
+                value,
+                dht_time() + _RECORD_TTL,
+                subkey=self.peer_id,
+                return_future=True,
+            )
+        except Exception as e:
+            logger.info("storing the suspicion record failed: %s", e)
+
+
+def read_tables(dht: Any, run_id: str, timeout: float = 10.0) -> dict[str, AccusationTable]:
+    """The run's accusation tables whose signatures verify (accuser -> table); bad records are skipped."""
+    from peers.node import dht_time
+
+    out: dict[str, AccusationTable] = {}
+    try:
+        found = dht.get(suspicion_key(run_id), latest=True, return_future=True).result(timeout)
+    except Exception as e:
+        logger.info("reading suspicion records failed: %s", e)
+        return out
+    if found is None or not isinstance(found.value, dict):
+        return out
+    now = dht_time()
+    for subkey, item in found.value.items():
+        if not isinstance(subkey, str) or item.expiration_time < now:
+            continue
+        try:
+            out[subkey] = decode_signed(run_id, subkey, item.value)
+        except ProtocolError as e:
+            logger.warning("ignoring a suspicion record under %s: %s", str(subkey)[:16], e)
+    return out
+
+
+def ensure_signing_identity(peers_cfg: Any) -> None:
+    """Give ``peers_cfg`` a private identity file (in a fresh temporary folder) when it has none:
+    the guard signs with the node's libp2p key, which it can only read from a file."""
+    import tempfile
+    from pathlib import Path
+
+    if peers_cfg.identity_path is None:
+        peers_cfg.identity_path = str(Path(tempfile.mkdtemp(prefix="swarmtrain-id-")) / "identity.key")
+
+
+def build_guard(node: Any, peers_cfg: Any, *, malicious_owner: bool = False, seed: int = 0) -> ByzantineGuard:
+    """The guard a peer runs from its ``PeersConfig`` (``owner_check``, ``byzantine_f``,
+    ``ban_strikes``); ``malicious_owner`` makes it corrupt its aggregates (simulations)."""
+    attack = None
+    if malicious_owner:
+        from peers.attacks import MaliciousOwner
+
+        opts = {k: v for k, v in peers_cfg.attack_options.items() if k in ("mode", "scale")}
+        attack = MaliciousOwner(seed=seed, **opts)
+    return ByzantineGuard(
+        node,
+        peers_cfg.identity_path,
+        f=peers_cfg.byzantine_f,
+        owner_check=peers_cfg.owner_check,
+        strikes=peers_cfg.ban_strikes,
+        owner_attack=attack,
+    )

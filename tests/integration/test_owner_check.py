@@ -1,0 +1,116 @@
+"""Robust reducers and the replicated-owner check in the butterfly all-reduce, over real peers (issue 6).
+
+Four peer processes on 127.0.0.1, each with a ``ByzantineGuard`` (owner check on, f = 1):
+
+1. honest rounds with ``coordinate_median`` under the lossless and the int8 codec: every member
+   commits the same bytes, equal to the coordinate median of the peers' tensors (the owners really
+   apply the configured reducer to the decoded parts);
+2. peer 3 turns into a malicious owner: the round commits for nobody, every member records the
+   failed (primary, verifier) pair; after two such rounds (two distinct verifiers), every honest peer
+   bans it from the signed records, and the next rounds commit among the three honest peers.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peer_helpers import PeerGroup, loopback_config, report, reporting_errors, tensor_bytes, tensor_from_bytes
+
+N = 4
+SHAPES = {"w": (64, 33), "b": (101,)}
+
+
+def make_tensors(rank: int, round_id: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * rank + round_id)
+    return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
+
+
+def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
+    from compression import build_compressor
+    from peers import P2PCollective, PeerNode
+    from peers.attacks import MaliciousOwner
+    from peers.guard import ByzantineGuard
+    from peers.identity import ensure_identity
+    from peers.reducers import build_reducer
+    from swarmtrain.config import CompressionConfig
+
+    ident = str(Path(tmp) / f"id{rank}.key")
+    ensure_identity(ident)
+    cfg = loopback_config("t-owner", initial, identity_path=ident)
+    with reporting_errors(q, rank), PeerNode(cfg) as node:
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        guard = ByzantineGuard(node, ident, f=1, owner_check=True)
+        coll = P2PCollective(node, min_peers=3, expected_peers=N, join_window=5.0, guard=guard)
+        median = build_reducer("coordinate_median", 1)
+        node.wait_for_peers(N, timeout=90)
+        for r, codec in enumerate(["none", "int8", "none", "none", "none", "none", "none", "none"]):
+            if r == 2 and rank == 3:
+                guard.owner_attack = MaliciousOwner("sign_flip")
+            if r == 4:
+                time.sleep(2.0)  # let the last accusations reach the DHT before the bans are read
+            comp = build_compressor(CompressionConfig(codec=codec))
+            res = coll.all_reduce(make_tensors(rank, r), compressor=comp, reducer=median, timeout=60)
+            report(
+                q,
+                f"round{r}",
+                rank,
+                {
+                    "committed": res.committed,
+                    "reason": res.reason,
+                    "members": list(res.participants),
+                    "tensors": {k: tensor_bytes(v) for k, v in res.tensors.items()},
+                    "bans": dict(guard.bans),
+                    "failures": list(guard.table.owner_failures),
+                },
+            )
+        report(q, "done", rank, None)
+        time.sleep(3.0)  # stay reachable while the others finish
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_reducer_in_owners_and_malicious_owner_is_caught_then_banned(tmp_path: Path) -> None:
+    with PeerGroup(worker, N, args=(str(tmp_path),)) as g:
+        rounds = [g.collect(f"round{r}", 120) for r in range(8)]
+        g.collect("done", 60)
+    assert g.orphans == []
+    ids = {r: g.ready[r]["peer_id"] for r in range(N)}
+    liar = ids[3]
+    for r, res in enumerate(rounds):
+        print(r, [(x["committed"], x["reason"][:60], len(x["members"])) for x in res.values()])
+    # 1. honest rounds: committed, identical, equal to the coordinate median of the peers' tensors
+    for r, tol in ((0, 0.0), (1, 2e-2)):
+        res = rounds[r]
+        assert all(x["committed"] for x in res.values()), [x["reason"] for x in res.values()]
+        for k in SHAPES:
+            got = [tensor_from_bytes(x["tensors"][k]) for x in res.values()]
+            assert all(torch.equal(t, got[0]) for t in got)
+            rows = torch.stack([make_tensors(p, r)[k] for p in range(N)])
+            ref = rows.sort(dim=0).values[1:3].mean(0)  # median of 4 rows: mean of the middle two
+            err = float((got[0] - ref).abs().max())
+            assert err <= tol * float(ref.abs().max()), (r, k, err)
+    # 2. the malicious owner's rounds commit for nobody, and everyone saw the failed pair
+    for r in (2, 3):
+        for p, x in rounds[r].items():
+            assert not x["committed"], (r, p)
+            assert "owner check failed" in x["reason"], x["reason"]
+            assert any(e[0] == r and e[1] == liar for e in x["failures"]), (r, p, x["failures"])
+    # 3. banned by every honest peer; later rounds go on among the honest three and commit
+    committed_after = 0
+    for r in range(4, 8):
+        honest = [rounds[r][p] for p in range(3)]
+        if all(x["committed"] for x in honest):
+            committed_after += 1
+            assert all(liar not in x["members"] and len(x["members"]) == 3 for x in honest)
+            got = [tensor_from_bytes(x["tensors"]["w"]) for x in honest]
+            assert all(torch.equal(t, got[0]) for t in got)
+        assert not rounds[r][3]["committed"]  # the banned owner is left out
+    assert committed_after >= 3
+    for p in range(3):
+        bans = rounds[7][p]["bans"]
+        assert set(bans) == {liar}, bans
+        assert "owner check failed" in bans[liar]
