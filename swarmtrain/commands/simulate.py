@@ -46,10 +46,13 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
         peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, help="Training peers to start."),
-        strategy: str = typer.Option("diloco", "--strategy", "-s", help="Strategy name (e.g. diloco)."),
-        compressor: str = typer.Option("int8", "--compressor", help="Codec name (e.g. none, int8)."),
+        strategy: str | None = typer.Option(None, "--strategy", "-s", help="Strategy [default: diloco]."),
+        compressor: str | None = typer.Option(None, "--compressor", help="Codec name [default: int8]."),
         steps: int | None = typer.Option(None, "--steps", min=1, help="Local steps per peer."),
-        inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H."),
+        inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H [30]."),
+        fragments: int | None = typer.Option(None, "--fragments", min=1, help="StreamingDiLoCo: F."),
+        overlap: int | None = typer.Option(None, "--overlap", min=0, help="StreamingDiLoCo: tau steps."),
+        mixing: float | None = typer.Option(None, "--mixing", min=0.0, max=1.0, help="Streaming: alpha."),
         error_feedback: str | None = typer.Option(None, "--error-feedback", help="none, ef or ef21."),
         reducer: str | None = typer.Option(None, "--reducer", help="Aggregation rule (default mean)."),
         byzantine: int | None = typer.Option(
@@ -89,6 +92,9 @@ def register(app: typer.Typer) -> None:
             "compression.codec": compressor,
             "train.steps": steps,
             "strategy.inner_steps": inner_steps,
+            "strategy.fragments": fragments,
+            "strategy.overlap": overlap,
+            "strategy.mixing": mixing,
             "compression.error_feedback": error_feedback,
             "peers.reducer": reducer,
             "peers.attackers": byzantine,
@@ -102,11 +108,14 @@ def register(app: typer.Typer) -> None:
             "train.seed": seed,
             "peers.min_peers": min(2, peers),
         }
-        defaults = {"train.steps": 600, "strategy.inner_steps": 30, "train.eval_interval": 10_000}
-        for k, v in defaults.items():
-            if overrides.get(k) is None:
-                overrides[k] = v
-        cfg = load_config(config, overrides)
+        # simulate's own defaults sit below the config file, the environment and the flags
+        defaults = {
+            "strategy": {"name": "diloco", "inner_steps": 30},
+            "compression": {"codec": "int8"},
+            "train": {"steps": 600, "eval_interval": 10_000},
+        }
+        cfg = load_config(config, overrides, base=defaults)
+        strategy, compressor = cfg.strategy.name, cfg.compression.codec
         # validate names before starting any process
         _validate_names(cfg)
         console = Console(stderr=True)
