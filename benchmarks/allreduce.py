@@ -88,6 +88,7 @@ def _worker(
     codecs: list[str],
     rounds: int,
     impl: str,
+    chunk_elems: int,
 ) -> None:
     """One peer: per size, ``rounds + 1`` rounds of hivemind's averager or of ours (every codec)."""
     import logging
@@ -108,13 +109,13 @@ def _worker(
         q.put(("ready", rank, node.visible_maddrs))
         node.wait_for_peers(n, timeout=120)
         comps = {c: build_compressor(CompressionConfig(codec=c)) for c in codecs}
-        coll = P2PCollective(node, min_peers=n, expected_peers=n)
+        coll = P2PCollective(node, min_peers=n, expected_peers=n, chunk_elems=chunk_elems)
         for numel in sizes:
             x = _vector(rank, numel)
             expected = _expected_mean(n, numel)
             keys = ["hivemind"] if impl == "hivemind" else list(codecs)
             stats: dict[str, dict[str, Any]] = {
-                k: {"times": [], "sent": [], "group": [], "err": float("nan")} for k in keys
+                k: {"times": [], "sent": [], "group": [], "phases": [], "err": float("nan")} for k in keys
             }
             avg = None
             if impl == "hivemind":
@@ -153,6 +154,7 @@ def _worker(
                         st["times"].append(dt)
                         st["sent"].append(res.bytes_sent)
                         st["group"].append(coll.last_timings.get("group", 0.0))
+                        st["phases"].append(dict(coll.last_timings))
             if avg is not None:
                 avg.shutdown()
             for key, st in stats.items():
@@ -168,6 +170,7 @@ def _worker(
                             "bytes_sent": statistics.median(st["sent"]) if st["sent"] else None,
                             "max_abs_err": st["err"],
                             "group_s": st["group"],
+                            "phases": st["phases"],
                             "failed": st.get("failed", []),
                         },
                     )
@@ -205,18 +208,17 @@ def _get(q: Any, procs: list[Any], timeout: float) -> tuple[str, int, Any]:
 
 
 def _run(
-    target: Any, n: int, sizes: list[int], codecs: list[str], rounds: int, impl: str
+    target: Any, n: int, sizes: list[int], codecs: list[str], rounds: int, impl: str, chunk_elems: int
 ) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     q, barrier = ctx.Queue(), ctx.Barrier(n)
     procs = []
     try:
-        procs.append(spawn_function(_guarded, (target, 0, [], q, barrier, n, sizes, codecs, rounds, impl)))
+        args = (n, sizes, codecs, rounds, impl, chunk_elems)
+        procs.append(spawn_function(_guarded, (target, 0, [], q, barrier, *args)))
         tag, _, boot = _get(q, procs, 180)
         for r in range(1, n):
-            procs.append(
-                spawn_function(_guarded, (target, r, list(boot), q, barrier, n, sizes, codecs, rounds, impl))
-            )
+            procs.append(spawn_function(_guarded, (target, r, list(boot), q, barrier, *args)))
         per: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         done = 0
         while done < n:
@@ -251,6 +253,11 @@ def _run(
                     "max_abs_err": max(r["max_abs_err"] for r in rows),
                     "failed_rounds": max(len(r["failed"]) for r in rows),
                     "failure_reasons": sorted({x for r in rows for x in r["failed"]})[:5],
+                    # per phase of P2PCollective.last_timings: median over every peer and timed round
+                    "phase_s_median": {
+                        k: statistics.median(ph[k] for r in rows for ph in r.get("phases", []) if k in ph)
+                        for k in sorted({k for r in rows for ph in r.get("phases", []) for k in ph})
+                    },
                 }
             )
         return out
@@ -274,13 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--codecs", default="none,int8")
+    ap.add_argument("--chunk-elems", type=int, default=1 << 20, help="our elements per packet/frame")
+    ap.add_argument("--only-ours", action="store_true", help="skip hivemind (quick experiments)")
     ap.add_argument("--json", default=str(RESULTS / "allreduce.json"))
     args = ap.parse_args(argv)
     sizes = [_parse_size(s) for s in args.sizes.split(",")]
     codecs = args.codecs.split(",")
     t0 = time.time()
-    rows = _run(_worker, args.peers, sizes, codecs, args.rounds, "hivemind")
-    rows += _run(_worker, args.peers, sizes, codecs, args.rounds, "swarmtrain")
+    ce = args.chunk_elems
+    rows = [] if args.only_ours else _run(_worker, args.peers, sizes, codecs, args.rounds, "hivemind", ce)
+    rows += _run(_worker, args.peers, sizes, codecs, args.rounds, "swarmtrain", ce)
     base = {r["numel"]: r["round_s_median"] for r in rows if r["impl"] == "hivemind"}
     for r in rows:
         r["ratio_vs_hivemind_fp32"] = r["round_s_median"] / base[r["numel"]] if r["numel"] in base else None
@@ -294,13 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['impl']:<11} {r['codec']:<6} {r['numel'] / 2**20:>8.0f}M {r['round_s_median']:>9.3f} "
             f"{r['round_s_min']:>7.3f} {r['round_s_max']:>7.3f} {r['data_phase_s_median']:>7.3f} {mib:>13} "
-            f"{r['ratio_vs_hivemind_fp32']:>10.2f} "
+            f"{r['ratio_vs_hivemind_fp32'] or float('nan'):>10.2f} "
             f"{r['max_abs_err']:>9.2e} {r['failed_rounds']:>6}"
         )
+    for r in rows:
+        if r.get("phase_s_median"):
+            ph = " ".join(f"{k}={v:.3f}" for k, v in r["phase_s_median"].items())
+            print(f"  phases {r['codec']:<5} {r['numel'] / 2**20:.0f}M: {ph}")
     out = {
         "benchmark": "allreduce",
         "peers": args.peers,
         "rounds": args.rounds,
+        "chunk_elems": ce,
         "wall_s": time.time() - t0,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "rows": rows,
