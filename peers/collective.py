@@ -24,10 +24,11 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from peers import owner_check as oc
 from peers.agreement import HAVE, agree
 from peers.ledger import ByteLedger
 from peers.mailbox import Delivery, Key, Mailbox
@@ -48,8 +49,12 @@ from peers.transport import (
     split_bytes,
     write_frame,
 )
+from peers.verify import OwnerCheckFailed, verified_partition
 from swarmtrain.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.protocols import Compressor, GatherResult, Reducer, RoundResult
+
+if TYPE_CHECKING:
+    from peers.guard import ByzantineGuard
 
 __all__ = ["P2PCollective"]
 
@@ -86,6 +91,7 @@ class P2PCollective:
         max_message_bytes: cap on one incoming reduce message.
         max_gather_bytes: cap on one incoming all-gather payload.
         max_buffer_bytes: cap on all buffered incoming bytes.
+        guard: owner checks, suspicion records and bans (issue 6; ``peers.guard``), or ``None``.
     """
 
     def __init__(
@@ -101,6 +107,7 @@ class P2PCollective:
         max_message_bytes: int = 1 << 31,
         max_gather_bytes: int = 256 << 20,
         max_buffer_bytes: int = 4 << 30,
+        guard: ByzantineGuard | None = None,
     ) -> None:
         if min_peers < 1 or (expected_peers is not None and expected_peers < min_peers):
             raise ConfigError("need 1 <= min_peers <= expected_peers")
@@ -115,6 +122,7 @@ class P2PCollective:
         self.chunk_elems = chunk_elems
         self.max_message_bytes = max_message_bytes
         self.max_gather_bytes = max_gather_bytes
+        self.guard = guard
         self._mailbox = Mailbox(max_buffer_bytes)
         self._matchmaker = Matchmaker(
             node.dht,
@@ -166,7 +174,7 @@ class P2PCollective:
             env = decode_envelope(body)
             if env.run != self.run_id:
                 raise ProtocolError("message for another run")
-            if env.type not in ("part", "agg", "gather", "abort", HAVE):
+            if env.type not in ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig"):
                 raise ProtocolError(f"unexpected message type {env.type}")
             cap = self.max_gather_bytes if env.type == "gather" else self.max_message_bytes
             frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
@@ -208,7 +216,7 @@ class P2PCollective:
                 )
 
         fut = self.node.loop.submit(_limited())
-        if env.type in ("part", "agg", "gather"):
+        if env.type in ("part", "agg", "gather", "vpart", "vdig"):
             fut.add_done_callback(lambda f: self._on_send_done(f, env))
         return fut
 
@@ -330,12 +338,14 @@ class P2PCollective:
         deadline = time.monotonic() + timeout
         self.last_timings = {}
         self._t_last = time.perf_counter()
-        group = self._matchmaker.form_group(kind, r, deadline)
+        group = oc.form_group(self, self._matchmaker, kind, r, deadline)  # the guard's bans (issue 6)
         self._mark("group")
         return r, deadline, group
 
     def _finish(self, r: int) -> None:
         self._mailbox.set_floor(r + 1)
+        if self.guard is not None:
+            self.guard.publish()
         try:
             self.node.publish(round=self.round_id)
         except SwarmError:
@@ -386,7 +396,8 @@ class P2PCollective:
                 sent, recv = self.ledger.round_bytes(kind, r)
                 return RoundResult(r, group.members, sent, recv, True, out)
             except (SwarmError, TimeoutError) as e:
-                if group is not None and not str(e).startswith("member "):
+                quiet = isinstance(e, OwnerCheckFailed) or str(e).startswith("member ")  # see peers.verify
+                if group is not None and not quiet:
                     self._abort(group, kind, str(e))
                 sent, recv = self.ledger.round_bytes(kind, r)
                 members = group.members if group is not None else ()
@@ -448,16 +459,26 @@ class P2PCollective:
         # 1. push my slice of every other owner's partition, chunk by chunk (round-robin over owners so
         #    every owner can start reducing early); sends run on the event loop while we keep encoding
         sends: list[Future[None]] = []
+        guard = self.guard
+        check = guard is not None and guard.owner_check and group.size >= 2  # issue 6: peers.verify
+        own_frames: dict[tuple[int, int], bytes] = {}  # under the check: what I sent, for my own rows
         for c in range(max((len(ch) for ch in chunks), default=0)):
             for i, peer in enumerate(group.members):
-                if i == me or c >= len(chunks[i]):
+                if (i == me and not check) or c >= len(chunks[i]):
                     continue
                 a, b = chunks[i][c]
                 frame = encode_packet_bytes(
                     compressor.compress(flat[a:b], key=f"{kind}/{group.size}/{i}/{c}")
                 )
-                sends.append(self._send(peer, envelope("part", i, c, frame, weight), [frame], deadline))
+                if i != me:
+                    sends.append(self._send(peer, envelope("part", i, c, frame, weight), [frame], deadline))
+                if check:  # the same bytes to the partition's verifier
+                    env_v = envelope("vpart", i, c, frame, weight)
+                    sends += oc.send_to_verifier(self, group, env_v, [frame], own_frames, deadline)
         self._mark("encode_parts")
+        seen, flagged = set[str](), set[str]()  # outlier evidence for the guard
+        agg_codec = oc.aggregate_codec(compressor) if check else compressor
+        reducer = oc.fit_reducer(reducer, group.size) if guard is not None else reducer
 
         # 2. reduce my partition chunk by chunk as rows arrive; push each aggregate chunk at once. The
         #    owner decodes exactly the bytes it sends, like everybody else.
@@ -465,7 +486,8 @@ class P2PCollective:
         excluded: set[str] = set()
         for c, (a, b) in enumerate(chunks[me]):
             got = self._wait_keys(group, kind, [("part", p, c) for p in others], digest, deadline)
-            rows, weights = [flat[a:b]], [weight]
+            mine = self._decode_chunk(compressor, (own_frames[(me, c)],), b - a) if check else flat[a:b]
+            rows, weights, who = [mine], [weight], [self.peer_id]
             for (_, peer, _), d in got.items():
                 if peer in excluded:
                     continue
@@ -474,16 +496,31 @@ class P2PCollective:
                         raise ProtocolError("part for another partition or layout")
                     rows.append(self._decode_chunk(compressor, d.frames, b - a))
                     weights.append(d.env.weight)
+                    who.append(peer)
                 except (ProtocolError, ValueError, RuntimeError) as e:
                     excluded.add(peer)  # left out of every chunk of this partition, consistently
                     logger.warning("round %d: contribution of %s left out: %s", group.round_id, peer[:12], e)
-            agg = reducer.reduce(torch.stack(rows), torch.tensor(weights, dtype=torch.float32))  # [b - a]
+            stack = torch.stack(rows)
+            agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))  # [b - a]
             if tuple(agg.shape) != (b - a,):
                 raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
-            frame = encode_packet_bytes(compressor.compress(agg, key=f"{kind}/agg/{group.size}/{me}/{c}"))
+            if guard is not None:
+                oc.flag_rows(stack, agg, who, seen, flagged)
+                if guard.owner_attack is not None:  # simulations: a Byzantine owner (issue 6)
+                    agg = guard.owner_attack.corrupt_aggregate(agg)
+            frame = oc.encode_aggregate(agg_codec, agg, kind, group.size, me, c)
+            own_frames[(-1 - me, c)] = frame
             env = envelope("agg", me, c, frame)
             sends += [self._send(p, env, [frame], deadline) for p in others]
             pieces[(me, c)] = self._decode_chunk(compressor, (frame,), b - a)
+        my_digests: dict[tuple[int, int], bytes] = {}
+        if check:
+            j = verified_partition(group.size, me, group.round_id)
+            args = (own_frames, weight, compressor, reducer, base, digest, deadline, seen, flagged)
+            vd, vsends = oc.verify_partition(self, group, j, chunks[j], *args)
+            sends, my_digests = sends + vsends, {(j, c): dg for c, dg in vd.items()}
+        if guard is not None:
+            guard.observe(seen, flagged)
         self._mark("reduce_encode_agg")
 
         # 3. collect every other owner's aggregate chunks
@@ -499,6 +536,9 @@ class P2PCollective:
         self._mark("decode_aggs")
         self._settle_sends(sends, deadline)
         self._mark("wait_sends")
+        if check:
+            oc.check_aggregates(self, group, chunks, aggs, own_frames, my_digests, kind, digest, deadline)
+            self._mark("owner_check")
         result = (
             torch.cat([pieces[(i, c)] for i in range(group.size) for c in range(len(chunks[i]))])
             if n_total
