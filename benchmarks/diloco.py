@@ -202,6 +202,9 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
             fontsize=7,
         )
     ax.set_xscale("log")
+    xs = [r["bytes_per_token"] for r in doc["rows"] if r["bytes_per_token"] > 0]
+    if xs:
+        ax.set_xlim(min(xs) / 2, max(xs) * 4)  # room for the labels right of the points
     ax.set_xlabel("ledger bytes sent per token (per peer, log)")
     ax.set_ylabel("final validation loss")
     s = doc["shared_settings"]
