@@ -143,11 +143,15 @@ def read_tables(dht: Any, run_id: str, timeout: float = 10.0) -> dict[str, Accus
 def ensure_signing_identity(peers_cfg: Any) -> None:
     """Give ``peers_cfg`` a private identity file (in a fresh temporary folder) when it has none:
     the guard signs with the node's libp2p key, which it can only read from a file."""
+    import atexit
+    import shutil
     import tempfile
     from pathlib import Path
 
     if peers_cfg.identity_path is None:
-        peers_cfg.identity_path = str(Path(tempfile.mkdtemp(prefix="swarmtrain-id-")) / "identity.key")
+        folder = tempfile.mkdtemp(prefix="swarmtrain-id-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # a throwaway identity
+        peers_cfg.identity_path = str(Path(folder) / "identity.key")
 
 
 def build_guard(node: Any, peers_cfg: Any, *, malicious_owner: bool = False, seed: int = 0) -> ByzantineGuard:

@@ -12,6 +12,8 @@ Four peer processes on 127.0.0.1, each with a ``ByzantineGuard`` (owner check on
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,7 @@ def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
                 },
             )
         report(q, "done", rank, None)
-        time.sleep(3.0)  # stay reachable while the others finish
+        time.sleep(60.0)  # stay reachable while the others finish and the test runs `status`
 
 
 @pytest.mark.slow
@@ -77,7 +79,25 @@ def test_reducer_in_owners_and_malicious_owner_is_caught_then_banned(tmp_path: P
     with PeerGroup(worker, N, args=(str(tmp_path),)) as g:
         rounds = [g.collect(f"round{r}", 120) for r in range(8)]
         g.collect("done", 60)
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "swarmtrain",
+                "status",
+                "--run-id",
+                "t-owner",
+                "--tolerate",
+                "1",
+                "--initial-peers",
+                g.bootstrap_maddrs[0],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert g.orphans == []
+    assert status.returncode == 0, status.stderr[-2000:]
     ids = {r: g.ready[r]["peer_id"] for r in range(N)}
     liar = ids[3]
     for r, res in enumerate(rounds):
@@ -110,6 +130,8 @@ def test_reducer_in_owners_and_malicious_owner_is_caught_then_banned(tmp_path: P
             assert all(torch.equal(t, got[0]) for t in got)
         assert not rounds[r][3]["committed"]  # the banned owner is left out
     assert committed_after >= 3
+    banned_lines = [ln for ln in status.stdout.splitlines() if ln.startswith("banned ")]
+    assert banned_lines == [f"banned {liar}: {rounds[7][0]['bans'][liar]}"], status.stdout[-2000:]
     for p in range(3):
         bans = rounds[7][p]["bans"]
         assert set(bans) == {liar}, bans
