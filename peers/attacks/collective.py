@@ -81,3 +81,9 @@ class AttackingCollective:
     def all_gather(self, payload: bytes, *, timeout: float = 60.0, kind: str = "gather") -> GatherResult:
         """Passed through unchanged."""
         return self._inner.all_gather(payload, timeout=timeout, kind=kind)
+
+    def close(self) -> None:
+        """Close the inner collective (if it can be closed)."""
+        close = getattr(self._inner, "close", None)
+        if callable(close):
+            close()
