@@ -37,6 +37,15 @@ __all__ = [
 ]
 
 ENV_PREFIX = "SWARMTRAIN_"
+# SWARMTRAIN_* variables that are switches of their own, not config fields. Any other variable with
+# the prefix must be SECTION__FIELD, so a typo like SWARMTRAIN_LR is an error, not silently ignored.
+NON_CONFIG_ENV = frozenset({
+    "SWARMTRAIN_PEER_MARKER",  # peers.process: marks the processes of a peer we started
+    "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
+    "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
+    "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
+    "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
+})
 
 
 class _Section(BaseModel):
@@ -220,8 +229,8 @@ def _parse_env_value(raw: str) -> Any:
 def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     layer: dict[str, Any] = {}
     for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or "__" not in key:
-            continue  # other SWARMTRAIN_* variables (process markers, codec switches) are not config
+        if not key.startswith(ENV_PREFIX) or key in NON_CONFIG_ENV:
+            continue
         path = key[len(ENV_PREFIX) :].lower().split("__")
         if len(path) != 2 or not all(path):
             raise ConfigError(f"environment variable {key}: expected {ENV_PREFIX}<SECTION>__<FIELD>")
