@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train with N real peer processes on this machine (127.0.0.1) and report loss and bytes.
 
-        Defaults: the tiny preset, 600 steps per peer of batch 16 x 128, DiLoCo with H=30 and the
+        Defaults: the tiny preset, 300 steps per peer of batch 16 x 128, DiLoCo with H=30 and the
         int8 codec. With --baseline, DataParallel with fp32 runs on the same data and tokens.
         """
         from rich.console import Console
@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         defaults = {
             "strategy": {"name": "diloco", "inner_steps": 30},
             "compression": {"codec": "int8"},
-            "train": {"steps": 600, "eval_interval": 10_000},
+            "train": {"steps": 300, "eval_interval": 10_000},
         }
         cfg = load_config(config, overrides, base=defaults)
         strategy, compressor = cfg.strategy.name, cfg.compression.codec
