@@ -11,7 +11,7 @@ import torch
 from compression import build_compressor
 from swarmtrain.config import CompressionConfig, StrategyConfig
 from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import Collective, Compressor, Reducer, Strategy
+from swarmtrain.protocols import Collective, Compressor, Reducer, RoundResult, StepReport, Strategy
 from swarmtrain.registry import Registry
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "build_strategy",
     "make_compressor",
     "require_collective",
+    "round_report",
     "trainable_parameters",
     "compressor_state",
     "load_compressor_state",
@@ -76,6 +77,19 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
             "across changing groups; use 'ef' with strategies"
         )
     return comp
+
+
+def round_report(res: RoundResult, extra: Mapping[str, float]) -> StepReport:
+    """The ``StepReport`` of a step that synced through the round ``res`` (bytes from its ledger)."""
+    return StepReport(
+        synced=True,
+        committed=res.committed,
+        round_id=res.round_id,
+        participants=len(res.participants),
+        bytes_sent=res.bytes_sent,
+        bytes_received=res.bytes_received,
+        extra=dict(extra),
+    )
 
 
 def require_collective(ctx: StrategyContext, name: str) -> Collective:

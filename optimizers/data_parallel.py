@@ -26,6 +26,7 @@ from optimizers.base import (
     load_compressor_state,
     make_compressor,
     require_collective,
+    round_report,
     trainable_parameters,
 )
 from swarmtrain.errors import ConfigError
@@ -111,15 +112,7 @@ class DataParallel:
             timeout=self.ctx.config.sync_timeout,
         )
         wait = time.perf_counter() - t0
-        report = StepReport(
-            synced=True,
-            committed=res.committed,
-            round_id=res.round_id,
-            participants=len(res.participants),
-            bytes_sent=res.bytes_sent,
-            bytes_received=res.bytes_received,
-            extra={"comm_wait_s": wait},
-        )
+        report = round_report(res, {"comm_wait_s": wait})
         if not res.committed:
             self.failed_rounds += 1
             return report

@@ -38,6 +38,7 @@ from optimizers.base import (
     load_compressor_state,
     make_compressor,
     require_collective,
+    round_report,
     trainable_parameters,
 )
 from optimizers.fragments import fragment_offsets, split_fragments
@@ -164,15 +165,7 @@ class StreamingDiLoCo:
         self._wait_s += time.perf_counter() - t0
         self.pending = None
         f = pending.fragment
-        report = StepReport(
-            synced=True,
-            committed=res.committed,
-            round_id=res.round_id,
-            participants=len(res.participants),
-            bytes_sent=res.bytes_sent,
-            bytes_received=res.bytes_received,
-            extra={"fragment": float(f)},
-        )
+        report = round_report(res, {"fragment": float(f)})
         if not res.committed:
             self.failed_rounds += 1
             return report
