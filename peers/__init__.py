@@ -9,7 +9,14 @@ Names are imported lazily so that ``import peers.reducers`` stays light (no hive
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# hivemind defaults torch to the "file_system" sharing strategy, whose torch_shm_manager daemon sits
+# in the peer's process group: a Ctrl-C or a group SIGTERM kills it, and every later hivemind call
+# (each creates a shared-memory future) then spins forever inside torch. "file_descriptor" needs no
+# daemon. Set before hivemind is first imported; an explicit user setting wins.
+os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", "file_descriptor")
 
 __all__ = [
     "PeerNode",
