@@ -152,7 +152,9 @@ def run_volunteer(
         def catch_up(wait_for_donor: float) -> bool:
             try:
                 tensors, meta = download_state(node, download_timeout, wait_for_donor=wait_for_donor)
-                collective.round_id = apply_state(trainer, tensors, meta)
+                # never go back to a round this peer already passed: a donor's snapshot can name a
+                # round whose group has formed since, and re-joining it would only be late again
+                collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
             except (PeerTimeoutError, ProtocolError) as e:
                 logger.warning("no usable state from the swarm (%s)", e)
                 return False
