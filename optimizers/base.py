@@ -21,6 +21,7 @@ __all__ = [
     "make_compressor",
     "require_collective",
     "round_report",
+    "AnchoredStrategy",
     "trainable_parameters",
     "compressor_state",
     "load_compressor_state",
@@ -77,6 +78,20 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
             "across changing groups; use 'ef' with strategies"
         )
     return comp
+
+
+class AnchoredStrategy:
+    """Base of the strategies that keep fp32 global (anchor) parameters apart from the local model."""
+
+    anchor: dict[str, torch.Tensor]
+
+    def global_parameters(self) -> dict[str, torch.Tensor]:
+        """Copies of the global (anchor) parameters, fp32.
+
+        They are identical on every peer that committed the same rounds, also while the local models
+        differ (between syncs, or with ``mixing > 0``): compare or evaluate these across peers.
+        """
+        return {n: t.clone() for n, t in self.anchor.items()}
 
 
 def round_report(res: RoundResult, extra: Mapping[str, float]) -> StepReport:

@@ -26,6 +26,7 @@ import torch
 
 from optimizers.base import (
     STRATEGIES,
+    AnchoredStrategy,
     StrategyContext,
     compressor_state,
     load_compressor_state,
@@ -42,7 +43,7 @@ __all__ = ["DiLoCo"]
 
 
 @STRATEGIES.register("diloco")
-class DiLoCo:
+class DiLoCo(AnchoredStrategy):
     """DiLoCo with a configurable codec (and error feedback, through the codec) for the pseudo-gradient.
 
     Options come from ``ctx.config``: ``inner_steps`` (H), ``outer_lr``, ``outer_momentum``,
@@ -106,14 +107,6 @@ class DiLoCo:
         self.outer_steps += 1
         self.tokens_since_sync = 0
         return report
-
-    def global_parameters(self) -> dict[str, torch.Tensor]:
-        """Copies of the global (anchor) parameters, fp32.
-
-        They are identical on every peer that committed the same rounds, also while the local models
-        differ (between syncs, or with ``mixing > 0``): compare or evaluate these across peers.
-        """
-        return {n: t.clone() for n, t in self.anchor.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Anchor, outer momentum, counters and codec state: enough to continue bit-exactly.

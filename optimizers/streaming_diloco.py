@@ -33,6 +33,7 @@ import torch
 
 from optimizers.base import (
     STRATEGIES,
+    AnchoredStrategy,
     StrategyContext,
     compressor_state,
     load_compressor_state,
@@ -66,7 +67,7 @@ class _Pending:
 
 
 @STRATEGIES.register("streaming_diloco")
-class StreamingDiLoCo:
+class StreamingDiLoCo(AnchoredStrategy):
     """Streaming DiLoCo (fragments, overlap tau, mixing alpha) over any codec.
 
     Options come from ``ctx.config``: ``inner_steps`` (H), ``fragments`` (F), ``overlap`` (tau),
@@ -180,14 +181,6 @@ class StreamingDiLoCo:
         self.outer_steps[f] += 1
         self.tokens_since_sync[f] = 0
         return report
-
-    def global_parameters(self) -> dict[str, torch.Tensor]:
-        """Copies of the global (anchor) parameters, fp32.
-
-        They are identical on every peer that committed the same rounds, also while the local models
-        differ (between syncs, or with ``mixing > 0``): compare or evaluate these across peers.
-        """
-        return {n: t.clone() for n, t in self.anchor.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Anchor, outer momentum, counters, codec state and the in-flight fragment's outcome.
