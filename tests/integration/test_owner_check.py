@@ -70,7 +70,9 @@ def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
                 },
             )
         report(q, "done", rank, None)
-        time.sleep(60.0)  # stay reachable while the others finish and the test runs `status`
+        # stay reachable until the test has run `status` and terminates the group (a fixed sleep was
+        # too short on a loaded 2-core CI runner: the bootstrap peer left before `status` connected)
+        time.sleep(600.0)
 
 
 @pytest.mark.slow
