@@ -7,6 +7,7 @@ local; only its fast-moving components travel. Per step and parameter ``p`` with
     C  = DCT(m) per chunk;  q = top-k of each chunk by magnitude    (k = strategy.demo_topk)
     m <- m - IDCT(q_sent)                           (what was actually sent is removed)
     Q  = all_gather(q) over peers; per coefficient, the mean over the peers that sent it
+         (with a robust reducer configured: the reducer over the peers' dense rows, see below)
     u  = IDCT(Q);  u <- sign(u) if strategy.demo_sign
     p <- p * (1 - lr * wd) - lr * u
 
@@ -19,6 +20,15 @@ are read, every step, for ``lr`` and ``weight_decay`` (so the trainer's learning
 Payloads are packed by ``optimizers.demo_payload``; a peer whose payload fails validation is left out
 of that step's average (logged), and a gather that does not commit leaves parameters unchanged (the
 gradient stays in the local momentum and is sent later).
+
+Byzantine-tolerant aggregation (issue 6): with a robust reducer in ``ctx.reducer`` (anything but
+``None`` or the reducer named ``mean``), each tensor's gathered components are combined by that
+reducer (``demo_reduce``): every peer's payload becomes one dense row of DCT coefficients in which
+the coefficients it did not send are 0, and the reducer maps the ``[n_peers, n_chunks * chunk_numel]``
+stack to one row. Columns that no peer sent are all-zero and are left out of the stack (every
+reducer returns 0 there, and leaving them out changes no row distance). If the reducer refuses the
+step (fewer payloads than its breakdown point needs, or too many non-finite rows), the step is
+treated like a failed gather: nothing changes and the momentum keeps what it would have sent.
 """
 
 from __future__ import annotations
@@ -33,10 +43,10 @@ import torch
 from optimizers.base import STRATEGIES, StrategyContext, require_collective, trainable_parameters
 from optimizers.dct import ChunkedDCT
 from optimizers.demo_payload import VALUE_MODES, TensorSpec, decode_payload, encode_payload
-from swarmtrain.errors import ConfigError, ProtocolError
-from swarmtrain.protocols import StepReport
+from swarmtrain.errors import ConfigError, ProtocolError, UpdateRejected
+from swarmtrain.protocols import Reducer, StepReport
 
-__all__ = ["DeMo", "demo_extract", "demo_aggregate"]
+__all__ = ["DeMo", "demo_extract", "demo_aggregate", "demo_reduce", "is_robust"]
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +77,54 @@ def demo_aggregate(
     return total / count.clamp(min=1.0)
 
 
+def is_robust(reducer: Reducer | None) -> bool:
+    """True for a configured reducer other than the plain mean (``None`` or named ``mean``)."""
+    return reducer is not None and getattr(reducer, "name", "mean") != "mean"
+
+
+def demo_reduce(
+    contributions: list[tuple[torch.Tensor, torch.Tensor]],
+    n_chunks: int,
+    chunk_numel: int,
+    reducer: Reducer,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Dense ``[n_chunks, chunk_numel]`` coefficients: ``reducer`` over one dense row per peer.
+
+    Row ``i`` holds peer ``i``'s sent values at its positions and 0 at every position it did not
+    send (its message leaves those coefficients unchanged). Only the union of sent positions is
+    stacked, ``[n_peers, U]``: the other columns are 0 in every row, where every reducer returns 0,
+    and they add nothing to row distances. Same contributions in the same order give bit-identical
+    results on every peer (the reducers are deterministic). Weights are all 1: robust reducers
+    ignore the weights peers claim.
+
+    Raises:
+        ConfigError: the reducer refuses this many rows for its ``f`` (breakdown point).
+        UpdateRejected: the reducer found more non-finite rows than it tolerates.
+    """
+    n = len(contributions)
+    if n == 0:
+        raise ConfigError("demo_reduce: no contributions")
+    dev = device if device is not None else contributions[0][1].device
+    base = (torch.arange(n_chunks, device=dev) * chunk_numel).unsqueeze(1)  # [n_chunks, 1]
+    flat = [(idx.to(dev) + base).reshape(-1) for idx, _ in contributions]  # each [n_chunks * k]
+    cols = torch.unique(torch.cat(flat))  # sorted union of sent positions, [U]
+    stack = torch.zeros(n, cols.numel(), device=dev)  # [n_peers, U]
+    for i, (pos, (_, val)) in enumerate(zip(flat, contributions, strict=True)):
+        stack[i, torch.searchsorted(cols, pos)] = val.reshape(-1).to(device=dev, dtype=torch.float32)
+    agg = reducer.reduce(stack, torch.ones(n, device=dev))  # [U]
+    out = torch.zeros(n_chunks * chunk_numel, device=dev)
+    out[cols] = agg.to(torch.float32)
+    return out.view(n_chunks, chunk_numel)
+
+
 @STRATEGIES.register("demo")
 class DeMo:
     """DeMo over an all-gather of sparse DCT payloads.
 
     Options come from ``ctx.config``: ``demo_chunk``, ``demo_topk``, ``demo_decay``, ``demo_sign``,
-    ``demo_values``, ``sync_timeout``.
+    ``demo_values``, ``sync_timeout``. A robust ``ctx.reducer`` combines the peers' components
+    (``demo_reduce``); ``None`` or ``mean`` keeps the paper's per-coefficient mean over senders.
 
     Raises:
         ConfigError: without a collective, or with invalid options.
@@ -110,6 +162,7 @@ class DeMo:
         missing = [n for n, p in self.params.items() if id(p) not in self._group_of]
         if missing:
             raise ConfigError(f"DeMo: parameters not in the optimizer's param_groups: {missing[:3]}")
+        self.reducer: Reducer | None = ctx.reducer if is_robust(ctx.reducer) else None
         self.steps = 0
         self.failed_rounds = 0
         self.dropped_payloads = 0
@@ -155,6 +208,33 @@ class DeMo:
                 dropped += 1
                 log.warning("DeMo: dropping payload of peer %s this step: %s", peer, e)
         self.dropped_payloads += dropped
+        robust: list[torch.Tensor] | None = None
+        if self.reducer is not None and decoded:
+            # every tensor is reduced before anything changes, so a refusal leaves the step undone
+            try:
+                robust = [
+                    demo_reduce(
+                        [d[i] for d in decoded],
+                        spec.n_chunks,
+                        spec.chunk_numel,
+                        self.reducer,
+                        self.delta[n].device,
+                    )
+                    for i, (n, spec) in enumerate(zip(self.params, self.specs, strict=True))
+                ]
+            except (ConfigError, UpdateRejected) as e:
+                # every member holds the same payloads, so every member refuses alike
+                self.failed_rounds += 1
+                log.warning("DeMo: reducer %s refused round %s: %s", self.reducer.name, res.round_id, e)
+                return StepReport(
+                    True,
+                    False,
+                    res.round_id,
+                    len(res.participants),
+                    res.bytes_sent,
+                    res.bytes_received,
+                    extra={"dropped_payloads": float(dropped), "comm_wait_s": wait},
+                )
         for i, ((n, p), spec) in enumerate(zip(self.params.items(), self.specs, strict=True)):
             tr, dev = self.transforms[n], self.delta[n].device
             own = torch.zeros(spec.n_chunks, spec.chunk_numel, device=dev)
@@ -162,7 +242,10 @@ class DeMo:
             self.delta[n].sub_(tr.decode(own))
             if not decoded:
                 continue
-            avg = demo_aggregate([d[i] for d in decoded], spec.n_chunks, spec.chunk_numel, dev)
+            if robust is not None:
+                avg = robust[i]
+            else:
+                avg = demo_aggregate([d[i] for d in decoded], spec.n_chunks, spec.chunk_numel, dev)
             update = tr.decode(avg)
             if self.sign:
                 update.sign_()
