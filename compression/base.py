@@ -29,6 +29,7 @@ __all__ = [
     "tensor_bytes",
     "check_scales",
     "check_finite_absmax",
+    "check_absmax_top",
     "abs_limit",
 ]
 
@@ -156,7 +157,11 @@ def check_finite_absmax(absmax: torch.Tensor, dtype: str, codec: str) -> None:
     """Refuse to encode blocks whose absmax is non-finite or beyond ``abs_limit(dtype)``."""
     if absmax.numel() == 0:
         return
-    top = _extremes(absmax)[1]
+    check_absmax_top(_extremes(absmax)[1], dtype, codec)
+
+
+def check_absmax_top(top: float, dtype: str, codec: str) -> None:
+    """``check_finite_absmax`` given the largest block absmax ``top`` (NaN if any input was NaN)."""
     if not top <= abs_limit(dtype):  # NaN compares false
         raise UpdateRejected(f"codec {codec!r} cannot encode non-finite or huge values (max |x| = {top})")
 

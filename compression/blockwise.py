@@ -16,10 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from compression import native
 from compression.base import (
     CODECS,
     Codec,
     buffer_tensor,
+    check_absmax_top,
     check_finite_absmax,
     check_packet,
     check_scales,
@@ -133,6 +135,11 @@ class BlockwiseCodec(Codec):
         """Quantise ``t`` blockwise (see the class docstring for the error bound)."""
         dtype = dtype_name(t, self.name)
         x = t.detach().reshape(-1)
+        fast = native.encode_blockwise(x, self.block, self.bits)
+        if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
+            codes_b, scales_b, top = fast
+            check_absmax_top(top, dtype, self.name)
+            return self._packet(t, dtype, codes_b, scales_b)
         n = x.numel()
         full = n - n % self.block
         codes, absmax = [], []
@@ -155,11 +162,14 @@ class BlockwiseCodec(Codec):
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
         check_finite_absmax(am, dtype, self.name)
         scales = _scales(am.float(), self.qmax)
+        return self._packet(t, dtype, tensor_bytes(*codes), tensor_bytes(scales))
+
+    def _packet(self, t: torch.Tensor, dtype: str, codes: bytes, scales: bytes) -> Packet:
         return Packet(
             codec=self.name,
             shape=tuple(t.shape),
             dtype=dtype,
-            buffers=(tensor_bytes(*codes), tensor_bytes(scales)),
+            buffers=(codes, scales),
             params=(("block", self.block),),
         )
 

@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
+from compression import native
 from compression.base import (
     CODECS,
     Codec,
     buffer_tensor,
+    check_absmax_top,
     check_finite_absmax,
     check_packet,
     check_scales,
@@ -167,6 +169,11 @@ class TernaryCompressor(Codec):
         x = t.detach().reshape(-1)
         n = x.numel()
         base = self._base(key)
+        fast = native.encode_ternary(x, self.block, base)
+        if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
+            codes_b, scales_b, top = fast
+            check_absmax_top(top, dtype, self.name)
+            return self._packet(t, dtype, codes_b, scales_b)
         full = n - n % self.block
         codes, absmax = [], []
         if full:
@@ -185,11 +192,14 @@ class TernaryCompressor(Codec):
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
         check_finite_absmax(am, dtype, self.name)
+        return self._packet(t, dtype, tensor_bytes(*codes), tensor_bytes(am.float()))
+
+    def _packet(self, t: torch.Tensor, dtype: str, codes: bytes, scales: bytes) -> Packet:
         return Packet(
             codec=self.name,
             shape=tuple(t.shape),
             dtype=dtype,
-            buffers=(tensor_bytes(*codes), tensor_bytes(am.float())),
+            buffers=(codes, scales),
             params=(("block", self.block),),
         )
 
