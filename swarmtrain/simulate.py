@@ -18,14 +18,24 @@ import queue as queue_mod
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from swarmtrain.config import Config
 from swarmtrain.errors import PeerTimeoutError, SwarmError
 
-__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "param_digest", "shared_parameters"]
+if TYPE_CHECKING:
+    from swarmtrain.data import BatchSampler
+
+__all__ = [
+    "PeerOutcome",
+    "SimulationResult",
+    "run_simulation",
+    "param_digest",
+    "shared_parameters",
+    "attack_options",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +81,8 @@ class PeerOutcome:
     ledger: dict[str, Any]
     wall_s: float
     banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
+    # issue 6, attackers only: what the attack did (poisoned batches, collusion exchanges and failures)
+    attack_stats: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,13 +170,19 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 guard=guard,
             )
             reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
-            if rank < cfg.peers.attackers and cfg.peers.attack not in ("none", "malicious_owner"):  # issue 6
-                from peers.attacks import AttackingCollective
-
-                collective = AttackingCollective(  # type: ignore[assignment]
-                    collective, cfg.peers.attack, cfg.peers.attack_options, seed=rank
-                )
+            attacking = rank < cfg.peers.attackers and cfg.peers.attack not in ("none", "malicious_owner")
+            options = attack_options(cfg, n_peers)
+            data_attack = attacking and _is_data_attack(cfg.peers.attack, options)
+            if attacking and not data_attack:  # issue 6: forge the updates this peer sends
+                collective = _attacking_collective(cfg, node, collective, options, rank)
             trainer = Trainer(cfg, collective=collective, peer_index=rank, num_peers=n_peers, reducer=reducer)
+            poisoned = None
+            if data_attack:  # issue 6: train on poisoned batches; the trainer stays attack-free
+                from peers.attacks import PoisonedBatches, build_attack
+
+                options.setdefault("vocab_size", trainer.model.vocab_size)
+                poisoned = PoisonedBatches(trainer.sampler, build_attack(cfg.peers.attack, **options))
+                trainer.sampler = cast("BatchSampler", poisoned)  # same interface, delegates the rest
             digests: dict[int, str] = {}
             counts = {"committed": 0, "failed": 0, "peak": 0}
             waited = [0.0]
@@ -205,6 +223,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 ledger=node.ledger.totals(),
                 wall_s=time.perf_counter() - t0,
                 banned=dict(guard.refresh()) if guard is not None else {},
+                attack_stats=_attack_stats(collective, poisoned),
             )
             q.put(("done", rank, asdict(outcome)))
             # stay reachable until the parent has every outcome: a peer that leaves early would make
@@ -213,6 +232,55 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
             collective.close()
     except BaseException as e:
         q.put(("error", rank, f"peer {rank}: {type(e).__name__}: {e}"))
+
+
+def attack_options(cfg: Config, n_peers: int) -> dict[str, Any]:
+    """The attack's options as configured, plus what a real run knows: ALIE's ``n`` and ``f``."""
+    options: dict[str, Any] = dict(cfg.peers.attack_options)
+    if cfg.peers.attack == "alie" and "z" not in options:
+        options.setdefault("n_peers", n_peers)
+        options.setdefault("n_byzantine", max(1, cfg.peers.attackers))
+    return options
+
+
+def _attack_stats(collective: Any, poisoned: Any) -> dict[str, int]:
+    stats: dict[str, int] = {}
+    if poisoned is not None:
+        stats["poisoned_batches"] = int(poisoned.batches)
+    colluders = getattr(collective, "colluders", None)
+    if colluders is not None:
+        stats["collusion_exchanges"] = int(colluders.exchanges)
+        stats["collusion_failed"] = int(colluders.failed)
+    return stats
+
+
+def _is_data_attack(name: str, options: Mapping[str, Any]) -> bool:
+    from peers.attacks import build_attack
+
+    return bool(build_attack(name, **options).data_level)
+
+
+def _attacking_collective(cfg: Config, node: Any, inner: Any, options: dict[str, Any], rank: int) -> Any:
+    """Wrap ``inner`` so this peer forges its updates; ALIE/IPM attackers share a side channel.
+
+    The colluders' channel is a second ``P2PCollective`` on the same node in its own rounds namespace
+    (``<run>.colluders``), joined by the attackers only; each attacker calls it once per round.
+    """
+    from peers import P2PCollective
+    from peers.attacks import AttackingCollective, Colluders, build_attack
+
+    channel = None
+    k = cfg.peers.attackers
+    if build_attack(cfg.peers.attack, **options).omniscient and k >= 2:
+        channel = P2PCollective(
+            node,
+            run_id=f"{node.run_id}.colluders",
+            min_peers=k,
+            expected_peers=k,
+            join_window=cfg.peers.join_window,
+        )
+    colluders = Colluders(channel, timeout=min(10.0, cfg.peers.round_timeout))
+    return AttackingCollective(inner, cfg.peers.attack, options, seed=rank, colluders=colluders)
 
 
 # ------------------------------------------------------------------------------------- parent

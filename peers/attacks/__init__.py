@@ -2,14 +2,17 @@
 
 Update level: ``sign_flip``, ``random_direction``, ``gaussian_noise``, ``alie`` (Baruch et al. 2019),
 ``ipm`` (Xie et al. 2020), ``stale``. Data level: ``label_flip``. Owner level: ``malicious_owner``.
-``none`` is honest behaviour. ``AttackingCollective`` makes a real peer run an update-level attack.
+``none`` is honest behaviour. ``AttackingCollective`` makes a real peer run an update-level attack
+(ALIE and IPM estimate the honest updates from the colluders' own, ``Colluders``); ``PoisonedBatches``
+makes it train on poisoned data.
 """
 
 from __future__ import annotations
 
 from peers.attacks.base import ATTACKS, Attack, build_attack, check_update, forge_rows
 from peers.attacks.collective import AttackingCollective
-from peers.attacks.data import LabelFlip, flip_labels
+from peers.attacks.collusion import Colluders, decode_rows, encode_rows
+from peers.attacks.data import LabelFlip, PoisonedBatches, flip_labels
 from peers.attacks.owner import MaliciousOwner
 from peers.attacks.update import ALIE, IPM, GaussianNoise, RandomDirection, SignFlip, Stale, alie_z
 
@@ -20,6 +23,10 @@ __all__ = [
     "check_update",
     "forge_rows",
     "AttackingCollective",
+    "Colluders",
+    "encode_rows",
+    "decode_rows",
+    "PoisonedBatches",
     "SignFlip",
     "RandomDirection",
     "GaussianNoise",

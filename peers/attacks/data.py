@@ -3,18 +3,21 @@
 The attacker trains honestly on poisoned targets, so its update looks like an ordinary update of a
 different task. For byte-level language modelling the flip maps each target byte ``b`` to
 ``vocab - 1 - b`` (for bytes: ``255 - b``).
+
+A real peer runs it through ``PoisonedBatches``: a wrapper around the trainer's batch sampler that
+applies ``transform_batch`` to every batch it hands out, so the trainer itself has no attack code.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from peers.attacks.base import ATTACKS, Attack
 from swarmtrain.errors import ConfigError
 
-__all__ = ["LabelFlip", "flip_labels"]
+__all__ = ["LabelFlip", "flip_labels", "PoisonedBatches", "BatchSource"]
 
 
 def flip_labels(targets: torch.Tensor, vocab_size: int = 256) -> torch.Tensor:
@@ -53,3 +56,43 @@ class LabelFlip(Attack):
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "vocab_size": self.vocab_size}
+
+
+class BatchSource(Protocol):
+    """What ``PoisonedBatches`` wraps: a sampler that returns ``(inputs, targets)`` per position."""
+
+    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class PoisonedBatches:
+    """A batch sampler whose batches pass through ``attack.transform_batch`` (a data-level attack).
+
+    Every other attribute (``identity()``, ``starts()``, ...) is the wrapped sampler's, so
+    checkpoints and logs see the same stream description.
+
+    Args:
+        inner: the honest sampler (``swarmtrain.data.BatchSampler``).
+        attack: a data-level ``Attack`` (e.g. ``LabelFlip``).
+
+    Raises:
+        ConfigError: the attack does not act on data.
+    """
+
+    def __init__(self, inner: BatchSource, attack: Attack) -> None:
+        if not attack.data_level:
+            raise ConfigError(f"attack {attack.name!r} does not act on training data")
+        self.inner = inner
+        self.attack = attack
+        self.batches = 0
+
+    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The wrapped sampler's batch, poisoned."""
+        x, y = self.inner.get(step, micro)
+        self.batches += 1
+        return self.attack.transform_batch(x, y)
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for attributes this wrapper lacks: delegate to the honest sampler
+        if name in ("inner", "attack", "batches"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)

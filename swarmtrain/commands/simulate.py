@@ -58,7 +58,12 @@ def register(app: typer.Typer) -> None:
         byzantine: int | None = typer.Option(
             None, "--byzantine", min=0, help="How many peers attack (ranks 0..K-1; see --attack)."
         ),
-        attack: str | None = typer.Option(None, "--attack", help="Attack the Byzantine peers run."),
+        attack: str | None = typer.Option(
+            None,
+            "--attack",
+            help="Attack the Byzantine peers run: sign_flip, random_direction, gaussian_noise, label_flip, "
+            "alie, ipm, stale, malicious_owner.",
+        ),
         tolerate: int | None = typer.Option(None, "--tolerate", min=0, help="f the reducer tolerates."),
         malicious_owners: int | None = typer.Option(
             None, "--malicious-owners", min=0, help="Ranks after the attackers that return wrong aggregates."
@@ -117,7 +122,7 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, overrides, base=defaults)
         strategy, compressor = cfg.strategy.name, cfg.compression.codec
         # validate names before starting any process
-        _validate_names(cfg)
+        _validate_names(cfg, peers)
         console = Console(stderr=True)
         runs = []
 
@@ -167,7 +172,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
-def _validate_names(cfg: Any) -> None:
+def _validate_names(cfg: Any, n_peers: int) -> None:
     """Resolve registry names early, so a typo fails in one line before any process starts."""
     import optimizers
     from compression import build_compressor
@@ -176,22 +181,14 @@ def _validate_names(cfg: Any) -> None:
     optimizers.STRATEGIES.get(cfg.strategy.name)
     build_compressor(cfg.compression)
     REDUCERS.get(cfg.peers.reducer)
-    if cfg.peers.attackers and cfg.peers.attack not in ("none", "malicious_owner"):
-        from peers.attacks import AttackingCollective
+    if cfg.peers.attackers and cfg.peers.attack != "none":
+        from peers.attacks import build_attack
         from peers.reducers import build_reducer
+        from swarmtrain.errors import ConfigError
+        from swarmtrain.simulate import attack_options
 
+        if cfg.peers.attackers >= n_peers:
+            raise ConfigError(f"--byzantine {cfg.peers.attackers} leaves no honest peer among {n_peers}")
         build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
-        # Raises ConfigError for names it cannot run with real peers (omniscient/data/owner attacks).
-        AttackingCollective(_NullCollective(), cfg.peers.attack, cfg.peers.attack_options)
-
-
-class _NullCollective:
-    """Stands in for a collective while ``_validate_names`` checks an attack name (never called)."""
-
-    peer_id = "validation"
-
-    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def all_gather(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
+        # every registered attack runs with real peers; this rejects an unknown name or bad options
+        build_attack(cfg.peers.attack, **attack_options(cfg, n_peers))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from statistics import NormalDist
 
 import pytest
@@ -119,11 +120,23 @@ def test_malicious_owner_corrupts_the_aggregate() -> None:
 
 def test_registry_and_option_errors() -> None:
     assert set(ATTACKS.names()) == {
-        "none", "sign_flip", "random_direction", "gaussian_noise", "alie", "ipm", "stale",
-        "label_flip", "malicious_owner",
+        "none",
+        "sign_flip",
+        "random_direction",
+        "gaussian_noise",
+        "alie",
+        "ipm",
+        "stale",
+        "label_flip",
+        "malicious_owner",
     }
-    for bad in (("sign_flip", {"scale": -1.0}), ("ipm", {"epsilon": float("nan")}), ("stale", {"delay": 0}),
-                ("sign_flip", {"bogus": 1}), ("nope", {})):
+    for bad in (
+        ("sign_flip", {"scale": -1.0}),
+        ("ipm", {"epsilon": float("nan")}),
+        ("stale", {"delay": 0}),
+        ("sign_flip", {"bogus": 1}),
+        ("nope", {}),
+    ):
         with pytest.raises(ConfigError):
             build_attack(bad[0], **bad[1])
     with pytest.raises(ConfigError):
@@ -238,24 +251,36 @@ def test_attacking_collective_keeps_stale_state_per_tensor() -> None:
         torch.testing.assert_close(results[1][r][6:], torch.full((3,), 10 * expected_w))
 
 
-def test_attacking_collective_refuses_attacks_it_cannot_run() -> None:
+def test_attacking_collective_refuses_attacks_that_do_not_act_on_the_update() -> None:
     from optimizers import InProcessGroup
     from peers.attacks import AttackingCollective
 
     member = InProcessGroup(1).members[0]
-    for name in ("alie", "ipm", "label_flip", "malicious_owner"):
+    for name in ("label_flip", "malicious_owner"):
         with pytest.raises(ConfigError):
             AttackingCollective(member, name)
+    for name in ("alie", "ipm"):  # they estimate the honest updates from the colluders' own
+        assert AttackingCollective(member, name).colluders.channel is None
 
 
-@pytest.mark.parametrize("attack", ["bogus", "alie", "label_flip"])
-def test_simulate_refuses_attacks_real_peers_cannot_run_before_starting(
-    attack: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("args", "options", "needle"),
+    [
+        (["--attack", "bogus"], "", "bogus"),
+        (["--attack", "sign_flip", "--byzantine", "3"], "", "no honest peer"),
+        (["--attack", "alie"], "n_byzantine = 3", "alie"),  # f >= n
+        (["--attack", "label_flip"], "vocab_size = 1", "vocab_size"),
+    ],
+)
+def test_simulate_refuses_bad_attack_settings_in_one_line_before_starting(
+    args: list[str], options: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from swarmtrain.cli import run
 
-    args = ["simulate", "-n", "3", "--byzantine", "1", "--attack", attack]
-    code = run([*args, "--reducer", "coordinate_median", "--tolerate", "1", "--steps", "1"])
+    toml = tmp_path / "run.toml"
+    toml.write_text(f"[peers]\nattack_options = {{{options}}}\n")
+    base = ["simulate", "-n", "3", "--byzantine", "1", "--reducer", "coordinate_median", "--tolerate", "1"]
+    code = run([*base, *args, "--steps", "1", "--config", str(toml)])
     assert code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("swarmtrain: error:") and attack in err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("swarmtrain: error:") and needle in err and "\n" not in err, err
