@@ -10,6 +10,7 @@ import torch
 
 import compression
 from compression.kernels import ENV_COMPILE, ENV_MIN_NUMEL, Kernel, compile_mode, min_numel
+from compression.native import ENV_NATIVE
 
 N = 3 * 1024 + 77  # three full blocks of 1024 and a short tail
 
@@ -19,6 +20,7 @@ def _both_paths(
 ) -> tuple[tuple[object, torch.Tensor], tuple[object, torch.Tensor]]:
     x = (torch.randn(N, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
     out = []
+    monkeypatch.setenv(ENV_NATIVE, "0")  # torch.compile vs eager torch (test_codecs_native covers C)
     for mode in ("0", "1"):
         monkeypatch.setenv(ENV_COMPILE, mode)
         codec = compression.make_codec(name, block=1024, seed=5)
