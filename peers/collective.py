@@ -16,20 +16,19 @@ window). A contribution that fails validation is left out of the owner's reduce,
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from peers import owner_check as oc
 from peers.agreement import HAVE, agree
+from peers.butterfly import reduce_round
+from peers.channels import IDLE_CLOSE, ChannelPool
 from peers.ledger import ByteLedger
 from peers.mailbox import Delivery, Key, Mailbox
 from peers.messages import (
@@ -37,19 +36,18 @@ from peers.messages import (
     decode_envelope,
     decode_packet_bytes,
     encode_ack,
-    encode_packet_bytes,
 )
 from peers.node import PeerNode
 from peers.rounds import Group, Matchmaker, RoundFailed
 from peers.transport import (
     PART_BYTES,
     read_data_frames,
-    read_envelope,
+    read_envelope_or_eof,
     send_message,
     split_bytes,
     write_frame,
 )
-from peers.verify import OwnerCheckFailed, verified_partition
+from peers.verify import OwnerCheckFailed
 from swarmtrain.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.protocols import Compressor, GatherResult, Reducer, RoundResult
 
@@ -60,17 +58,6 @@ __all__ = ["P2PCollective"]
 
 logger = logging.getLogger(__name__)
 _FRAME_TIMEOUT = 30.0
-
-
-def _bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
-    """Contiguous near-equal ``[lo, hi)`` ranges; the first ``n_items % n_parts`` get one more."""
-    base, extra = divmod(n_items, n_parts)
-    out, lo = [], 0
-    for i in range(n_parts):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 class P2PCollective:
@@ -133,13 +120,12 @@ class P2PCollective:
             join_window=join_window,
         )
         self._call_lock = threading.Lock()
-        self.max_streams_per_peer = 2
-        self._outgoing: dict[str, asyncio.Semaphore] = {}  # used on the event loop only
         #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
         self.last_timings: dict[str, float] = {}
         self._t_last = time.perf_counter()
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
+        self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only
         node.loop.run(node.p2p.add_binary_stream_handler(self._handler_name, self._handle), 15.0)
 
     @property
@@ -152,7 +138,12 @@ class P2PCollective:
         if self._closed:
             return
         self._closed = True
+
+        async def _close_channels() -> None:
+            self._channels.close()
+
         try:
+            self.node.loop.run(_close_channels(), 5.0)
             self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler_name), 5.0)
         except Exception:
             logger.debug("removing the collective handler failed", exc_info=True)
@@ -166,11 +157,29 @@ class P2PCollective:
     # --- receive side (event loop) --------------------------------------------------------------------
 
     async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        """Read messages from one stream until the sender ends it (a ``peers.channels`` channel, or a
+        single message); store each in the mailbox and acknowledge it."""
         sender = str(info.peer_id.to_base58())
-        ok, err = True, ""
+        try:
+            while True:
+                got = await read_envelope_or_eof(reader, IDLE_CLOSE + 50.0)
+                if got is None:
+                    return  # the sender closed the stream after its last ack
+                if not await self._handle_one(sender, got, reader, writer):
+                    return
+        except SwarmError as e:
+            logger.debug("stream from %s ended: %s", sender[:16], e)
+        except Exception:
+            logger.debug("stream from %s broke", sender[:16], exc_info=True)
+        finally:
+            writer.close()
+
+    async def _handle_one(self, sender: str, got: tuple[bytes, int], reader: Any, writer: Any) -> bool:
+        """One message; returns whether the stream is still in step (framing intact) to go on."""
+        body, nread = got
+        ok, err, in_step = True, "", True
         env: Envelope | None = None
         try:
-            body, nread = await read_envelope(reader, _FRAME_TIMEOUT)
             env = decode_envelope(body)
             if env.run != self.run_id:
                 raise ProtocolError("message for another run")
@@ -179,43 +188,41 @@ class P2PCollective:
             cap = self.max_gather_bytes if env.type == "gather" else self.max_message_bytes
             frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
             self.ledger.add_received(env.kind, env.round, nread + n)
-            self._mailbox.put(Delivery(sender, env, tuple(frames)))
+            try:
+                self._mailbox.put(Delivery(sender, env, tuple(frames)))
+            except ProtocolError as e:  # refused, but the whole message was read: the stream goes on
+                ok, err = False, str(e)
         except SwarmError as e:
-            ok, err = False, str(e)
-            logger.info("refused a message from %s: %s", sender[:16], e)
-        try:
-            n_ack = write_frame(writer, encode_ack(ok, err))
-            await writer.drain()
-            if env is not None:
-                self.ledger.add_sent(env.kind, env.round, n_ack)
-        except Exception:
-            logger.debug("could not ack %s", sender[:16], exc_info=True)
-        finally:
-            writer.close()
+            ok, err, in_step = False, str(e), False
+        if not ok:
+            logger.info("refused a message from %s: %s", sender[:16], err)
+        n_ack = write_frame(writer, encode_ack(ok, err))
+        await writer.drain()
+        if env is not None:
+            self.ledger.add_sent(env.kind, env.round, n_ack)
+        return in_step
 
     # --- send side ------------------------------------------------------------------------------------
 
     def _send(self, peer: str, env: Envelope, frames: list[Any], deadline: float) -> Future[None]:
+        """Send one message to ``peer`` on its persistent channel (``peers.channels``); the future
+        resolves once the peer acknowledged it. Aborts go on a fresh stream so they never queue
+        behind bulk data."""
         from hivemind.p2p import PeerID
 
-        async def _limited() -> None:
-            # a few streams per destination at a time: bulk bursts of dozens of concurrent streams
-            # starve the daemon and the event loop on small machines
-            sem = self._outgoing.get(peer)
-            if sem is None:
-                sem = self._outgoing[peer] = asyncio.Semaphore(self.max_streams_per_peer)
-            async with sem:
-                await send_message(
-                    self.node.p2p,
-                    PeerID.from_base58(peer),
-                    self._handler_name,
-                    env,
-                    frames,
-                    ledger=self.ledger,
-                    timeout=max(deadline - time.monotonic(), 0.1),
-                )
-
-        fut = self.node.loop.submit(_limited())
+        if env.type == "abort":
+            coro: Any = send_message(
+                self.node.p2p,
+                PeerID.from_base58(peer),
+                self._handler_name,
+                env,
+                frames,
+                ledger=self.ledger,
+                timeout=max(deadline - time.monotonic(), 0.1),
+            )
+        else:
+            coro = self._channels.send(peer, env, frames, deadline)
+        fut = self.node.loop.submit(coro)
         if env.type in ("part", "agg", "gather", "vpart", "vdig"):
             fut.add_done_callback(lambda f: self._on_send_done(f, env))
         return fut
@@ -422,10 +429,6 @@ class P2PCollective:
             raise ProtocolError("non-finite values")
         return t
 
-    def _chunk_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        step = self.chunk_elems
-        return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
-
     def _reduce_round(
         self,
         tensors: Mapping[str, torch.Tensor],
@@ -436,121 +439,7 @@ class P2PCollective:
         group: Group,
         deadline: float,
     ) -> dict[str, torch.Tensor]:
-        names = list(tensors)
-        flat = (
-            torch.cat([tensors[k].detach().reshape(-1).to(torch.float32) for k in names])
-            if names
-            else torch.zeros(0)
-        )  # [N]
-        n_total = flat.numel()
-        spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
-        digest = group.digest + spec
-        parts = _bounds(n_total, group.size)
-        chunks = [self._chunk_ranges(lo, hi) for lo, hi in parts]  # per owner: absolute [a, b) ranges
-        me = group.index
-        others = [p for p in group.members if p != self.peer_id]
-        base = Envelope(
-            type="part", run=self.run_id, kind=kind, round=group.round_id, digest=digest, numel=n_total
-        )
-
-        def envelope(typ: str, index: int, chunk: int, frame: bytes, w: float = 0.0) -> Envelope:
-            return replace(base, type=typ, index=index, chunk=chunk, weight=w, frames=1, nbytes=len(frame))
-
-        # 1. push my slice of every other owner's partition, chunk by chunk (round-robin over owners so
-        #    every owner can start reducing early); sends run on the event loop while we keep encoding
-        sends: list[Future[None]] = []
-        guard = self.guard
-        check = guard is not None and guard.owner_check and group.size >= 2  # issue 6: peers.verify
-        own_frames: dict[tuple[int, int], bytes] = {}  # under the check: what I sent, for my own rows
-        for c in range(max((len(ch) for ch in chunks), default=0)):
-            for i, peer in enumerate(group.members):
-                if (i == me and not check) or c >= len(chunks[i]):
-                    continue
-                a, b = chunks[i][c]
-                frame = encode_packet_bytes(
-                    compressor.compress(flat[a:b], key=f"{kind}/{group.size}/{i}/{c}")
-                )
-                if i != me:
-                    sends.append(self._send(peer, envelope("part", i, c, frame, weight), [frame], deadline))
-                if check:  # the same bytes to the partition's verifier
-                    env_v = envelope("vpart", i, c, frame, weight)
-                    sends += oc.send_to_verifier(self, group, env_v, [frame], own_frames, deadline)
-        self._mark("encode_parts")
-        seen, flagged = set[str](), set[str]()  # outlier evidence for the guard
-        agg_codec = oc.aggregate_codec(compressor) if check else compressor
-        reducer = oc.fit_reducer(reducer, group.size) if guard is not None else reducer
-
-        # 2. reduce my partition chunk by chunk as rows arrive; push each aggregate chunk at once. The
-        #    owner decodes exactly the bytes it sends, like everybody else.
-        pieces: dict[tuple[int, int], torch.Tensor] = {}
-        excluded: set[str] = set()
-        for c, (a, b) in enumerate(chunks[me]):
-            got = self._wait_keys(group, kind, [("part", p, c) for p in others], digest, deadline)
-            mine = self._decode_chunk(compressor, (own_frames[(me, c)],), b - a) if check else flat[a:b]
-            rows, weights, who = [mine], [weight], [self.peer_id]
-            for (_, peer, _), d in got.items():
-                if peer in excluded:
-                    continue
-                try:
-                    if d.env.index != me or d.env.numel != n_total:
-                        raise ProtocolError("part for another partition or layout")
-                    rows.append(self._decode_chunk(compressor, d.frames, b - a))
-                    weights.append(d.env.weight)
-                    who.append(peer)
-                except (ProtocolError, ValueError, RuntimeError) as e:
-                    excluded.add(peer)  # left out of every chunk of this partition, consistently
-                    logger.warning("round %d: contribution of %s left out: %s", group.round_id, peer[:12], e)
-            stack = torch.stack(rows)
-            agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))  # [b - a]
-            if tuple(agg.shape) != (b - a,):
-                raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
-            if guard is not None:
-                oc.flag_rows(stack, agg, who, seen, flagged)
-                if guard.owner_attack is not None:  # simulations: a Byzantine owner (issue 6)
-                    agg = guard.owner_attack.corrupt_aggregate(agg)
-            frame = oc.encode_aggregate(agg_codec, agg, kind, group.size, me, c)
-            own_frames[(-1 - me, c)] = frame
-            env = envelope("agg", me, c, frame)
-            sends += [self._send(p, env, [frame], deadline) for p in others]
-            pieces[(me, c)] = self._decode_chunk(compressor, (frame,), b - a)
-        my_digests: dict[tuple[int, int], bytes] = {}
-        if check:
-            j = verified_partition(group.size, me, group.round_id)
-            args = (own_frames, weight, compressor, reducer, base, digest, deadline, seen, flagged)
-            vd, vsends = oc.verify_partition(self, group, j, chunks[j], *args)
-            sends, my_digests = sends + vsends, {(j, c): dg for c, dg in vd.items()}
-        if guard is not None:
-            guard.observe(seen, flagged)
-        self._mark("reduce_encode_agg")
-
-        # 3. collect every other owner's aggregate chunks
-        keys = [("agg", p, c) for i, p in enumerate(group.members) if i != me for c in range(len(chunks[i]))]
-        aggs = self._wait_keys(group, kind, keys, digest, deadline)
-        self._mark("wait_aggs")
-        for (_, peer, c), d in aggs.items():
-            i = group.members.index(peer)
-            if d.env.index != i or d.env.numel != n_total:
-                raise ProtocolError(f"aggregate from {peer[:12]} is for another partition or layout")
-            a, b = chunks[i][c]
-            pieces[(i, c)] = self._decode_chunk(compressor, d.frames, b - a)
-        self._mark("decode_aggs")
-        self._settle_sends(sends, deadline)
-        self._mark("wait_sends")
-        if check:
-            oc.check_aggregates(self, group, chunks, aggs, own_frames, my_digests, kind, digest, deadline)
-            self._mark("owner_check")
-        result = (
-            torch.cat([pieces[(i, c)] for i in range(group.size) for c in range(len(chunks[i]))])
-            if n_total
-            else flat
-        )
-        out: dict[str, torch.Tensor] = {}
-        offset = 0
-        for k in names:
-            t = tensors[k]
-            out[k] = result[offset : offset + t.numel()].view(t.shape).to(t.dtype).clone()
-            offset += t.numel()
-        return out
+        return reduce_round(self, tensors, compressor, reducer, weight, kind, group, deadline)
 
     # --- all-gather ---------------------------------------------------------------------------------
 

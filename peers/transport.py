@@ -35,6 +35,7 @@ __all__ = [
     "write_frame",
     "send_message",
     "read_envelope",
+    "read_envelope_or_eof",
     "read_data_frames",
     "PART_BYTES",
     "split_bytes",
@@ -197,6 +198,27 @@ async def read_envelope(reader: asyncio.StreamReader, timeout: float) -> tuple[b
     """Read a header frame; returns ``(body, bytes_read)``."""
     body = await read_frame(reader, MAX_HEADER, timeout)
     return body, FRAME_PREFIX + len(body)
+
+
+async def read_envelope_or_eof(reader: asyncio.StreamReader, timeout: float) -> tuple[bytes, int] | None:
+    """Like :func:`read_envelope`, but ``None`` when the stream ends cleanly before a new message
+    (a persistent channel closed by its sender; see ``peers.channels``)."""
+    try:
+        prefix = await asyncio.wait_for(reader.readexactly(FRAME_PREFIX), timeout)
+    except asyncio.IncompleteReadError as e:
+        if not e.partial:
+            return None
+        raise ProtocolError("stream closed in the middle of a frame") from None
+    except asyncio.TimeoutError:
+        raise PeerTimeoutError("no message on an idle stream") from None
+    n = decode_frame_length(prefix, MAX_HEADER)
+    try:
+        body = await asyncio.wait_for(reader.readexactly(n), timeout) if n else b""
+    except asyncio.IncompleteReadError:
+        raise ProtocolError("stream closed in the middle of a frame") from None
+    except asyncio.TimeoutError:
+        raise PeerTimeoutError("peer too slow sending a frame") from None
+    return body, FRAME_PREFIX + n
 
 
 async def read_data_frames(
