@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from compression import native
 from compression.factory import codec_names, make_codec
 from compression.kernels import compile_mode, min_numel
 from swarmtrain.errors import ConfigError
@@ -64,6 +65,8 @@ class CodecResult:
     copy_rw_gbps: float
     compiled: bool
     steady_state: bool = False
+    #: how the encoder ran: "native" (compression.native C kernel), "compiled", "eager" or "torch"
+    encoder: str = "torch"
     fresh_compress_gbps: float = 0.0
     fresh_decompress_gbps: float = 0.0
     fresh_compress_roofline: float = 0.0
@@ -95,6 +98,17 @@ def keep_freed_memory() -> bool:
 def _compiled_path(numel: int) -> bool:
     mode = compile_mode()
     return mode == "always" or (mode == "auto" and numel >= min_numel())
+
+
+_QUANTISERS = ("int8", "int4", "ternary")
+
+
+def _encoder_path(name: str, x: torch.Tensor) -> str:
+    if name not in _QUANTISERS:
+        return "torch"
+    if x.device.type == "cpu" and x.dtype == torch.float32 and native.available():
+        return "native"
+    return "compiled" if _compiled_path(x.numel()) else "eager"
 
 
 def _sync(device: torch.device) -> None:
@@ -219,7 +233,8 @@ def benchmark_codecs(
                 compress_roofline=moved / tc / copy_bw,
                 decompress_roofline=moved / td / copy_bw,
                 copy_rw_gbps=copy_bw / 1e9,
-                compiled=name in ("int8", "int4", "ternary") and _compiled_path(numel),
+                compiled=name in _QUANTISERS and _compiled_path(numel),
+                encoder=_encoder_path(name, x),
                 steady_state=name in steady,
                 fresh_compress_gbps=in_bytes / tcf / 1e9,
                 fresh_decompress_gbps=in_bytes / tdf / 1e9,
@@ -243,6 +258,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": str(dev),
         "compile_mode": compile_mode(),
+        "native_codecs": native.available() if dev.type == "cpu" else False,
     }
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)

@@ -50,12 +50,21 @@ def _kernel(kind: str, block: int, make: Callable[[int], Callable[..., object]])
     return k
 
 
+# Blocks whose absmax is below 2**-64 are scaled up by 2**64 (exact) before quantising: otherwise
+# ``qmax / absmax`` overflows to inf for absmax below ~1e-37, and every code becomes +-qmax (or the
+# int cast of NaN for zeros). Every other block multiplies by 1.0, which changes no bit.
+_TINY = 2.0**-64
+_UP = 2.0**64
+
+
 def _int8_encoder(block: int) -> Encoder:
     def enc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xb = x.reshape(-1, block).float()  # [nb, block]
         am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
-        inv = torch.where(am > 0, 127.0 / am, torch.zeros_like(am))
-        q = torch.round(xb * inv).clamp(-127.0, 127.0).to(torch.int8)
+        up = torch.where(am < _TINY, _UP, 1.0)  # [nb, 1]
+        ams = am * up
+        inv = torch.where(ams > 0, 127.0 / ams, torch.zeros_like(ams))
+        q = torch.round((xb * up) * inv).clamp(-127.0, 127.0).to(torch.int8)
         return q.reshape(-1), am.reshape(-1)
 
     return enc
@@ -65,8 +74,10 @@ def _int4_encoder(block: int) -> Encoder:
     def enc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xb = x.reshape(-1, block).float()  # [nb, block], block even
         am = xb.abs().amax(1, keepdim=True)
-        inv = torch.where(am > 0, 7.0 / am, torch.zeros_like(am))
-        code = (torch.round(xb * inv).clamp(-7.0, 7.0) + 8.0).to(torch.uint8)  # [nb, block], 1..15
+        up = torch.where(am < _TINY, _UP, 1.0)
+        ams = am * up
+        inv = torch.where(ams > 0, 7.0 / ams, torch.zeros_like(ams))
+        code = (torch.round((xb * up) * inv).clamp(-7.0, 7.0) + 8.0).to(torch.uint8)  # [nb, block], 1..15
         half = block // 2  # element j sits in byte j's low nibble, element j + half in its high one
         return (code[:, :half] | (code[:, half:] << 4)).reshape(-1), am.reshape(-1)
 

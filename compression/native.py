@@ -88,8 +88,11 @@ static inline float bits_float(uint32_t b) { float f; memcpy(&f, &b, 4); return 
 /* torch evaluates `q / am` as `reciprocal(am) * q` */
 static inline float inv_scale(float am, float qmax) { return am > 0.0f ? (1.0f / am) * qmax : 0.0f; }
 
-static inline float quant(float v, float inv, float qmax) {
-    float q = rintf(v * inv);
+/* rint((v * up) * inv) clamped to [-qmax, qmax]. With inv finite (see block_q), |v * up * inv| is
+   below qmax + 0.01 for every finite v, so clamping the int32 equals torch's float clamp; inputs with
+   non-finite values are rejected by the caller whatever their codes. */
+static inline int32_t quant(float v, float up, float inv, int32_t qmax) {
+    int32_t q = (int32_t)rintf((v * up) * inv);
     q = q < -qmax ? -qmax : q;
     return q > qmax ? qmax : q;
 }
@@ -98,18 +101,20 @@ static inline float quant(float v, float inv, float qmax) {
 static uint32_t block_q(const float *x, int64_t n, int bits, uint8_t *codes) {
     uint32_t mb = absmax_bits(x, n);
     float am = bits_float(mb);
+    /* blocks with absmax < 2**-64 are scaled by 2**64 (exact) so that qmax / absmax stays finite */
+    const float up = am < 0x1p-64f ? 0x1p64f : 1.0f;
     if (bits == 8) {
-        const float inv = inv_scale(am, 127.0f);
+        const float inv = inv_scale(am * up, 127.0f);
         int8_t *c = (int8_t *)codes;
         #pragma omp simd
-        for (int64_t i = 0; i < n; i++) c[i] = (int8_t)(int32_t)quant(x[i], inv, 127.0f);
+        for (int64_t i = 0; i < n; i++) c[i] = (int8_t)quant(x[i], up, inv, 127);
     } else {
-        const float inv = inv_scale(am, 7.0f);
+        const float inv = inv_scale(am * up, 7.0f);
         const int64_t h = n / 2;
         #pragma omp simd
         for (int64_t j = 0; j < h; j++) {
-            int32_t lo = (int32_t)(quant(x[j], inv, 7.0f) + 8.0f);
-            int32_t hi = (int32_t)(quant(x[j + h], inv, 7.0f) + 8.0f);
+            int32_t lo = quant(x[j], up, inv, 7) + 8;
+            int32_t hi = quant(x[j + h], up, inv, 7) + 8;
             codes[j] = (uint8_t)(lo | (hi << 4));
         }
     }
