@@ -128,9 +128,12 @@ static inline float hash_u(uint32_t h) {
     return ((float)(h >> 8) + 0.5f) * 5.9604644775390625e-08f; /* 2**-24 */
 }
 
+/* code 1 (+1) or 2 (-1) when the draw keeps v, else 0 (a kept v is nonzero, so its sign bit is
+   its sign) */
 static inline uint32_t tcode(float v, float s, uint32_t h) {
-    uint32_t keep = hash_u(h) < fabsf(v) / s;
-    return keep + (keep & (v < 0.0f));
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    return hash_u(h) < fabsf(v) / s ? 1u + (b >> 31) : 0u;
 }
 
 /* one ternary block of n elements (n % 4 == 0) whose first element has hash counter h0 */
