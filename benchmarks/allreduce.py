@@ -50,6 +50,22 @@ def _expected_mean(n_peers: int, numel: int) -> torch.Tensor:
     return (acc / n_peers).to(torch.float32)
 
 
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process and all its descendants (the DHT
+    process, its p2pd daemon and, for hivemind, the averager process)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def _hivemind_round(avg: Any, x: torch.Tensor, barrier: Any) -> tuple[float, torch.Tensor]:
     """One hivemind round: matchmaking first (untimed), then the timed all-reduce after a barrier."""
     from hivemind.averaging.control import AveragingStage
@@ -115,7 +131,8 @@ def _worker(
             expected = _expected_mean(n, numel)
             keys = ["hivemind"] if impl == "hivemind" else list(codecs)
             stats: dict[str, dict[str, Any]] = {
-                k: {"times": [], "sent": [], "group": [], "phases": [], "err": float("nan")} for k in keys
+                k: {"times": [], "cpu": [], "sent": [], "group": [], "phases": [], "err": float("nan")}
+                for k in keys
             }
             avg = None
             if impl == "hivemind":
@@ -132,18 +149,23 @@ def _worker(
                 )
             for i in range(rounds + 1):
                 if avg is not None:
+                    cpu0 = _tree_cpu()
                     dt, out = _hivemind_round(avg, x, barrier)
+                    cpu = _tree_cpu() - cpu0
                     st = stats["hivemind"]
                     if i == 0:
                         st["err"] = float((out - expected).abs().max())
                     else:
                         st["times"].append(dt)
+                        st["cpu"].append(cpu)
                     continue
                 for codec, comp in comps.items():
+                    cpu0 = _tree_cpu()
                     barrier.wait(timeout=300)
                     t0 = time.perf_counter()
                     res = coll.all_reduce({"x": x}, compressor=comp, timeout=120)
                     dt = time.perf_counter() - t0
+                    cpu = _tree_cpu() - cpu0
                     st = stats[codec]
                     if not res.committed:  # counted and shown, never hidden; the next round re-forms
                         st.setdefault("failed", []).append(res.reason[:120])
@@ -152,6 +174,7 @@ def _worker(
                         st["err"] = float((res.tensors["x"] - expected).abs().max())
                     else:
                         st["times"].append(dt)
+                        st["cpu"].append(cpu)
                         st["sent"].append(res.bytes_sent)
                         st["group"].append(coll.last_timings.get("group", 0.0))
                         st["phases"].append(dict(coll.last_timings))
@@ -167,6 +190,7 @@ def _worker(
                             "codec": "none" if key == "hivemind" else key,
                             "numel": numel,
                             "times": st["times"],
+                            "cpu": st["cpu"],
                             "bytes_sent": statistics.median(st["sent"]) if st["sent"] else None,
                             "max_abs_err": st["err"],
                             "group_s": st["group"],
@@ -249,6 +273,11 @@ def _run(
                     "round_s_max": max(rounds_max),
                     "round_s_all": rounds_max,
                     "data_phase_s_median": statistics.median(data_only),
+                    # CPU seconds of one round summed over every peer's process tree (peer, DHT
+                    # process, p2pd, hivemind's averager): what the round costs the machine
+                    "cpu_s_all_peers_median": statistics.median(
+                        [sum(r["cpu"][i] for r in rows) for i in range(n_ok)] or [float("nan")]
+                    ),
                     "bytes_sent_per_peer": statistics.mean(sent) if sent else None,
                     "max_abs_err": max(r["max_abs_err"] for r in rows),
                     "failed_rounds": max(len(r["failed"]) for r in rows),
@@ -297,13 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda r: (r["numel"], r["impl"] != "hivemind", r["codec"]))
     print(
         f"{'impl':<11} {'codec':<6} {'elements':>9} {'median s':>9} {'min s':>7} {'max s':>7} "
-        f"{'data s':>7} {'MiB sent/peer':>13} {'x hivemind':>10} {'max|err|':>9} {'failed':>6}"
+        f"{'data s':>7} {'cpu s':>6} {'MiB sent/peer':>13} {'x hivemind':>10} {'max|err|':>9} {'failed':>6}"
     )
     for r in rows:
         mib = f"{r['bytes_sent_per_peer'] / 2**20:.1f}" if r["bytes_sent_per_peer"] else "-"
         print(
             f"{r['impl']:<11} {r['codec']:<6} {r['numel'] / 2**20:>8.0f}M {r['round_s_median']:>9.3f} "
-            f"{r['round_s_min']:>7.3f} {r['round_s_max']:>7.3f} {r['data_phase_s_median']:>7.3f} {mib:>13} "
+            f"{r['round_s_min']:>7.3f} {r['round_s_max']:>7.3f} {r['data_phase_s_median']:>7.3f} "
+            f"{r['cpu_s_all_peers_median']:>6.2f} {mib:>13} "
             f"{r['ratio_vs_hivemind_fp32'] or float('nan'):>10.2f} "
             f"{r['max_abs_err']:>9.2e} {r['failed_rounds']:>6}"
         )

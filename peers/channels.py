@@ -29,10 +29,10 @@ from typing import Any
 
 from peers.ledger import ByteLedger
 from peers.messages import FRAME_PREFIX, Envelope, decode_ack, encode_envelope
-from peers.transport import read_frame, write_frame
+from peers.transport import read_frame, write_frame, write_frame_drained
 from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
 
-__all__ = ["Channel", "ChannelPool", "IDLE_CLOSE"]
+__all__ = ["Channel", "ChannelPool", "IDLE_CLOSE", "lane_of"]
 
 logger = logging.getLogger(__name__)
 IDLE_CLOSE = 10.0  # seconds without messages after which a channel closes its stream
@@ -141,8 +141,7 @@ class Channel:
                 _, writer = self._stream if self._stream is not None else await self._open(item.deadline)
                 sent = write_frame(writer, encode_envelope(item.env))
                 for f in item.frames:
-                    sent += write_frame(writer, f)
-                    await writer.drain()
+                    sent += await write_frame_drained(writer, f)
                 await writer.drain()
                 if self.ledger is not None:
                     self.ledger.add_sent(item.env.kind, item.env.round, sent)
@@ -188,22 +187,34 @@ class Channel:
         self._fail(SwarmError("channel closed"))
 
 
+def lane_of(env: Envelope) -> str:
+    """The channel a message travels on: aggregates get their own stream per peer, so an owner's
+    aggregates never queue behind the parts it is still sending to the same peer (both directions of
+    the butterfly flow at once, as in hivemind's averager where they share one bidirectional stream);
+    small control messages get one too."""
+    if env.type == "agg":
+        return "agg"
+    return "bulk" if env.frames else "ctl"
+
+
 class ChannelPool:
-    """One :class:`Channel` per destination peer (created on first use; event loop only)."""
+    """One :class:`Channel` per destination peer and lane (:func:`lane_of`), created on first use;
+    event loop only."""
 
     def __init__(self, p2p: Any, handler: str, ledger: ByteLedger | None) -> None:
         self.p2p, self.handler, self.ledger = p2p, handler, ledger
-        self._channels: dict[str, Channel] = {}
+        self._channels: dict[tuple[str, str], Channel] = {}
 
     async def send(
         self, peer: str, env: Envelope, frames: Sequence[bytes | memoryview], deadline: float
     ) -> None:
         """Send one message to ``peer`` on its channel; see :meth:`Channel.send`."""
-        ch = self._channels.get(peer)
+        key = (peer, lane_of(env))
+        ch = self._channels.get(key)
         if ch is None:
             from hivemind.p2p import PeerID
 
-            ch = self._channels[peer] = Channel(self.p2p, PeerID.from_base58(peer), self.handler, self.ledger)
+            ch = self._channels[key] = Channel(self.p2p, PeerID.from_base58(peer), self.handler, self.ledger)
         await ch.send(env, frames, deadline)
 
     def close(self) -> None:

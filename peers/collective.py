@@ -425,7 +425,9 @@ class P2PCollective:
         if t.numel() != length:
             raise ProtocolError("decoded chunk has the wrong size")
         t = t.reshape(-1).to(torch.float32)
-        if not bool(torch.isfinite(t).all()):
+        # NaN/Inf make the sum non-finite; only then (or on an overflowing sum of finite values) is
+        # the exact per-element check run: one read pass, no [length] bool temporary per chunk
+        if not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):
             raise ProtocolError("non-finite values")
         return t
 
