@@ -194,7 +194,7 @@ def lane_of(env: Envelope) -> str:
     small control messages get one too."""
     if env.type == "agg":
         return "agg"
-    return "bulk" if env.frames else "ctl"
+    return "bulk" if env.frames and env.type != "grp" else "ctl"
 
 
 class ChannelPool:

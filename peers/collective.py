@@ -58,6 +58,7 @@ __all__ = ["P2PCollective"]
 
 logger = logging.getLogger(__name__)
 _FRAME_TIMEOUT = 30.0
+_GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds allows 1024 IDs)
 
 
 class P2PCollective:
@@ -119,6 +120,7 @@ class P2PCollective:
             expected_peers=expected_peers,
             join_window=join_window,
         )
+        self._matchmaker.inbox, self._matchmaker.push = self._group_inbox, self._push_group
         self._call_lock = threading.Lock()
         #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
         self.last_timings: dict[str, float] = {}
@@ -183,9 +185,9 @@ class P2PCollective:
             env = decode_envelope(body)
             if env.run != self.run_id:
                 raise ProtocolError("message for another run")
-            if env.type not in ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig"):
+            if env.type not in ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp"):
                 raise ProtocolError(f"unexpected message type {env.type}")
-            cap = self.max_gather_bytes if env.type == "gather" else self.max_message_bytes
+            cap = {"gather": self.max_gather_bytes, "grp": _GROUP_BYTES}.get(env.type, self.max_message_bytes)
             frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
             self.ledger.add_received(env.kind, env.round, nread + n)
             try:
@@ -226,6 +228,26 @@ class P2PCollective:
         if env.type in ("part", "agg", "gather", "vpart", "vdig"):
             fut.add_done_callback(lambda f: self._on_send_done(f, env))
         return fut
+
+    def _push_group(self, kind: str, round_id: int, members: tuple[str, ...], value: bytes) -> None:
+        """Leader: send the round's published member list straight to the members (``peers.rounds``,
+        step 4); fire and forget, the DHT record stays the fallback."""
+        env = Envelope(type="grp", run=self.run_id, kind=kind, round=round_id, frames=1, nbytes=len(value))
+        deadline = time.monotonic() + 5.0
+        for m in members:
+            if m != self.peer_id:
+                self._send(m, env, [value], deadline)
+
+    def _group_inbox(self, kind: str, round_id: int, wait_s: float) -> dict[str, object]:
+        """Member: the group lists pushed to us for this round so far (waiting up to ``wait_s``)."""
+
+        def pushed(slot: dict[Key, Delivery]) -> bool:
+            return any(k[0] == "grp" for k in slot)
+
+        if wait_s > 0:
+            self._mailbox.wait(kind, round_id, pushed, time.monotonic() + wait_s)
+        slot = self._mailbox.snapshot(kind, round_id)
+        return {k[1]: d.frames[0] for k, d in slot.items() if k[0] == "grp" and len(d.frames) == 1}
 
     def _on_send_done(self, fut: Future[None], env: Envelope) -> None:
         """A failed send wakes up our own waits at once with a local abort marker."""

@@ -9,6 +9,11 @@ Scheme (one DHT key pair per round and kind):
 3. *Adopt.* Every peer polls the group key; among valid published lists it adopts the one with the
    smallest leader ID. If that list does not contain it, it is *late*: the round goes on without it
    and its call returns ``committed=False`` at once instead of blocking anyone.
+4. *Push* (a shortcut, not a second source of truth): right after publishing, the leader also sends
+   the same list straight to every member (``P2PCollective``: a ``grp`` message, authenticated by the
+   libp2p peer ID of its sender). A member waiting for the round treats a pushed list exactly like a
+   published record of its sender (``_adopt``: the sender must be the list's smallest member, not
+   banned, the member must be on it), so it starts without waiting for its next DHT poll.
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
@@ -22,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -130,6 +136,11 @@ class Matchmaker:
         #: peers excluded from rounds (issue 6 bans, kept up to date by ``peers.guard``): a leader leaves
         #: them out of its list and a member refuses a published list that holds one
         self.banned: frozenset[str] = frozenset()
+        #: optional direct delivery of group lists (step 4): ``inbox(kind, round, wait_s)`` waits up to
+        #: ``wait_s`` seconds and returns ``{sender: record bytes}`` of the lists pushed so far;
+        #: ``push(kind, round, members, value)`` sends a list to the members; both set by the collective
+        self.inbox: Callable[[str, int, float], dict[str, object]] | None = None
+        self.push: Callable[[str, int, tuple[str, ...], bytes], None] | None = None
 
     def _key(self, kind: str, round_id: int, what: str) -> str:
         return f"{self.run_id}.{kind}.{round_id}.{what}"
@@ -204,6 +215,10 @@ class Matchmaker:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RoundFailed(f"no group for round {round_id} before the deadline")
+            if self.inbox is not None:
+                group = self._adopt(kind, round_id, self.inbox(kind, round_id, 0.0))
+                if group is not None:
+                    return group
             group = self._adopt(kind, round_id, self._get(group_key, left))
             if group is not None:
                 return group
@@ -222,8 +237,15 @@ class Matchmaker:
                 # Re-read: if a smaller leader published concurrently, adopt its list like everyone else.
                 group = self._adopt(kind, round_id, self._get(group_key, deadline - time.monotonic()))
                 if group is not None:
+                    if group.leader == self.peer_id and self.push is not None:
+                        self.push(kind, round_id, members, value)
                     return group
-            time.sleep(self.poll)
+            if self.inbox is not None:  # sleep until a pushed list arrives or the next poll is due
+                group = self._adopt(kind, round_id, self.inbox(kind, round_id, self.poll))
+                if group is not None:
+                    return group
+            else:
+                time.sleep(self.poll)
 
 
 def check_deadline(deadline: float, what: str) -> float:

@@ -1,0 +1,116 @@
+"""Persistent channels (``peers.channels``) between two real peer processes on 127.0.0.1.
+
+Many messages to one peer travel on one stream, arrive in order and are each acknowledged; a message
+the receiver refuses (a duplicate) fails alone while the stream stays usable; and the byte ledgers of
+both ends agree exactly (what one side counts as sent, the other counts as received).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
+
+N_MSGS = 40
+PAYLOAD = 64 * 1024 + 3
+
+
+def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
+    from peers import P2PCollective, PeerNode
+    from peers.messages import Envelope
+    from swarmtrain.errors import ProtocolError
+
+    class Counting(P2PCollective):
+        streams = 0
+
+        async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+            Counting.streams += 1
+            await super()._handle(info, reader, writer)
+
+    with reporting_errors(q, rank), PeerNode(loopback_config("t-chan", initial)) as node:
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        coll = Counting(node)
+        node.wait_for_peers(2, timeout=60)
+        if rank == 0:  # receiver: wait for every message, then report what arrived and the ledger
+            want = N_MSGS + 1
+
+            def ready(slot: dict[Any, Any]) -> bool:
+                return len(slot) >= want
+
+            slot = coll._mailbox.wait("t", 0, ready, time.monotonic() + 90)
+            time.sleep(3.0)  # the last ack's bytes are counted right after it is written
+            order = [k[2] for k in (slot or {})]
+            sizes = sorted({d.nbytes for d in (slot or {}).values()})
+            report(
+                q,
+                "rx",
+                rank,
+                {
+                    "order": order,
+                    "sizes": sizes,
+                    "streams": Counting.streams,
+                    "ledger": coll.ledger.round_bytes("t", 0),
+                },
+            )
+            return
+        base = Envelope(type="part", run=coll.run_id, kind="t", round=0, index=0, frames=1, nbytes=PAYLOAD)
+        deadline = time.monotonic() + 60
+        futs = [
+            coll._send(
+                receiver_id, Envelope(**{**base.__dict__, "chunk": i}), [os.urandom(PAYLOAD)], deadline
+            )
+            for i in range(N_MSGS)
+        ]
+        ok = [f.result(timeout=90) is None for f in futs]
+        refused = ""
+        try:
+            dup = Envelope(**{**base.__dict__, "chunk": 0})
+            coll._send(receiver_id, dup, [os.urandom(PAYLOAD)], deadline).result(timeout=90)
+        except ProtocolError as e:
+            refused = str(e)
+        after = coll._send(
+            receiver_id, Envelope(**{**base.__dict__, "chunk": N_MSGS}), [b"x" * PAYLOAD], deadline
+        )
+        after.result(timeout=90)
+        time.sleep(1.0)
+        report(q, "tx", rank, {"ok": ok, "refused": refused, "ledger": coll.ledger.round_bytes("t", 0)})
+        time.sleep(10.0)  # stay up until the receiver reported
+
+
+def test_one_stream_many_messages_refusal_keeps_the_stream_and_ledgers_agree() -> None:
+    g = PeerGroup(worker, 2, args=("",))
+    try:
+        g.spawn(0, [])
+        first = g.wait_for("ready", 0, g.startup_timeout)
+        g.spawn(1, first["maddrs"], args=(first["peer_id"],))
+        g.wait_for("ready", 1, g.startup_timeout)
+        tx = g.wait_for("tx", 1, 120)
+        rx = g.wait_for("rx", 0, 120)
+    finally:
+        g.stop()
+    assert g.orphans == []
+    assert all(tx["ok"]) and len(tx["ok"]) == N_MSGS
+    assert "duplicate" in tx["refused"], tx["refused"]
+    assert rx["order"] == [*range(N_MSGS), N_MSGS]  # in order; the refused duplicate is not stored
+    assert rx["sizes"] == [PAYLOAD]
+    assert rx["streams"] == 1, f"{rx['streams']} streams for {N_MSGS + 2} messages"
+    sent_tx, recv_tx = tx["ledger"]
+    sent_rx, recv_rx = rx["ledger"]
+    assert sent_tx == recv_rx and sent_rx == recv_tx, (tx["ledger"], rx["ledger"])
+    assert sent_tx > (N_MSGS + 2) * PAYLOAD
+    print(
+        f"{N_MSGS + 2} messages on {rx['streams']} stream; "
+        f"ledger sender {tx['ledger']}, receiver {rx['ledger']}"
+    )
+
+
+@pytest.mark.parametrize("lane_type", ["agg", "part", "have"])
+def test_lanes(lane_type: str) -> None:
+    from peers.channels import lane_of
+    from peers.messages import Envelope
+
+    env = Envelope(type=lane_type, run="r", kind="k", round=0, frames=0 if lane_type == "have" else 1)
+    assert lane_of(env) == {"agg": "agg", "part": "bulk", "have": "ctl"}[lane_type]
