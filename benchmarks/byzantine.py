@@ -13,11 +13,13 @@ the issue's goal: centered_clip within 5% of the clean run for sign flip, random
 and label flip, while the plain mean visibly fails (ratio > 1.2).
 
 ``--real-peers`` instead runs ``swarmtrain simulate`` (real peer processes over hivemind on
-127.0.0.1, DiLoCo, tiny byte-level GPT): 3 peers, one of them attacking through
-``AttackingCollective``, for each attack a real peer can run alone (sign flip, random direction,
-Gaussian noise, stale), with the mean and with centered_clip (f = 1); written to
-``byzantine_real.json``. ALIE and IPM (omniscient), label flip (needs a trainer batch hook) and the
-malicious owner (needs the owner hook in the network collective) have no real-peer rows yet.
+127.0.0.1, DiLoCo H=10, tiny byte-level GPT), one row per attack, merged into
+``byzantine_real.json``: 3 peers with 1 attacker for sign flip, random direction, Gaussian noise,
+stale, label flip (the attacker trains on flipped targets) and the malicious owner (with and without
+the owner check, whose byte cost is the clean run with the check vs without); 5 peers with 2
+colluding attackers for ALIE and IPM, which estimate the honest updates from the attackers' own
+(shared over their side channel; see ``peers.attacks.collusion``). Each group has its own clean run;
+``--real-groups`` picks the groups to (re)run.
 
 Run: ``python benchmarks/byzantine.py`` (writes ``benchmarks/results/byzantine.{json,png}``);
 ``--quick`` runs a small smoke grid (written under ``byzantine_quick.*``).
@@ -264,93 +266,171 @@ def _plot(grid: list[dict[str, Any]], goal: list[dict[str, Any]], path: Path) ->
     fig.savefig(path, dpi=110)
 
 
-REAL_ATTACKS = ["sign_flip", "random_direction", "gaussian_noise", "stale"]
+REAL_ATTACKS = [
+    "sign_flip",
+    "random_direction",
+    "gaussian_noise",
+    "label_flip",
+    "alie",
+    "ipm",
+    "stale",
+    "malicious_owner",
+]
+# (attack, reducer, owner_check): the clean run, the undefended mean under sign flip and one row per
+# attack a lone attacker can run with the defence (3 peers, 1 attacker) ...
+REAL_CELLS_1 = [("none", "mean", False), ("sign_flip", "mean", False)] + [
+    (a, "centered_clip", False) for a in ("sign_flip", "random_direction", "gaussian_noise", "stale")
+]
+# ... label flip with and without the defence, and the malicious owner: the clean run with the owner
+# check (its byte cost), the owner without and with the check (a reducer cannot help: it runs on the
+# owner) ...
+REAL_CELLS_1_NEW = [
+    ("none", "mean", False),
+    ("label_flip", "mean", False),
+    ("label_flip", "centered_clip", False),
+    ("none", "mean", True),
+    ("malicious_owner", "mean", False),
+    ("malicious_owner", "mean", True),
+]
+# ... and the colluding attacks with 2 of 5 (one attacker alone has no spread to estimate for ALIE).
+REAL_CELLS_2 = [("none", "mean", False)] + [
+    (a, r, False) for a in ("alie", "ipm") for r in ("mean", "centered_clip")
+]
 
 
-def _real_peers(out: Path, steps: int) -> int:
-    """Real-peer rows through ``swarmtrain simulate`` (one subprocess per run)."""
+def _real_row(attack: str, reducer: str, owner_check: bool, n: int, k: int, steps: int) -> dict[str, Any]:
+    """One ``swarmtrain simulate`` run (its own subprocess) as a result row."""
     import subprocess
     import tempfile
 
-    rows: list[dict[str, Any]] = []
-    # One row per attack with the defence, plus the clean run and the undefended mean under sign flip.
-    cells = [("none", "mean"), ("sign_flip", "mean")] + [(a, "centered_clip") for a in REAL_ATTACKS]
-    t0 = time.perf_counter()
-    for attack, reducer in cells:
-        with tempfile.TemporaryDirectory() as tmp:
-            js = Path(tmp) / "run.json"
-            cmd = [
-                "swarmtrain",
-                "simulate",
-                "-n",
-                "3",
-                "--steps",
-                str(steps),
-                "-H",
-                "10",
-                "--compressor",
-                "none",
-                "--reducer",
-                reducer,
-                "--json",
-                str(js),
-            ]
-            if reducer != "mean":
-                cmd += ["--tolerate", "1"]
-            if attack != "none":
-                cmd += ["--byzantine", "1", "--attack", attack]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            res = json.loads(js.read_text()) if js.exists() else {}
-        row = {
-            "attack": attack,
-            "reducer": reducer,
-            "n": 3,
-            "f": int(attack != "none"),
-            "steps": steps,
-            "loss": res.get("final_val_loss"),
-            "params_identical": res.get("params_identical"),
-            "wall_s": res.get("wall_s"),
-            "rc": proc.returncode,
-            "error": proc.stderr.strip().splitlines()[-1] if proc.returncode else "",
-        }
-        rows.append(row)
-        print(
-            f"  real {attack:<16} {reducer:<14} loss={row['loss']} identical={row['params_identical']} "
-            f"rc={proc.returncode}",
-            flush=True,
-        )
-        out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
-        partial = json.dumps(_finite({"rows": rows, "partial": True}), indent=1)
-        (out / "byzantine_real.json").write_text(partial)
-    clean = next(r["loss"] for r in rows if r["attack"] == "none" and r["reducer"] == "mean")
-    for r in rows:
-        r["ratio"] = r["loss"] / clean if r["loss"] is not None and clean else None
-    print("\nreal peers (3 peers, 1 attacker, DiLoCo H=10): loss / clean-mean loss")
-    print(f"{'attack':<18}{'mean':>10}{'centered_clip':>15}")
-    for attack in ["none", *REAL_ATTACKS]:
-        got = {r["reducer"]: r["ratio"] for r in rows if r["attack"] == attack}
-        print(
-            f"{attack:<18}"
-            + "".join(
-                f"{(f'{got[x]:.2f}' if got.get(x) else '-'):>{w}}"
-                for x, w in (("mean", 10), ("centered_clip", 15))
-            )
-        )
-    meta = {
-        "benchmark": "byzantine_real",
-        "command": "swarmtrain simulate",
-        "strategy": "diloco",
-        "preset": "tiny",
-        "peers": 3,
-        "attackers": 1,
-        "inner_steps": 10,
+    f = k if attack != "none" else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "run.json"
+        cmd = ["swarmtrain", "simulate", "-n", str(n), "--steps", str(steps), "-H", "10"]
+        cmd += ["--compressor", "none", "--reducer", reducer, "--json", str(js)]
+        if reducer != "mean":
+            cmd += ["--tolerate", str(k)]
+        if attack != "none":
+            cmd += ["--byzantine", str(k), "--attack", attack]
+        if owner_check:
+            cmd += ["--owner-check"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+        res = json.loads(js.read_text()) if js.exists() else {}
+    return {
+        "attack": attack,
+        "reducer": reducer,
+        "owner_check": owner_check,
+        "n": n,
+        "f": f,
         "steps": steps,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "cpu_count": os.cpu_count(),
+        "loss": res.get("final_val_loss"),
+        "params_identical": res.get("params_identical"),
+        "bytes_sent_per_peer": res.get("bytes_sent_per_peer"),
+        "wall_s": res.get("wall_s"),
+        "run_s": round(time.perf_counter() - t0, 1),
+        "rc": proc.returncode,
+        "error": proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else "",
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "byzantine_real.json").write_text(json.dumps(_finite({"meta": meta, "rows": rows}), indent=1))
-    print(f"wrote {out / 'byzantine_real.json'}")
+
+
+def _row_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["n"], r["f"], r["attack"], r["reducer"], bool(r.get("owner_check", False)), r["steps"])
+
+
+def _real_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's loss / the clean (no attacker, mean, no owner check) loss of the same n and steps;
+    the owner check's byte cost as bytes with / without it on clean runs of the same n."""
+    clean = {
+        (r["n"], r["steps"]): r
+        for r in rows
+        if r["attack"] == "none" and r["reducer"] == "mean" and not r.get("owner_check")
+    }
+    for r in rows:
+        base = clean.get((r["n"], r["steps"]))
+        base_loss = base["loss"] if base is not None else None
+        r["clean_loss"] = base_loss
+        r["ratio"] = r["loss"] / base_loss if base_loss and r["loss"] is not None else None
+        base_sent = base["bytes_sent_per_peer"] if base is not None else None
+        if r["attack"] == "none" and r.get("owner_check") and r.get("bytes_sent_per_peer") and base_sent:
+            r["bytes_vs_no_check"] = r["bytes_sent_per_peer"] / base_sent
+
+
+def _real_table(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for n, f in sorted({(r["n"], r["f"]) for r in rows if r["f"]}):
+        sel = [r for r in rows if r["n"] == n and (r["f"] in (0, f))]
+        clean = next((r["loss"] for r in sel if r["attack"] == "none" and r["reducer"] == "mean"), None)
+        lines.append(
+            f"\nreal peers ({n} peers, {f} attacking, DiLoCo H=10): loss / clean-mean loss ({clean})"
+        )
+        cols = [("mean", False), ("centered_clip", False), ("mean", True)]
+        lines.append(f"{'attack':<18}{'mean':>10}{'centered_clip':>15}{'mean+owner check':>18}")
+        for attack in ["none", *REAL_ATTACKS]:
+            got = {
+                (r["reducer"], bool(r.get("owner_check"))): r["ratio"] for r in sel if r["attack"] == attack
+            }
+            if not got:
+                continue
+            cells = [f"{got[c]:.2f}" if got.get(c) is not None else "-" for c in cols]
+            lines.append(f"{attack:<18}{cells[0]:>10}{cells[1]:>15}{cells[2]:>18}")
+    return "\n".join(lines)
+
+
+def _real_peers(out: Path, steps: int, groups: list[str]) -> int:
+    """Real-peer rows through ``swarmtrain simulate``, merged into ``byzantine_real.json``.
+
+    ``groups``: ``one`` (3 peers, 1 attacker: the original rows), ``one-new`` (3 peers, 1 attacker:
+    label flip and the malicious owner), ``two`` (5 peers, 2 colluding attackers: ALIE, IPM). A row
+    replaces a stored row with the same (n, f, attack, reducer, owner check, steps).
+    """
+    path = out / "byzantine_real.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    rows: list[dict[str, Any]] = list(saved.get("rows", []))
+    plan = {"one": (3, 1, REAL_CELLS_1), "one-new": (3, 1, REAL_CELLS_1_NEW), "two": (5, 2, REAL_CELLS_2)}
+    t0 = time.perf_counter()
+    for g in groups:
+        n, k, cells = plan[g]
+        for attack, reducer, check in cells:
+            row = _real_row(attack, reducer, check, n, k, steps)
+            rows = [r for r in rows if _row_key(r) != _row_key(row)] + [row]
+            print(
+                f"  real n={n} {attack:<16} {reducer:<14} check={check!s:<5} loss={row['loss']} "
+                f"identical={row['params_identical']} rc={row['rc']} ({row['run_s']} s) {row['error']}",
+                flush=True,
+            )
+            out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
+            path.write_text(json.dumps(_finite({**saved, "rows": rows, "partial": True}), indent=1))
+    _real_ratios(rows)
+    print(_real_table(rows))
+    meta = dict(saved.get("meta", {}))
+    meta.update(
+        {
+            "benchmark": "byzantine_real",
+            "command": "swarmtrain simulate -H 10 --compressor none (one subprocess per row)",
+            "strategy": "diloco",
+            "preset": "tiny",
+            "inner_steps": 10,
+            "steps": steps,
+            "groups": {
+                "3 peers, 1 attacker": "sign flip, random direction, noise, stale, label flip, "
+                "malicious owner",
+                "5 peers, 2 colluding attackers": "ALIE, IPM (estimated from the colluders' own updates)",
+            },
+            "cpu_count": os.cpu_count(),
+        }
+    )
+    meta.pop("peers", None)
+    meta.pop("attackers", None)
+    if "seconds" in meta:  # the first run (group "one") stored its time under this key
+        meta["seconds_one"] = meta.pop("seconds")
+    check = [r for r in rows if r.get("bytes_vs_no_check")]
+    if check:
+        meta["owner_check_bytes_ratio"] = check[-1]["bytes_vs_no_check"]
+    meta[f"seconds_{'+'.join(groups)}"] = round(time.perf_counter() - t0, 1)
+    path.write_text(json.dumps(_finite({"meta": meta, "rows": rows}), indent=1))
+    path.with_suffix(".txt").write_text(_real_table(rows).lstrip() + "\n")
+    print(f"wrote {path} and {path.with_suffix('.txt').name}")
     return 0
 
 
@@ -364,9 +444,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replot", metavar="JSON", help="only redraw the PNG from a results JSON")
     ap.add_argument("--real-peers", action="store_true", help="only the real-peer rows (swarmtrain simulate)")
     ap.add_argument("--real-steps", type=int, default=40, help="local steps per real peer")
+    ap.add_argument(
+        "--real-groups",
+        default="one,one-new,two",
+        help="comma-separated real-peer groups: one (3 peers: sign flip, random direction, noise, stale), "
+        "one-new (3 peers: label flip, malicious owner), two (5 peers, 2 colluders: ALIE, IPM)",
+    )
     args = ap.parse_args(argv)
     if args.real_peers:
-        return _real_peers(Path(args.out), args.real_steps)
+        return _real_peers(Path(args.out), args.real_steps, [g for g in args.real_groups.split(",") if g])
     if args.replot:
         saved = json.loads(Path(args.replot).read_text())
         _plot(saved["grid"], saved["goal"], Path(args.replot).with_suffix(".png"))
