@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         "corpus_bytes": len(corpus),
         "model": "ByteMLP(context=8, embed=8, hidden=32)",
         "collective": "vectorised in-process (benchmarks/byzantine_sim.py)",
-        "real_peer_rows": "not yet: need the network collective (issue 6 phase 2)",
+        "real_peer_rows": "byzantine_real.json (python benchmarks/byzantine.py --real-peers)",
         "goal_tolerance": GOAL_TOLERANCE,
         "mean_fails_above": MEAN_FAILS,
     }
