@@ -162,7 +162,10 @@ uint32_t sw_encode(int kind, const float *x, int64_t n, int64_t block, uint32_t 
     const int64_t nfull = n / block, tail = n - nfull * block;
     const float mul = kind == 8 ? (float)(1.0 / 127.0) : (kind == 4 ? (float)(1.0 / 7.0) : 1.0f);
     uint32_t top = 0;
-    #pragma omp parallel for schedule(static) num_threads(threads) reduction(max:top)
+    /* dynamic chunks of ~64K elements: on a shared machine a preempted thread's work moves to the
+       other threads instead of holding up the whole call */
+    const int64_t chunk = block >= 65536 ? 1 : 65536 / block;
+    #pragma omp parallel for schedule(dynamic, chunk) num_threads(threads) reduction(max:top)
     for (int64_t b = 0; b < nfull; b++) {
         const float *xb = x + b * block;
         uint8_t *cb = codes + b * block * bits / 8;
