@@ -6,7 +6,8 @@ absmax))`` in ``[-qmax, qmax]``; decoding is ``q * s``. This is the linear block
 Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (2022), with a linear code instead
 of their dynamic one so that decoding is one IEEE multiply, bit-identical on every device.
 
-Compiled (``compression.kernels``) and eager paths share the kernels below and give identical bytes.
+Compiled (``compression.kernels``) and eager paths share the kernels below and give identical bytes;
+float32 CPU tensors are encoded by the C kernel of ``compression.native``, which gives the same bytes.
 """
 
 from __future__ import annotations

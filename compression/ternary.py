@@ -9,10 +9,10 @@ multiple of 4), byte ``j`` holds element ``j + i * B / 4`` in bits ``2i..2i+1``.
 
 Randomness. The uniform draws come from a counter-based hash of (seed, key, call number, element
 index) computed with exact integer arithmetic, not from a ``torch.Generator``: the same inputs give
-the same packet on CPU and GPU and on the eager and compiled paths, and a run is reproducible from
-``seed``. Each draw has 24 bits and sits at the middle of its cell (``(k + 0.5) / 2**24``), so the
-rounding probability differs from ``|x| / s`` by at most ``2**-25`` and values below ``2**-25 * s``
-always round to 0.
+the same packet on CPU and GPU and on the eager, compiled and native (``compression.native``) paths,
+and a run is reproducible from ``seed``. Each draw has 24 bits and sits at the middle of its cell
+(``(k + 0.5) / 2**24``), so the rounding probability differs from ``|x| / s`` by at most ``2**-25``
+and values below ``2**-25 * s`` always round to 0.
 """
 
 from __future__ import annotations
