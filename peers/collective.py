@@ -31,6 +31,7 @@ from peers import owner_check as oc
 from peers.agreement import HAVE, agree
 from peers.butterfly import reduce_round
 from peers.channels import IDLE_CLOSE, ChannelPool
+from peers.framereader import attach as attach_frame_reader
 from peers.ledger import ByteLedger
 from peers.mailbox import Delivery, Key, Mailbox
 from peers.messages import (
@@ -164,6 +165,7 @@ class P2PCollective:
         """Read messages from one stream until the sender ends it (a ``peers.channels`` channel, or a
         single message); store each in the mailbox and acknowledge it."""
         sender = str(info.peer_id.to_base58())
+        reader = attach_frame_reader(reader, writer)  # frames land in their final buffer (one copy)
         try:
             while True:
                 got = await read_envelope_or_eof(reader, IDLE_CLOSE + 50.0)
