@@ -251,7 +251,7 @@ class P2PCollective:
         if wait_s > 0:
             self._mailbox.wait(kind, round_id, pushed, time.monotonic() + wait_s)
         slot = self._mailbox.snapshot(kind, round_id)
-        return {k[1]: d.frames[0] for k, d in slot.items() if k[0] == "grp" and len(d.frames) == 1}
+        return {k[1]: bytes(d.frames[0]) for k, d in slot.items() if k[0] == "grp" and len(d.frames) == 1}
 
     def _on_send_done(self, fut: Future[None], env: Envelope) -> None:
         """A failed send wakes up our own waits at once with a local abort marker."""

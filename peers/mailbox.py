@@ -25,7 +25,8 @@ AHEAD_ROUNDS = 32  # rounds past the current one that may be buffered
 
 @dataclass(frozen=True)
 class Delivery:
-    """One received message: who sent it (libp2p-authenticated peer ID), its header and data frames."""
+    """One received message: who sent it (libp2p-authenticated peer ID), its header and data frames
+    (``bytearray`` when read by ``peers.framereader``; treat them as read-only bytes)."""
 
     sender: str
     env: Envelope

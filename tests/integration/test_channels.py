@@ -1,8 +1,9 @@
 """Persistent channels (``peers.channels``) between two real peer processes on 127.0.0.1.
 
 Many messages to one peer travel on one stream, arrive in order and are each acknowledged; a message
-the receiver refuses (a duplicate) fails alone while the stream stays usable; and the byte ledgers of
-both ends agree exactly (what one side counts as sent, the other counts as received).
+the receiver refuses (a duplicate) fails alone while the stream stays usable; the byte ledgers of
+both ends agree exactly (what one side counts as sent, the other counts as received); and a member
+list pushed by a round leader (``peers.rounds`` step 4) is adopted only under the DHT record's rules.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
 
             slot = coll._mailbox.wait("t", 0, ready, time.monotonic() + 90)
             time.sleep(3.0)  # the last ack's bytes are counted right after it is written
+            pushed = coll._group_inbox("g", 0, 30.0)  # a member list pushed by the other peer
+            group = coll._matchmaker._adopt("g", 0, pushed)
             order = [k[2] for k in (slot or {})]
             sizes = sorted({d.nbytes for d in (slot or {}).values()})
             report(
@@ -53,6 +56,9 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
                     "sizes": sizes,
                     "streams": Counting.streams,
                     "ledger": coll.ledger.round_bytes("t", 0),
+                    "pushed_from": sorted(pushed),
+                    "pushed_types": sorted({type(v).__name__ for v in pushed.values()}),
+                    "group": None if group is None else [group.leader, list(group.members)],
                 },
             )
             return
@@ -75,6 +81,10 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
             receiver_id, Envelope(**{**base.__dict__, "chunk": N_MSGS}), [b"x" * PAYLOAD], deadline
         )
         after.result(timeout=90)
+        import msgpack
+
+        members = tuple(sorted([node.peer_id, receiver_id]))
+        coll._push_group("g", 0, members, bytes(msgpack.packb(list(members))))
         time.sleep(1.0)
         report(q, "tx", rank, {"ok": ok, "refused": refused, "ledger": coll.ledger.round_bytes("t", 0)})
         time.sleep(10.0)  # stay up until the receiver reported
@@ -86,7 +96,7 @@ def test_one_stream_many_messages_refusal_keeps_the_stream_and_ledgers_agree() -
         g.spawn(0, [])
         first = g.wait_for("ready", 0, g.startup_timeout)
         g.spawn(1, first["maddrs"], args=(first["peer_id"],))
-        g.wait_for("ready", 1, g.startup_timeout)
+        second = g.wait_for("ready", 1, g.startup_timeout)
         tx = g.wait_for("tx", 1, 120)
         rx = g.wait_for("rx", 0, 120)
     finally:
@@ -96,11 +106,19 @@ def test_one_stream_many_messages_refusal_keeps_the_stream_and_ledgers_agree() -
     assert "duplicate" in tx["refused"], tx["refused"]
     assert rx["order"] == [*range(N_MSGS), N_MSGS]  # in order; the refused duplicate is not stored
     assert rx["sizes"] == [PAYLOAD]
-    assert rx["streams"] == 1, f"{rx['streams']} streams for {N_MSGS + 2} messages"
+    # one stream for the N_MSGS + 2 bulk messages, one for the small control lane (the pushed list)
+    assert rx["streams"] == 2, f"{rx['streams']} streams for {N_MSGS + 3} messages"
     sent_tx, recv_tx = tx["ledger"]
     sent_rx, recv_rx = rx["ledger"]
     assert sent_tx == recv_rx and sent_rx == recv_tx, (tx["ledger"], rx["ledger"])
     assert sent_tx > (N_MSGS + 2) * PAYLOAD
+    # the leader's pushed list is adopted like its DHT record: only if the sender leads (smallest ID)
+    sender, receiver = second["peer_id"], first["peer_id"]
+    assert rx["pushed_from"] == [sender] and rx["pushed_types"] == ["bytes"]  # as a DHT record
+    if sender < receiver:
+        assert rx["group"] == [sender, sorted([sender, receiver])]
+    else:
+        assert rx["group"] is None
     print(
         f"{N_MSGS + 2} messages on {rx['streams']} stream; "
         f"ledger sender {tx['ledger']}, receiver {rx['ledger']}"
