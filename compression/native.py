@@ -305,6 +305,8 @@ def _usable(x: torch.Tensor) -> bool:
 
 
 def _encode(kind: int, x: torch.Tensor, block: int, base: int) -> tuple[bytes, bytes, float] | None:
+    if type(block) is not int or block < 8 or block % 8:
+        raise ValueError(f"block must be a positive multiple of 8, not {block!r}")
     if not _usable(x):
         return None
     lib = library()

@@ -105,6 +105,9 @@ def test_only_contiguous_float32_cpu_tensors_take_the_native_path() -> None:
     assert native.encode_ternary(x[:1, :7], 8, 0) is None  # fewer than 8 elements
     with pytest.raises(ValueError):
         native.encode_blockwise(x, 16, 2)
+    for bad_block in (0, 12, -8):
+        with pytest.raises(ValueError):
+            native.encode_ternary(x, bad_block, 0)
 
 
 def test_a_failing_build_falls_back_to_torch(
