@@ -18,6 +18,7 @@ window). A contribution that fails validation is left out of the owner's reduce,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -51,7 +52,7 @@ from peers.transport import (
     write_frame,
 )
 from peers.verify import OwnerCheckFailed
-from swarmtrain.errors import ConfigError, ProtocolError, SwarmError
+from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.protocols import Compressor, GatherResult, Reducer, RoundResult
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ class P2PCollective:
         expected_peers: close a round as soon as this many joined (else wait ``join_window``).
         ledger: where bytes are counted (default: ``node.ledger``).
         join_window: seconds a round's leader waits for joiners.
-        chunk_elems: elements per packet, one stream frame each (<= 2**21; 2**18 was 2x slower at 16M).
+        chunk_elems: elements per packet, one stream frame each (<= 2**21; since the persistent
+            channels, 2**18 to 2**21 measure alike here).
         max_message_bytes: cap on one incoming reduce message.
         max_gather_bytes: cap on one incoming all-gather payload.
         max_buffer_bytes: cap on all buffered incoming bytes.
@@ -203,7 +205,10 @@ class P2PCollective:
         if not ok:
             logger.info("refused a message from %s: %s", sender[:16], err)
         n_ack = write_frame(writer, encode_ack(ok, err))
-        await writer.drain()
+        try:
+            await asyncio.wait_for(writer.drain(), _FRAME_TIMEOUT)  # a sender that stopped reading
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError("the sender does not read its acks") from None
         if env is not None:
             self.ledger.add_sent(env.kind, env.round, n_ack)
         return in_step
