@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from swarmtrain.config import Config
-from swarmtrain.errors import PeerTimeoutError, SwarmError
+from swarmtrain.errors import ConfigError, PeerTimeoutError, SwarmError
 
 if TYPE_CHECKING:
     from swarmtrain.data import BatchSampler
@@ -243,6 +243,39 @@ def attack_options(cfg: Config, n_peers: int) -> dict[str, Any]:
     return options
 
 
+#: strategies that exchange payloads by all-gather (no partition owners, no all-reduce contributions)
+_GATHER_STRATEGIES = ("demo",)
+
+
+def check_attack_fits_strategy(cfg: Config) -> None:
+    """Refuse an attack that would silently do nothing under ``cfg.strategy.name``.
+
+    Update-level attacks forge all-reduce contributions and ``malicious_owner`` corrupts a partition
+    owner's aggregate; DeMo has neither (its sparse DCT payloads travel by all-gather), so with DeMo
+    only the data-level ``label_flip`` acts.
+
+    Raises:
+        ConfigError: the attack cannot act on this strategy.
+    """
+    from peers.attacks import build_attack
+
+    if not cfg.peers.attackers and not cfg.peers.malicious_owners:
+        return
+    if cfg.strategy.name not in _GATHER_STRATEGIES:
+        return
+    owner = cfg.peers.malicious_owners > 0 or cfg.peers.attack == "malicious_owner"
+    update = cfg.peers.attackers > 0 and cfg.peers.attack not in ("none", "malicious_owner")
+    if update and build_attack(cfg.peers.attack, **dict(cfg.peers.attack_options)).data_level:
+        update = False
+    if owner or update:
+        name = "malicious_owner" if owner else cfg.peers.attack
+        raise ConfigError(
+            f"attack {name!r} cannot act on strategy {cfg.strategy.name!r}: it exchanges sparse "
+            "components by all-gather, with no all-reduce contributions or partition owners "
+            "(use --attack label_flip, or a reduce-based strategy)"
+        )
+
+
 def _attack_stats(collective: Any, poisoned: Any) -> dict[str, int]:
     stats: dict[str, int] = {}
     if poisoned is not None:
@@ -317,6 +350,7 @@ def run_simulation(
 
     if n_peers < 1:
         raise SwarmError("need at least one peer")
+    check_attack_fits_strategy(cfg)
     cfg = cfg.model_copy(deep=True)
     cfg.peers.host_maddrs = list(LOOPBACK)
     cfg.peers.announce_maddrs = []

@@ -192,3 +192,6 @@ def _validate_names(cfg: Any, n_peers: int) -> None:
         build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
         # every registered attack runs with real peers; this rejects an unknown name or bad options
         build_attack(cfg.peers.attack, **attack_options(cfg, n_peers))
+    from swarmtrain.simulate import check_attack_fits_strategy
+
+    check_attack_fits_strategy(cfg)

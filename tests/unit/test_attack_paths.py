@@ -49,6 +49,26 @@ def test_simulate_accepts_every_attack(name: str) -> None:
     _validate_names(cfg, 5)  # raises ConfigError for anything it cannot run
 
 
+@pytest.mark.parametrize("name", sorted(set(ATTACKS.names()) - {"none"}))
+def test_demo_refuses_attacks_that_would_do_nothing(name: str) -> None:
+    """DeMo all-gathers sparse components: only the data-level label flip can act on it; every other
+    attack would silently be a no-op, so the run is refused in one line instead."""
+    from swarmtrain.commands.simulate import _validate_names
+    from swarmtrain.simulate import run_simulation
+
+    cfg = load_config(None, {"strategy.name": "demo", "peers.attack": name, "peers.attackers": 1}, env={})
+    if name == "label_flip":
+        _validate_names(cfg, 4)
+        return
+    with pytest.raises(ConfigError, match="cannot act on strategy 'demo'"):
+        _validate_names(cfg, 4)
+    with pytest.raises(ConfigError, match="cannot act on strategy 'demo'"):
+        run_simulation(cfg, 4)  # refused before any process starts
+    owners = load_config(None, {"strategy.name": "demo", "peers.malicious_owners": 1}, env={})
+    with pytest.raises(ConfigError, match="malicious_owner"):
+        _validate_names(owners, 4)
+
+
 # ---- the colluders' payload ------------------------------------------------------------------------
 
 
