@@ -37,6 +37,7 @@ __all__ = ["Channel", "ChannelPool", "IDLE_CLOSE", "lane_of"]
 logger = logging.getLogger(__name__)
 IDLE_CLOSE = 10.0  # seconds without messages after which a channel closes its stream
 _OPEN_TIMEOUT = 15.0  # cap on opening one stream (the message deadline may be shorter)
+_MAX_IDLE_KEPT = 256  # channels kept before idle ones (closed streams) are dropped
 
 
 @dataclass
@@ -182,6 +183,11 @@ class Channel:
         except (ConnectionError, OSError) as e:
             self._fail(SwarmError(f"stream to {str(self.peer_id)[:16]} broke: {e}"))
 
+    @property
+    def idle(self) -> bool:
+        """No stream open and nothing queued or unacknowledged."""
+        return self._stream is None and not self._pending and self._queue.empty()
+
     def close(self) -> None:
         """Drop the stream and fail what is still queued."""
         self._fail(SwarmError("channel closed"))
@@ -214,6 +220,9 @@ class ChannelPool:
         if ch is None:
             from hivemind.p2p import PeerID
 
+            if len(self._channels) >= _MAX_IDLE_KEPT:  # peers come and go: forget the idle ones
+                for k in [k for k, c in self._channels.items() if c.idle]:
+                    del self._channels[k]
             ch = self._channels[key] = Channel(self.p2p, PeerID.from_base58(peer), self.handler, self.ledger)
         await ch.send(env, frames, deadline)
 

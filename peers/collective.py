@@ -404,7 +404,8 @@ class P2PCollective:
         """Reduce ``tensors`` across the members of the next round (butterfly; see module docstring).
 
         Args:
-            tensors: name -> floating tensor; every peer must pass the same names and shapes.
+            tensors: name -> floating tensor; every peer must pass the same names and shapes. They
+                must not change during the call (a single fp32 tensor is read in place, not copied).
             compressor: codec for both the parts sent and the aggregates returned.
             reducer: combines the rows of a partition (``None``: weighted mean, ``MeanReducer``).
             weight: this peer's weight (e.g. tokens processed since the last round), finite, >= 0.
