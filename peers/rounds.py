@@ -211,6 +211,11 @@ class Matchmaker:
         close_at = arrived + self.join_window
         ttl = max(deadline - arrived, 0.0) + 60.0
         self._store(join_key, self.peer_id, b"1", dht_time() + ttl, deadline - time.monotonic())
+        # With pushed lists (step 4) each poll needs one DHT read, not two: a peer that may still lead
+        # reads the joins (a smaller leader's list reaches it by push, and its own publish re-reads the
+        # group key anyway); a peer that saw a smaller joiner never leads this round (join records only
+        # accumulate) and reads the group key, the fallback for a lost push.
+        may_lead = True
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -219,16 +224,26 @@ class Matchmaker:
                 group = self._adopt(kind, round_id, self.inbox(kind, round_id, 0.0))
                 if group is not None:
                     return group
-            group = self._adopt(kind, round_id, self._get(group_key, left))
-            if group is not None:
-                return group
+            if not may_lead or self.inbox is None:
+                group = self._adopt(kind, round_id, self._get(group_key, left))
+                if group is not None:
+                    return group
+            if not may_lead:  # wait for the leader's list: pushed, or read from the DHT next poll
+                if self.inbox is None:
+                    time.sleep(self.poll)
+                    continue
+                group = self._adopt(kind, round_id, self.inbox(kind, round_id, self.poll))
+                if group is not None:
+                    return group
+                continue
             joined = sorted(set(self._get(join_key, left)) - (self.banned - {self.peer_id}))
             if self.peer_id not in joined:
                 joined = sorted({*joined, self.peer_id})
+            may_lead = joined[0] == self.peer_id
             enough = len(joined) >= self.min_peers
             expected = None if self.expected_peers is None else self.expected_peers - len(self.banned)
             full = expected is not None and len(joined) >= expected
-            if joined[0] == self.peer_id and enough and (full or time.monotonic() >= close_at):
+            if may_lead and enough and (full or time.monotonic() >= close_at):
                 members = tuple(joined[:_MAX_MEMBERS])
                 value = bytes(msgpack.packb(list(members), use_bin_type=True))
                 self._store(
