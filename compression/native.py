@@ -130,24 +130,27 @@ static inline float hash_u(uint32_t h) {
 
 /* code 1 (+1) or 2 (-1) when the draw keeps v, else 0 (a kept v is nonzero, so its sign bit is
    its sign) */
-static inline uint32_t tcode(float v, float s, uint32_t h) {
+static inline uint32_t tcode(float v, float s, float up, uint32_t h) {
     uint32_t b;
     memcpy(&b, &v, 4);
-    return hash_u(h) < fabsf(v) / s ? 1u + (b >> 31) : 0u;
+    return hash_u(h) * s < fabsf(v) * up ? 1u + (b >> 31) : 0u;
 }
 
 /* one ternary block of n elements (n % 4 == 0) whose first element has hash counter h0 */
 static uint32_t block_t(const float *x, int64_t n, uint32_t h0, uint8_t *codes) {
     uint32_t mb = absmax_bits(x, n);
     float am = bits_float(mb);
-    const float s = am > 0.0f ? am : 1.0f;
+    /* keep with probability |v| / absmax as u * s < |v|; tiny blocks are scaled by 2**64 (exact) */
+    const float up = am < 0x1p-64f ? 0x1p64f : 1.0f;
+    const float s = (am > 0.0f ? am : 1.0f) * up;
     const int64_t w = n / 4;
     const uint32_t uw = (uint32_t)w;
     #pragma omp simd
     for (int64_t j = 0; j < w; j++) {
         uint32_t h = h0 + (uint32_t)j;
-        uint32_t c = tcode(x[j], s, h) | (tcode(x[j + w], s, h + uw) << 2)
-                   | (tcode(x[j + 2 * w], s, h + 2 * uw) << 4) | (tcode(x[j + 3 * w], s, h + 3 * uw) << 6);
+        uint32_t c = tcode(x[j], s, up, h) | (tcode(x[j + w], s, up, h + uw) << 2)
+                   | (tcode(x[j + 2 * w], s, up, h + 2 * uw) << 4)
+                   | (tcode(x[j + 3 * w], s, up, h + 3 * uw) << 6);
         codes[j] = (uint8_t)c;
     }
     return mb;

@@ -45,6 +45,20 @@ def test_bias_is_far_below_the_noise_on_a_large_tensor() -> None:
     assert abs(float((nearest - x).double().mean())) > 50 * noise
 
 
+def test_tiny_blocks_stay_unbiased() -> None:
+    """Blocks whose absmax is subnormal: ``u * s`` would lose its precision without the 2**64 rescale."""
+    x = torch.full((4096,), 3e-43)  # subnormal float32 (the representable value nearest 3e-43)
+    x[::2] = 1e-42  # the block absmax
+    codec = compression.TernaryCompressor(64, seed=1)
+    total = torch.zeros_like(x, dtype=torch.float64)
+    for _ in range(50):
+        total += codec.decompress(codec.compress(x, key="t")).double()
+    kept = float((total[1::2] / 50 / 1e-42).mean())  # fraction of draws that kept the small values
+    want = float(x[1]) / float(x[0])
+    assert abs(kept - want) < 0.02, (kept, want)
+    assert bool((total[::2] / 50 == float(x[0])).all())  # the absmax itself is always kept
+
+
 def test_hash_draws_are_uniform_and_device_free() -> None:
     idx = torch.arange(1 << 16)
     u = hash_uniform(idx, torch.tensor(12345))
