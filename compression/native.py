@@ -121,37 +121,45 @@ static uint32_t block_q(const float *x, int64_t n, int bits, uint8_t *codes) {
     return mb;
 }
 
-static inline float hash_u(uint32_t h) {
+/* the draw's cell numerator: float32(k + 0.5) for the 24-bit hash k; the draw is this * 2**-24 */
+static inline float hash_r(uint32_t h) {
     h = (h >> 16) ^ h; h *= 0x45D9F3Bu;
     h = (h >> 16) ^ h; h *= 0x45D9F3Bu;
     h = (h >> 16) ^ h;
-    return ((float)(h >> 8) + 0.5f) * 5.9604644775390625e-08f; /* 2**-24 */
+    return (float)(h >> 8) + 0.5f;
 }
 
 /* code 1 (+1) or 2 (-1) when the draw keeps v, else 0 (a kept v is nonzero, so its sign bit is
-   its sign) */
-static inline uint32_t tcode(float v, float s, float up, uint32_t h) {
+   its sign). S = s * 2**-24 (exact), so r * S is the torch path's rounded (r * 2**-24) * s. */
+static inline uint32_t tcode(float v, float S, float up, uint32_t h) {
     uint32_t b;
     memcpy(&b, &v, 4);
-    return hash_u(h) * s < fabsf(v) * up ? 1u + (b >> 31) : 0u;
+    return hash_r(h) * S < fabsf(v) * up ? 1u + (b >> 31) : 0u;
 }
+
+#define TERNARY_LOOP(UP)                                                                          \
+    _Pragma("omp simd")                                                                           \
+    for (int64_t j = 0; j < w; j++) {                                                             \
+        uint32_t h = h0 + (uint32_t)j;                                                            \
+        uint32_t c = tcode(x[j], S, UP, h) | (tcode(x[j + w], S, UP, h + uw) << 2)                \
+                   | (tcode(x[j + 2 * w], S, UP, h + 2 * uw) << 4)                                \
+                   | (tcode(x[j + 3 * w], S, UP, h + 3 * uw) << 6);                               \
+        codes[j] = (uint8_t)c;                                                                    \
+    }
 
 /* one ternary block of n elements (n % 4 == 0) whose first element has hash counter h0 */
 static uint32_t block_t(const float *x, int64_t n, uint32_t h0, uint8_t *codes) {
     uint32_t mb = absmax_bits(x, n);
     float am = bits_float(mb);
     /* keep with probability |v| / absmax as u * s < |v|; tiny blocks are scaled by 2**64 (exact) */
-    const float up = am < 0x1p-64f ? 0x1p64f : 1.0f;
-    const float s = (am > 0.0f ? am : 1.0f) * up;
+    const int tiny = am < 0x1p-64f;
+    const float S = (am > 0.0f ? am : 1.0f) * (tiny ? 0x1p64f : 1.0f) * 0x1p-24f;
     const int64_t w = n / 4;
     const uint32_t uw = (uint32_t)w;
-    #pragma omp simd
-    for (int64_t j = 0; j < w; j++) {
-        uint32_t h = h0 + (uint32_t)j;
-        uint32_t c = tcode(x[j], s, up, h) | (tcode(x[j + w], s, up, h + uw) << 2)
-                   | (tcode(x[j + 2 * w], s, up, h + 2 * uw) << 4)
-                   | (tcode(x[j + 3 * w], s, up, h + 3 * uw) << 6);
-        codes[j] = (uint8_t)c;
+    if (tiny) {
+        TERNARY_LOOP(0x1p64f)
+    } else { /* the common case: |v| * 1 needs no multiply */
+        TERNARY_LOOP(1.0f)
     }
     return mb;
 }
