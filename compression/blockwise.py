@@ -34,7 +34,7 @@ from compression.kernels import Kernel
 from swarmtrain.errors import ConfigError, ProtocolError
 from swarmtrain.packet import Packet
 
-__all__ = ["BlockwiseCodec", "Int8Compressor", "Int4Compressor", "MIN_BLOCK", "MAX_BLOCK"]
+__all__ = ["BlockwiseCodec", "Int8Compressor", "Int4Compressor", "MIN_BLOCK", "MAX_BLOCK", "tiny_rescale"]
 
 MIN_BLOCK = 8
 MAX_BLOCK = 1 << 20
@@ -58,11 +58,16 @@ _TINY = 2.0**-64
 _UP = 2.0**64
 
 
+def tiny_rescale(am: torch.Tensor) -> torch.Tensor:
+    """Per-block factor: ``2**64`` where the block absmax is below ``2**-64``, else 1 (both exact)."""
+    return torch.where(am < _TINY, _UP, 1.0)
+
+
 def _int8_encoder(block: int) -> Encoder:
     def enc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xb = x.reshape(-1, block).float()  # [nb, block]
         am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
-        up = torch.where(am < _TINY, _UP, 1.0)  # [nb, 1]
+        up = tiny_rescale(am)  # [nb, 1]
         ams = am * up
         inv = torch.where(ams > 0, 127.0 / ams, torch.zeros_like(ams))
         q = torch.round((xb * up) * inv).clamp(-127.0, 127.0).to(torch.int8)
@@ -75,7 +80,7 @@ def _int4_encoder(block: int) -> Encoder:
     def enc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xb = x.reshape(-1, block).float()  # [nb, block], block even
         am = xb.abs().amax(1, keepdim=True)
-        up = torch.where(am < _TINY, _UP, 1.0)
+        up = tiny_rescale(am)
         ams = am * up
         inv = torch.where(ams > 0, 7.0 / ams, torch.zeros_like(ams))
         code = (torch.round((xb * up) * inv).clamp(-7.0, 7.0) + 8.0).to(torch.uint8)  # [nb, block], 1..15

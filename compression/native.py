@@ -97,12 +97,15 @@ static inline int32_t quant(float v, float up, float inv, int32_t qmax) {
     return q > qmax ? qmax : q;
 }
 
+/* 2**64 for blocks whose absmax is below 2**-64, else 1: an exact rescale keeping scales finite */
+static inline float tiny_up(float am) { return am < 0x1p-64f ? 0x1p64f : 1.0f; }
+
 /* one block of n elements (n even for 4 bits); codes: n or n/2 bytes; returns |x| max bits */
 static uint32_t block_q(const float *x, int64_t n, int bits, uint8_t *codes) {
     uint32_t mb = absmax_bits(x, n);
     float am = bits_float(mb);
     /* blocks with absmax < 2**-64 are scaled by 2**64 (exact) so that qmax / absmax stays finite */
-    const float up = am < 0x1p-64f ? 0x1p64f : 1.0f;
+    const float up = tiny_up(am);
     if (bits == 8) {
         const float inv = inv_scale(am * up, 127.0f);
         int8_t *c = (int8_t *)codes;
@@ -152,12 +155,12 @@ static uint32_t block_t(const float *x, int64_t n, uint32_t h0, uint8_t *codes) 
     uint32_t mb = absmax_bits(x, n);
     float am = bits_float(mb);
     /* keep with probability |v| / absmax as u * s < |v|; tiny blocks are scaled by 2**64 (exact) */
-    const int tiny = am < 0x1p-64f;
-    const float S = (am > 0.0f ? am : 1.0f) * (tiny ? 0x1p64f : 1.0f) * 0x1p-24f;
+    const float up = tiny_up(am);
+    const float S = (am > 0.0f ? am : 1.0f) * up * 0x1p-24f;
     const int64_t w = n / 4;
     const uint32_t uw = (uint32_t)w;
-    if (tiny) {
-        TERNARY_LOOP(0x1p64f)
+    if (up != 1.0f) {
+        TERNARY_LOOP(up)
     } else { /* the common case: |v| * 1 needs no multiply */
         TERNARY_LOOP(1.0f)
     }

@@ -38,7 +38,7 @@ from compression.base import (
     int_param,
     tensor_bytes,
 )
-from compression.blockwise import MAX_BLOCK, MIN_BLOCK
+from compression.blockwise import MAX_BLOCK, MIN_BLOCK, tiny_rescale
 from compression.kernels import Kernel
 from swarmtrain.errors import ConfigError, ProtocolError
 from swarmtrain.packet import Packet
@@ -46,8 +46,6 @@ from swarmtrain.packet import Packet
 __all__ = ["TernaryCompressor", "hash_uniform"]
 
 _M32 = 0xFFFFFFFF
-_TINY = 2.0**-64
-_UP = 2.0**64
 _MUL = 0x45D9F3B  # < 2**27, so the products below stay far from int64 overflow
 _KERNELS: dict[tuple[str, int], Kernel] = {}
 
@@ -93,7 +91,7 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
         xb = x.reshape(-1, block).float()  # [nb, block], block % 4 == 0
         am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
         s = torch.where(am > 0, am, torch.ones_like(am))
-        up = torch.where(am < _TINY, _UP, 1.0)  # exact power-of-2 rescale of tiny blocks
+        up = tiny_rescale(am)  # exact power-of-2 rescale of tiny blocks
         idx = torch.arange(xb.numel(), device=x.device, dtype=base.dtype).reshape(xb.shape)
         u = _hash_uniform32(idx, base) if base.dtype == torch.int32 else hash_uniform(idx, base)
         # keep with probability |x| / s, as u * s < |x|: a multiply, not a division (the division
