@@ -53,27 +53,36 @@ def test_simulate_rejects_unknown_codec_in_one_line() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_diloco_four_peers_vs_data_parallel_with_100x_fewer_bytes() -> None:
-    """4 real peers, equal tokens: DiLoCo (int8, H=30) sends >= 100x fewer bytes per token than fp32
-    DataParallel, all peers identical after every outer step, and its val loss within 10% of
-    DataParallel's. (The issue's goal is 3%; measured here: +5-6% at 300 steps, see the README.)"""
-    steps, h = 300, 30
+def test_diloco_four_peers_within_3_percent_of_data_parallel_with_100x_fewer_bytes() -> None:
+    """4 real peers, equal tokens: DiLoCo (ternary, H=10) sends >= 100x fewer bytes per token than
+    fp32 DataParallel, all peers identical after every outer step, and its val loss within 3 % of
+    DataParallel's.
+
+    The setting comes from in-process sweeps (docs/decisions.md): at 16 sequences per worker the gap
+    stays at 4-10 % whatever H, codec or outer momentum; it shrinks as the per-worker batch grows
+    (DataParallel's 4x larger batch buys less), to about 3 % at 64 x 300 steps and 1.9 % at
+    128 x 150 steps (the same tokens), with a stronger outer step than the paper's 0.7/0.9 (lr 1.0,
+    Nesterov momentum 0.5: 30 or 15 outer steps are too few for momentum 0.9 to pay off)."""
+    steps, h = 150, 10
+    shared = {"train.steps": steps, "train.batch_size": 128}
     diloco = run_simulation(
-        _cfg(**{"train.steps": steps, "strategy.name": "diloco", "strategy.inner_steps": h,
-                "compression.codec": "int8"}), 4, timeout=1800,
+        _cfg(**shared, **{"strategy.name": "diloco", "strategy.inner_steps": h,
+                          "strategy.outer_lr": 1.0, "strategy.outer_momentum": 0.5,
+                          "compression.codec": "ternary"}), 4, timeout=2400,
     )
     dp = run_simulation(
-        _cfg(**{"train.steps": steps, "strategy.name": "data_parallel", "compression.codec": "none"}),
-        4, timeout=2400,
+        _cfg(**shared, **{"strategy.name": "data_parallel", "compression.codec": "none"}), 4, timeout=2400,
     )
     ratio = dp.bytes_per_token / diloco.bytes_per_token
-    print(f"\nDiLoCo int8 H={h}: val loss {diloco.final_val_loss:.4f}, {diloco.bytes_per_token:.3f} B/token; "
+    gap = diloco.final_val_loss / dp.final_val_loss - 1
+    print(f"\nDiLoCo ternary H={h}: val loss {diloco.final_val_loss:.4f}, "
+          f"{diloco.bytes_per_token:.3f} B/token; "
           f"DataParallel fp32: val loss {dp.final_val_loss:.4f}, {dp.bytes_per_token:.1f} B/token; "
-          f"{ratio:.0f}x fewer bytes")
+          f"gap {gap:+.2%}, {ratio:.0f}x fewer bytes")
     assert diloco.params_identical and dp.params_identical
     for o in diloco.outcomes:  # identical after every outer step, and every outer step committed
         assert o.committed_rounds == steps // h and o.failed_rounds == 0
     assert diloco.tokens == dp.tokens
     assert diloco.final_val_loss < 0.6 * math.log(256)  # the loss fell from ~5.5
-    assert diloco.final_val_loss <= 1.10 * dp.final_val_loss
+    assert gap <= 0.03
     assert ratio >= 100
