@@ -63,27 +63,31 @@ def tiny_rescale(am: torch.Tensor) -> torch.Tensor:
     return torch.where(am < _TINY, _UP, 1.0)
 
 
+def _grid(xb: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round blocks ``xb [nb, block]`` to the integer grid ``-qmax..qmax`` of their absmax.
+
+    Returns:
+        ``(codes as float [nb, block], absmax [nb, 1])``; all-zero blocks give zero codes.
+    """
+    am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
+    up = tiny_rescale(am)  # [nb, 1]
+    ams = am * up
+    inv = torch.where(ams > 0, qmax / ams, torch.zeros_like(ams))
+    return torch.round((xb * up) * inv).clamp(-qmax, qmax), am
+
+
 def _int8_encoder(block: int) -> Encoder:
     def enc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xb = x.reshape(-1, block).float()  # [nb, block]
-        am = xb.abs().amax(1, keepdim=True)  # [nb, 1]
-        up = tiny_rescale(am)  # [nb, 1]
-        ams = am * up
-        inv = torch.where(ams > 0, 127.0 / ams, torch.zeros_like(ams))
-        q = torch.round((xb * up) * inv).clamp(-127.0, 127.0).to(torch.int8)
-        return q.reshape(-1), am.reshape(-1)
+        q, am = _grid(x.reshape(-1, block).float(), 127.0)  # [nb, block], [nb, 1]
+        return q.to(torch.int8).reshape(-1), am.reshape(-1)
 
     return enc
 
 
 def _int4_encoder(block: int) -> Encoder:
     def enc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xb = x.reshape(-1, block).float()  # [nb, block], block even
-        am = xb.abs().amax(1, keepdim=True)
-        up = tiny_rescale(am)
-        ams = am * up
-        inv = torch.where(ams > 0, 7.0 / ams, torch.zeros_like(ams))
-        code = (torch.round((xb * up) * inv).clamp(-7.0, 7.0) + 8.0).to(torch.uint8)  # [nb, block], 1..15
+        q, am = _grid(x.reshape(-1, block).float(), 7.0)  # [nb, block], block even
+        code = (q + 8.0).to(torch.uint8)  # [nb, block], 1..15
         half = block // 2  # element j sits in byte j's low nibble, element j + half in its high one
         return (code[:, :half] | (code[:, half:] << 4)).reshape(-1), am.reshape(-1)
 

@@ -59,7 +59,7 @@ def test_diloco_four_peers_within_3_percent_of_data_parallel_with_100x_fewer_byt
     DataParallel's.
 
     The setting comes from in-process sweeps (docs/decisions.md): at 16 sequences per worker the gap
-    stays at 4-10 % whatever H, codec or outer momentum; it shrinks as the per-worker batch grows
+    stays at 3.7-10 % whatever H, codec or outer momentum; it shrinks as the per-worker batch grows
     (DataParallel's 4x larger batch buys less), to about 3 % at 64 x 300 steps and 1.9 % at
     128 x 150 steps (the same tokens), with a stronger outer step than the paper's 0.7/0.9 (lr 1.0,
     Nesterov momentum 0.5: 30 or 15 outer steps are too few for momentum 0.9 to pay off)."""
