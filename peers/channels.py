@@ -29,7 +29,7 @@ from typing import Any
 
 from peers.ledger import ByteLedger
 from peers.messages import FRAME_PREFIX, Envelope, decode_ack, encode_envelope
-from peers.transport import read_frame, write_frame, write_frame_drained
+from peers.transport import read_frame, widen_send_buffer, write_frame, write_frame_drained
 from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["Channel", "ChannelPool", "IDLE_CLOSE", "lane_of"]
@@ -118,6 +118,7 @@ class Channel:
             raise SwarmError(
                 f"cannot open a stream to {str(self.peer_id)[:16]}: {type(e).__name__}: {e}"
             ) from None
+        widen_send_buffer(writer)
         self._stream = (reader, writer)
         self._reader_task = asyncio.create_task(self._read_acks(reader))
         return reader, writer

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from peers.ledger import ByteLedger
+from peers.memory import retain_freed_buffers
 from peers.records import PeerRecord, decode_record, encode_record, peers_key
 from peers.transport import LoopThread
 from swarmtrain.config import PeersConfig
@@ -119,6 +120,7 @@ class PeerNode:
             raise ConfigError(f"run_id {config.run_id!r}: use 1-64 letters, digits, '_', '.', '-'")
         if heartbeat_ttl < 1.0:
             raise ConfigError("heartbeat_ttl must be >= 1 s")
+        retain_freed_buffers()  # per-round multi-MiB buffers come from the heap (peers.memory)
         self.config = config
         self.run_id = config.run_id
         self.role = role

@@ -34,7 +34,9 @@ from peers.transport import (
     read_envelope,
     read_frame,
     split_bytes,
+    widen_send_buffer,
     write_frame,
+    write_frame_drained,
 )
 from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
@@ -197,10 +199,11 @@ class StateServer:
             )
             from peers.messages import encode_envelope
 
+            widen_send_buffer(writer)
             sent += write_frame(writer, encode_envelope(hdr))
             for f in frames:
-                sent += write_frame(writer, f)
-                await writer.drain()
+                sent += await write_frame_drained(writer, f)
+            await writer.drain()
             ack = await read_frame(reader, 1024, _FRAME_TIMEOUT)
             received += 4 + len(ack)
             self.served += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -34,6 +35,8 @@ __all__ = [
     "read_frame",
     "write_frame",
     "write_frame_drained",
+    "widen_send_buffer",
+    "SEND_BUFFER",
     "send_message",
     "read_envelope",
     "read_envelope_or_eof",
@@ -160,6 +163,26 @@ async def write_frame_drained(writer: asyncio.StreamWriter, data: bytes | memory
     return FRAME_PREFIX + len(data)
 
 
+SEND_BUFFER = 1024 * 1024  # SO_SNDBUF asked for on a bulk stream's socket to p2pd (Linux doubles it)
+
+
+def widen_send_buffer(writer: Any) -> None:
+    """Let the unix socket to our p2pd hold :data:`SEND_BUFFER` bytes instead of the ~208 KiB default.
+
+    With the default, every 256 KiB slice fills the socket, the daemon is woken for each few dozen KiB
+    and the two processes take turns; with a wider buffer a slice goes in one ``send`` and the daemon
+    drains it in long runs. Measured in ``benchmarks/allreduce.py`` (16M fp32, 4 peers on 2 cores):
+    about 10 % less wall time and CPU per round. Best effort: a socket that refuses keeps its default.
+    """
+    sock = writer.transport.get_extra_info("socket") if hasattr(writer, "transport") else None
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    except OSError:
+        logger.debug("could not widen a stream's send buffer", exc_info=True)
+
+
 async def send_message(
     p2p: Any,
     peer_id: Any,
@@ -190,6 +213,7 @@ async def send_message(
             raise SwarmError(
                 f"cannot open a stream to {str(peer_id)[:16]}: {type(e).__name__}: {e}"
             ) from None
+        widen_send_buffer(writer)
         try:
             sent = write_frame(writer, header)
             for f in frames:
