@@ -126,6 +126,7 @@ class P2PCollective:
             join_window=join_window,
         )
         self._matchmaker.inbox, self._matchmaker.push = self._group_inbox, self._push_group
+        self._matchmaker.push_join = self._push_join
         self._call_lock = threading.Lock()
         #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
         self.last_timings: dict[str, float] = {}
@@ -191,7 +192,7 @@ class P2PCollective:
             env = decode_envelope(body)
             if env.run != self.run_id:
                 raise ProtocolError("message for another run")
-            if env.type not in ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp"):
+            if env.type not in ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join"):
                 raise ProtocolError(f"unexpected message type {env.type}")
             cap = {"gather": self.max_gather_bytes, "grp": _GROUP_BYTES}.get(env.type, self.max_message_bytes)
             frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
@@ -247,16 +248,28 @@ class P2PCollective:
             if m != self.peer_id:
                 self._send(m, env, [value], deadline)
 
-    def _group_inbox(self, kind: str, round_id: int, wait_s: float) -> dict[str, object]:
-        """Member: the group lists pushed to us for this round so far (waiting up to ``wait_s``)."""
+    def _push_join(self, kind: str, round_id: int, peer: str) -> None:
+        """Send this peer's join of a round straight to its likely leader (``peers.rounds``, step 5);
+        fire and forget, the DHT join record stays the fallback."""
+        env = Envelope(type="join", run=self.run_id, kind=kind, round=round_id)
+        self._send(peer, env, [], time.monotonic() + 5.0)
 
-        def pushed(slot: dict[Key, Delivery]) -> bool:
-            return any(k[0] == "grp" for k in slot)
+    def _group_inbox(
+        self, kind: str, round_id: int, wait_s: float, n_joins: int
+    ) -> tuple[dict[str, object], frozenset[str]]:
+        """The group lists and the joins pushed to us for this round so far; waits up to ``wait_s``
+        for a list or for more than ``n_joins`` joins."""
+
+        def news(slot: dict[Key, Delivery]) -> bool:
+            return any(k[0] == "grp" for k in slot) or sum(k[0] == "join" for k in slot) > n_joins
 
         if wait_s > 0:
-            self._mailbox.wait(kind, round_id, pushed, time.monotonic() + wait_s)
+            self._mailbox.wait(kind, round_id, news, time.monotonic() + wait_s)
         slot = self._mailbox.snapshot(kind, round_id)
-        return {k[1]: bytes(d.frames[0]) for k, d in slot.items() if k[0] == "grp" and len(d.frames) == 1}
+        lists: dict[str, object] = {
+            k[1]: bytes(d.frames[0]) for k, d in slot.items() if k[0] == "grp" and len(d.frames) == 1
+        }
+        return lists, frozenset(k[1] for k in slot if k[0] == "join")
 
     def _on_send_done(self, fut: Future[None], env: Envelope) -> None:
         """A failed send wakes up our own waits at once with a local abort marker."""

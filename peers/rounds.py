@@ -14,12 +14,23 @@ Scheme (one DHT key pair per round and kind):
    libp2p peer ID of its sender). A member waiting for the round treats a pushed list exactly like a
    published record of its sender (``_adopt``: the sender must be the list's smallest member, not
    banned, the member must be on it), so it starts without waiting for its next DHT poll.
+5. *Pushed joins* (the same kind of shortcut for step 1): a peer also sends its join straight to the
+   likely leader, the smallest member of the last group it was in (a ``join`` message, authenticated
+   the same way, so a peer can only join as itself). A peer that may lead counts pushed joins like
+   join records and wakes up when one arrives, so it closes the round as soon as the last join
+   reaches it rather than at its next DHT poll; its join store is not waited for either (the record
+   is the fallback for a push that went to the wrong peer). A leader still reads the join records at
+   least once before it closes, so a smaller newcomer that only wrote its record is seen as before.
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
 round and members). If two leaders ever published competing lists (they could not see each other),
 a peer holding the other list's digest refuses the messages, so the round fails (``committed=False``)
-rather than mixing members: no peer commits with a membership another member disagrees with.
+rather than mixing members: no peer commits with a membership another member disagrees with. With
+pushes (steps 4 and 5) a leader pushes its list first and stores the record without waiting; it no
+longer re-reads the group key for a concurrent smaller leader, a check that could only narrow that
+race (the other leader may publish just after the re-read), never close it: the digest closes it.
+Without pushes (a matchmaker used alone) the leader stores, re-reads and adopts as before.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
@@ -87,6 +99,11 @@ def group_digest(run_id: str, kind: str, round_id: int, members: tuple[str, ...]
     return h.digest()[:16]
 
 
+def _log_failed_store(fut: Any, key: str) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        logger.warning("DHT store of %s failed: %s", key, fut.exception())
+
+
 def _decode_members(value: object) -> tuple[str, ...]:
     if not isinstance(value, bytes) or len(value) > 128 * _MAX_MEMBERS:
         raise ProtocolError("group record is not bytes or too large")
@@ -136,20 +153,27 @@ class Matchmaker:
         #: peers excluded from rounds (issue 6 bans, kept up to date by ``peers.guard``): a leader leaves
         #: them out of its list and a member refuses a published list that holds one
         self.banned: frozenset[str] = frozenset()
-        #: optional direct delivery of group lists (step 4): ``inbox(kind, round, wait_s)`` waits up to
-        #: ``wait_s`` seconds and returns ``{sender: record bytes}`` of the lists pushed so far;
-        #: ``push(kind, round, members, value)`` sends a list to the members; both set by the collective
-        self.inbox: Callable[[str, int, float], dict[str, object]] | None = None
+        #: optional direct delivery (steps 4 and 5), all set by the collective:
+        #: ``inbox(kind, round, wait_s, n_joins)`` waits up to ``wait_s`` seconds for a pushed list or
+        #: for more than ``n_joins`` pushed joins and returns ``({sender: record bytes}, joiners)``;
+        #: ``push(kind, round, members, value)`` sends a list to the members;
+        #: ``push_join(kind, round, peer)`` sends this peer's join to ``peer``
+        self.inbox: Callable[[str, int, float, int], tuple[dict[str, object], frozenset[str]]] | None = None
         self.push: Callable[[str, int, tuple[str, ...], bytes], None] | None = None
+        self.push_join: Callable[[str, int, str], None] | None = None
+        #: members of the last group this peer was in (its smallest is the likely next leader)
+        self.last_members: tuple[str, ...] = ()
 
     def _key(self, kind: str, round_id: int, what: str) -> str:
         return f"{self.run_id}.{kind}.{round_id}.{what}"
 
-    def _get(self, key: str, timeout: float) -> dict[str, object]:
+    def _get(self, key: str, timeout: float, started: Any = None) -> dict[str, object]:
+        """The live subkeys of ``key``; ``started``: a read of it already under way (``_start_get``)."""
         from peers.node import dht_time
 
+        fut = started if started is not None else self._start_get(key)
         try:
-            found = self.dht.get(key, latest=True, return_future=True).result(max(timeout, 0.5))  # type: ignore[attr-defined]
+            found = fut.result(max(timeout, 0.5))
         except TimeoutError:
             return {}
         if found is None or not isinstance(found.value, dict):
@@ -157,8 +181,16 @@ class Matchmaker:
         now = dht_time()
         return {k: v.value for k, v in found.value.items() if isinstance(k, str) and v.expiration_time >= now}
 
-    def _store(self, key: str, subkey: str, value: bytes, expiration: float, timeout: float) -> None:
+    def _start_get(self, key: str) -> Any:
+        return self.dht.get(key, latest=True, return_future=True)  # type: ignore[attr-defined]
+
+    def _store(
+        self, key: str, subkey: str, value: bytes, expiration: float, timeout: float, *, wait: bool = True
+    ) -> None:
         fut = self.dht.store(key, value, expiration, subkey=subkey, return_future=True)  # type: ignore[attr-defined]
+        if not wait:  # the DHT process completes it; a failure is only logged
+            fut.add_done_callback(lambda f: _log_failed_store(f, key))
+            return
         try:
             fut.result(max(timeout, 0.5))
         except TimeoutError:
@@ -180,19 +212,22 @@ class Matchmaker:
                 continue
             if self.peer_id not in members:
                 raise RoundFailed(f"late: round {round_id} was formed without this peer")
-            group = Group(
-                kind=kind,
-                round_id=round_id,
-                members=members,
-                leader=leader,
-                digest=group_digest(self.run_id, kind, round_id, members),
-                index=members.index(self.peer_id),
-            )
+            group = self._own_group(kind, round_id, members)
             bad = sorted(set(members) & (self.banned - {self.peer_id}))
             if bad:
                 raise ListsBannedPeer(f"round {round_id} lists banned peers {[b[:12] for b in bad]}", group)
             return group
         return None
+
+    def _own_group(self, kind: str, round_id: int, members: tuple[str, ...]) -> Group:
+        return Group(
+            kind=kind,
+            round_id=round_id,
+            members=members,
+            leader=members[0],
+            digest=group_digest(self.run_id, kind, round_id, members),
+            index=members.index(self.peer_id),
+        )
 
     def form_group(self, kind: str, round_id: int, deadline: float) -> Group:
         """Join round ``round_id`` of ``kind`` and return its fixed membership.
@@ -210,35 +245,64 @@ class Matchmaker:
         arrived = time.monotonic()
         close_at = arrived + self.join_window
         ttl = max(deadline - arrived, 0.0) + 60.0
-        self._store(join_key, self.peer_id, b"1", dht_time() + ttl, deadline - time.monotonic())
-        # With pushed lists (step 4) each poll needs one DHT read, not two: a peer that may still lead
-        # reads the joins (a smaller leader's list reaches it by push, and its own publish re-reads the
-        # group key anyway); a peer that saw a smaller joiner never leads this round (join records only
-        # accumulate) and reads the group key, the fallback for a lost push.
+        likely = min(self.last_members, default=self.peer_id)
+        if self.push_join is not None and self.inbox is not None and likely < self.peer_id:
+            self.push_join(kind, round_id, likely)  # step 5; the record below is the fallback
+        left = deadline - time.monotonic()
+        self._store(join_key, self.peer_id, b"1", dht_time() + ttl, left, wait=self.inbox is None)
+        first = self._start_get(join_key) if self.inbox is not None else None  # runs beside the store
+        group = self._gather(kind, round_id, deadline, close_at, join_key, group_key, first)
+        self.last_members = group.members
+        return group
+
+    def _inbox(
+        self, kind: str, round_id: int, wait_s: float, n_joins: int
+    ) -> tuple[Group | None, frozenset[str]]:
+        """A pushed list adopted (or ``None``) and the pushed joiners so far (steps 4 and 5)."""
+        if self.inbox is None:
+            time.sleep(wait_s)
+            return None, frozenset()
+        lists, joins = self.inbox(kind, round_id, wait_s, n_joins)
+        return self._adopt(kind, round_id, lists), joins
+
+    def _gather(
+        self,
+        kind: str,
+        round_id: int,
+        deadline: float,
+        close_at: float,
+        join_key: str,
+        group_key: str,
+        first_read: Any,
+    ) -> Group:
+        """Steps 2-5 once this peer's join is out: lead and publish, or adopt the leader's list."""
+        from peers.node import dht_time
+
+        # With pushes each poll needs one DHT read, not two: a peer that may still lead reads the joins
+        # (a smaller leader's list reaches it by push); a peer that saw a smaller joiner never leads
+        # this round (join records only accumulate) and reads the group key, the fallback for a lost
+        # push.
         may_lead = True
+        recorded: set[str] = set()  # joiners seen in the DHT records
+        group, pushed = self._inbox(kind, round_id, 0.0, -1)
+        read_joins = True
         while True:
+            if group is not None:
+                return group
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RoundFailed(f"no group for round {round_id} before the deadline")
-            if self.inbox is not None:
-                group = self._adopt(kind, round_id, self.inbox(kind, round_id, 0.0))
-                if group is not None:
-                    return group
             if not may_lead or self.inbox is None:
                 group = self._adopt(kind, round_id, self._get(group_key, left))
                 if group is not None:
                     return group
             if not may_lead:  # wait for the leader's list: pushed, or read from the DHT next poll
-                if self.inbox is None:
-                    time.sleep(self.poll)
-                    continue
-                group = self._adopt(kind, round_id, self.inbox(kind, round_id, self.poll))
-                if group is not None:
-                    return group
+                group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
                 continue
-            joined = sorted(set(self._get(join_key, left)) - (self.banned - {self.peer_id}))
-            if self.peer_id not in joined:
-                joined = sorted({*joined, self.peer_id})
+            if read_joins:
+                recorded |= set(self._get(join_key, left, first_read))
+                first_read = None
+            joined = sorted((recorded | pushed | {self.peer_id}) - (self.banned - {self.peer_id}))
             may_lead = joined[0] == self.peer_id
             enough = len(joined) >= self.min_peers
             expected = None if self.expected_peers is None else self.expected_peers - len(self.banned)
@@ -246,21 +310,22 @@ class Matchmaker:
             if may_lead and enough and (full or time.monotonic() >= close_at):
                 members = tuple(joined[:_MAX_MEMBERS])
                 value = bytes(msgpack.packb(list(members), use_bin_type=True))
-                self._store(
-                    group_key, self.peer_id, value, dht_time() + _GROUP_TTL, deadline - time.monotonic()
-                )
+                expires, left = dht_time() + _GROUP_TTL, deadline - time.monotonic()
+                if self.push is not None:  # members start at once; the record is their fallback
+                    self.push(kind, round_id, members, value)
+                    self._store(group_key, self.peer_id, value, expires, left, wait=False)
+                    return self._own_group(kind, round_id, members)
+                self._store(group_key, self.peer_id, value, expires, left)
                 # Re-read: if a smaller leader published concurrently, adopt its list like everyone else.
                 group = self._adopt(kind, round_id, self._get(group_key, deadline - time.monotonic()))
                 if group is not None:
-                    if group.leader == self.peer_id and self.push is not None:
-                        self.push(kind, round_id, members, value)
                     return group
-            if self.inbox is not None:  # sleep until a pushed list arrives or the next poll is due
-                group = self._adopt(kind, round_id, self.inbox(kind, round_id, self.poll))
-                if group is not None:
-                    return group
-            else:
-                time.sleep(self.poll)
+            # sleep until a pushed list or join arrives or the next poll is due; a pushed join alone
+            # needs no new DHT read (the records were read at least once; they are re-read each poll)
+            n_before = len(pushed)
+            t0 = time.monotonic()
+            group, pushed = self._inbox(kind, round_id, self.poll, n_before)
+            read_joins = len(pushed) == n_before or time.monotonic() - t0 >= self.poll
 
 
 def check_deadline(deadline: float, what: str) -> float:

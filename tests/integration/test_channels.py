@@ -43,7 +43,7 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
 
             slot = coll._mailbox.wait("t", 0, ready, time.monotonic() + 90)
             time.sleep(3.0)  # the last ack's bytes are counted right after it is written
-            pushed = coll._group_inbox("g", 0, 30.0)  # a member list pushed by the other peer
+            pushed, _ = coll._group_inbox("g", 0, 30.0, 0)  # a member list pushed by the other peer
             group = coll._matchmaker._adopt("g", 0, pushed)
             order = [k[2] for k in (slot or {})]
             sizes = sorted({d.nbytes for d in (slot or {}).values()})

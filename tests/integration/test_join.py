@@ -21,20 +21,23 @@ LOOP = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "SWARMTRAIN_TRAIN__THREADS": "1",
-        "SWARMTRAIN_TRAIN__EVAL_INTERVAL": "100000",
-        "SWARMTRAIN_TRAIN__BATCH_SIZE": "8",
-        "SWARMTRAIN_TRAIN__EVAL_BATCHES": "4",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "SWARMTRAIN_TRAIN__THREADS": "1",
+            "SWARMTRAIN_TRAIN__EVAL_INTERVAL": "100000",
+            "SWARMTRAIN_TRAIN__BATCH_SIZE": "8",
+            "SWARMTRAIN_TRAIN__EVAL_BATCHES": "4",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
 def _start_dht(tmp: Path, run: str) -> tuple[PeerProcess, str]:
     out = tmp / "dht.out"
-    proc = spawn_command([*SW, "dht", *LOOP, "--run-id", run], env=_env(),
-                         stdout=out.open("w"), stderr=subprocess.STDOUT)
+    proc = spawn_command(
+        [*SW, "dht", *LOOP, "--run-id", run], env=_env(), stdout=out.open("w"), stderr=subprocess.STDOUT
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         m = re.search(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", out.read_text())
@@ -47,9 +50,21 @@ def _start_dht(tmp: Path, run: str) -> tuple[PeerProcess, str]:
 
 def _join(tmp: Path, name: str, maddr: str, run: str, *args: str) -> PeerProcess:
     return spawn_command(
-        [*SW, "join", "--initial-peers", maddr, "--run-id", run, *LOOP,
-         "--json", str(tmp / f"{name}.json"), *args],
-        env=_env(), stdout=(tmp / f"{name}.out").open("w"), stderr=(tmp / f"{name}.err").open("w"),
+        [
+            *SW,
+            "join",
+            "--initial-peers",
+            maddr,
+            "--run-id",
+            run,
+            *LOOP,
+            "--json",
+            str(tmp / f"{name}.json"),
+            *args,
+        ],
+        env=_env(),
+        stdout=(tmp / f"{name}.out").open("w"),
+        stderr=(tmp / f"{name}.err").open("w"),
     )
 
 
@@ -116,8 +131,13 @@ def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
         _wait_exit(a, 120, "a", tmp_path)
         assert "stopped by signal" in (tmp_path / "a.out").read_text()
         assert json.loads((tmp_path / "a.json").read_text())["stopped_by_signal"] is True
-        status = subprocess.run([*SW, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
-                                capture_output=True, text=True, timeout=120, env=_env())
+        status = subprocess.run(
+            [*SW, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(),
+        )
         assert status.returncode == 0, status.stderr
         roles = [r["role"] for r in json.loads(status.stdout)]
         assert "trainer" not in roles  # deregistered at once (tombstone), not after the TTL

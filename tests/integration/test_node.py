@@ -106,7 +106,10 @@ def test_group_sigterm_does_not_hang() -> None:
     `timeout -s TERM 2 swarmtrain dht`.)"""
     proc = subprocess.Popen(
         [sys.executable, "-m", "swarmtrain", "dht", "--host-maddrs", "/ip4/127.0.0.1/tcp/0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None

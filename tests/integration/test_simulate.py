@@ -24,14 +24,40 @@ def _cfg(**overrides: Any) -> Config:
 def test_simulate_cli_two_peers_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "swarmtrain", "simulate", "--peers", "2", "--steps", "20", "-H", "10",
-         "--compressor", "int8", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "swarmtrain",
+            "simulate",
+            "--peers",
+            "2",
+            "--steps",
+            "20",
+            "-H",
+            "10",
+            "--compressor",
+            "int8",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    for key in ("strategy", "compressor", "peers", "tokens", "final_val_loss", "baseline_val_loss",
-                "bytes_sent_per_peer", "baseline_bytes_sent_per_peer", "params_identical", "wall_s"):
+    for key in (
+        "strategy",
+        "compressor",
+        "peers",
+        "tokens",
+        "final_val_loss",
+        "baseline_val_loss",
+        "bytes_sent_per_peer",
+        "baseline_bytes_sent_per_peer",
+        "params_identical",
+        "wall_s",
+    ):
         assert key in data
     assert data["strategy"] == "diloco" and data["compressor"] == "int8" and data["peers"] == 2
     assert data["params_identical"] is True
@@ -44,7 +70,9 @@ def test_simulate_cli_two_peers_writes_json(tmp_path: Path) -> None:
 def test_simulate_rejects_unknown_codec_in_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "swarmtrain", "simulate", "--compressor", "int9"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "int9" in proc.stderr
@@ -66,19 +94,32 @@ def test_diloco_four_peers_within_3_percent_of_data_parallel_with_100x_fewer_byt
     steps, h = 150, 10
     shared = {"train.steps": steps, "train.batch_size": 128}
     diloco = run_simulation(
-        _cfg(**shared, **{"strategy.name": "diloco", "strategy.inner_steps": h,
-                          "strategy.outer_lr": 1.0, "strategy.outer_momentum": 0.5,
-                          "compression.codec": "ternary"}), 4, timeout=2400,
+        _cfg(
+            **shared,
+            **{
+                "strategy.name": "diloco",
+                "strategy.inner_steps": h,
+                "strategy.outer_lr": 1.0,
+                "strategy.outer_momentum": 0.5,
+                "compression.codec": "ternary",
+            },
+        ),
+        4,
+        timeout=2400,
     )
     dp = run_simulation(
-        _cfg(**shared, **{"strategy.name": "data_parallel", "compression.codec": "none"}), 4, timeout=2400,
+        _cfg(**shared, **{"strategy.name": "data_parallel", "compression.codec": "none"}),
+        4,
+        timeout=2400,
     )
     ratio = dp.bytes_per_token / diloco.bytes_per_token
     gap = diloco.final_val_loss / dp.final_val_loss - 1
-    print(f"\nDiLoCo ternary H={h}: val loss {diloco.final_val_loss:.4f}, "
-          f"{diloco.bytes_per_token:.3f} B/token; "
-          f"DataParallel fp32: val loss {dp.final_val_loss:.4f}, {dp.bytes_per_token:.1f} B/token; "
-          f"gap {gap:+.2%}, {ratio:.0f}x fewer bytes")
+    print(
+        f"\nDiLoCo ternary H={h}: val loss {diloco.final_val_loss:.4f}, "
+        f"{diloco.bytes_per_token:.3f} B/token; "
+        f"DataParallel fp32: val loss {dp.final_val_loss:.4f}, {dp.bytes_per_token:.1f} B/token; "
+        f"gap {gap:+.2%}, {ratio:.0f}x fewer bytes"
+    )
     assert diloco.params_identical and dp.params_identical
     for o in diloco.outcomes:  # identical after every outer step, and every outer step committed
         assert o.committed_rounds == steps // h and o.failed_rounds == 0

@@ -14,8 +14,10 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_import_does_not_load_hivemind() -> None:
-    code = ("import sys, swarmtrain; from swarmtrain import Int8Compressor, DiLoCo; "
-            "print('hivemind' in sys.modules)")
+    code = (
+        "import sys, swarmtrain; from swarmtrain import Int8Compressor, DiLoCo; "
+        "print('hivemind' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

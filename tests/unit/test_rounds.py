@@ -1,0 +1,117 @@
+"""Round formation logic (``peers.rounds.Matchmaker``) with pushed joins and lists, on an in-memory DHT.
+
+Pure logic: the real-peer path (hivemind DHT, libp2p pushes) is covered by the integration tests.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from peers.node import dht_time
+from peers.rounds import Matchmaker
+
+
+@dataclass
+class _Item:
+    value: Any
+    expiration_time: float
+
+
+class FakeDHT:
+    """``store``/``get`` with subkeys, as the matchmaker uses hivemind's DHT; counts the reads."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[str, _Item]] = {}
+        self.gets: list[str] = []
+
+    def store(self, key: str, value: bytes, expiration: float, *, subkey: str, return_future: bool) -> Future:
+        self.data.setdefault(key, {})[subkey] = _Item(value, expiration)
+        fut: Future = Future()
+        fut.set_result(True)
+        return fut
+
+    def get(self, key: str, *, latest: bool, return_future: bool) -> Future:
+        self.gets.append(key)
+        fut: Future = Future()
+        fut.set_result(_Item(dict(self.data.get(key, {})), dht_time() + 60) if key in self.data else None)
+        return fut
+
+
+def _matchmaker(dht: FakeDHT, me: str, expected: int, script: list[tuple[dict, frozenset]]) -> tuple:
+    mm = Matchmaker(dht, me, "run", min_peers=1, expected_peers=expected, join_window=30.0, poll=0.01)
+    calls: dict[str, list] = {"inbox": [], "push": [], "push_join": []}
+
+    def inbox(kind: str, r: int, wait_s: float, n_joins: int) -> tuple[dict, frozenset]:
+        calls["inbox"].append((wait_s, n_joins))
+        return script.pop(0) if script else ({}, frozenset())
+
+    mm.inbox = inbox
+    mm.push = lambda kind, r, members, value: calls["push"].append(members)
+    mm.push_join = lambda kind, r, peer: calls["push_join"].append(peer)
+    return mm, calls
+
+
+def test_leader_closes_on_pushed_joins_after_one_read_of_the_records() -> None:
+    dht = FakeDHT()
+    script = [({}, frozenset()), ({}, frozenset({"B"})), ({}, frozenset({"B", "C"}))]
+    mm, calls = _matchmaker(dht, "A", 3, script)
+    group = mm.form_group("reduce", 0, deadline=_in(10))
+    assert group.members == ("A", "B", "C") and group.leader == "A" and group.index == 0
+    assert dht.gets == ["run.reduce.0.join"]  # woken by pushes: no poll of the records after the first
+    assert calls["push"] == [("A", "B", "C")]
+    assert calls["push_join"] == []  # no earlier group: nobody to push a join to
+    # the published record stays the fallback for a member whose push was lost
+    stored = dht.data["run.reduce.0.group"]["A"].value
+    assert msgpack.unpackb(stored) == ["A", "B", "C"]
+    assert mm.last_members == ("A", "B", "C")
+
+
+def test_a_joiner_pushes_its_join_to_the_last_groups_smallest_member() -> None:
+    dht = FakeDHT()
+    listed = bytes(msgpack.packb(["A", "B"]))
+    mm, calls = _matchmaker(dht, "B", 2, [({}, frozenset()), ({"A": listed}, frozenset())])
+    mm.last_members = ("A", "B")
+    dht.store("run.reduce.4.join", b"1", dht_time() + 60, subkey="A", return_future=True)
+    group = mm.form_group("reduce", 4, deadline=_in(10))
+    assert calls["push_join"] == ["A"]
+    assert group.leader == "A" and group.members == ("A", "B") and group.index == 1
+    assert calls["push"] == []  # a member never publishes
+    assert "B" in dht.data["run.reduce.4.join"]  # its record is written too (the fallback)
+
+
+def test_the_last_leader_pushes_no_join() -> None:
+    dht = FakeDHT()
+    mm, calls = _matchmaker(dht, "A", 2, [({}, frozenset({"B"}))])
+    mm.last_members = ("A", "B")
+    assert mm.form_group("reduce", 1, deadline=_in(10)).members == ("A", "B")
+    assert calls["push_join"] == []
+
+
+def test_a_smaller_joiner_in_the_records_keeps_a_peer_from_leading_on_pushed_joins() -> None:
+    """B gets C's pushed join, but the records show A: B must not close a round of its own."""
+    dht = FakeDHT()
+    dht.store("run.reduce.0.join", b"1", dht_time() + 60, subkey="A", return_future=True)
+    listed = bytes(msgpack.packb(["A", "B", "C"]))
+    script = [({}, frozenset({"C"})), ({}, frozenset({"C"})), ({"A": listed}, frozenset({"C"}))]
+    mm, calls = _matchmaker(dht, "B", 2, script)
+    group = mm.form_group("reduce", 0, deadline=_in(10))
+    assert group.leader == "A" and calls["push"] == []
+
+
+def test_without_pushes_the_leader_stores_and_rereads_the_group_record() -> None:
+    dht = FakeDHT()
+    dht.store("run.reduce.0.join", b"1", dht_time() + 60, subkey="B", return_future=True)
+    mm = Matchmaker(dht, "A", "run", min_peers=1, expected_peers=2, join_window=30.0, poll=0.01)
+    group = mm.form_group("reduce", 0, deadline=_in(10))
+    assert group.members == ("A", "B")
+    assert dht.gets.count("run.reduce.0.group") >= 2  # polled, then re-read after publishing
+
+
+def _in(seconds: float) -> float:
+    import time
+
+    return time.monotonic() + seconds
