@@ -1,4 +1,8 @@
-"""A member SIGKILLed mid-round: the survivors fail that round cleanly and commit a later one."""
+"""A member SIGKILLed mid-round: the survivors fail that round cleanly and commit a later one.
+
+The victim is either a fixed rank or the round leader (the smallest peer ID): the survivors then push
+their next joins to a dead peer (``peers.rounds``, step 5) and must fall back to the DHT records.
+"""
 
 from __future__ import annotations
 
@@ -30,16 +34,20 @@ class KillingCodec(Fp32Identity):
         return super().compress(t, key=key)
 
 
-def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int) -> None:
+def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int, victim: str) -> None:
     from peers import P2PCollective, PeerNode
 
     with reporting_errors(q, rank), PeerNode(loopback_config("t-kill", initial)) as node:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
         coll = P2PCollective(node, min_peers=2, expected_peers=n, join_window=2.0)
-        node.wait_for_peers(n, timeout=60)  # start together, so round 0 has everybody
+        live = node.wait_for_peers(n, timeout=60)  # start together, so round 0 has everybody
+        if victim == "leader":
+            doomed = node.peer_id == min(rec.peer_id for rec in live)
+        else:
+            doomed = rank == VICTIM
         state = torch.full((50_000,), float(rank))
         for r in range(max_rounds):
-            codec = KillingCodec(armed=(rank == VICTIM and r == KILL_ROUND))
+            codec = KillingCodec(armed=(doomed and r == KILL_ROUND))
             res = coll.all_reduce({"x": state}, compressor=codec, timeout=20)
             if res.committed:
                 state = res.tensors["x"]  # a failed round must change nothing: keep the old state
@@ -59,15 +67,18 @@ def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int) -> No
 
 
 @pytest.mark.slow
-def test_sigkill_mid_round_survivors_commit_later() -> None:
+@pytest.mark.parametrize("victim", ["rank", "leader"])
+def test_sigkill_mid_round_survivors_commit_later(victim: str) -> None:
     rounds = 3
-    with PeerGroup(worker, N_PEERS, args=(N_PEERS, rounds)) as g:
-        survivors = [r for r in range(N_PEERS) if r != VICTIM]
+    with PeerGroup(worker, N_PEERS, args=(N_PEERS, rounds, victim)) as g:
+        ids = {r: g.ready[r]["peer_id"] for r in range(N_PEERS)}
+        doomed = min(ids, key=ids.__getitem__) if victim == "leader" else VICTIM
+        survivors = [r for r in range(N_PEERS) if r != doomed]
         per_peer = {r: [g.wait_for("round", r, 90) for _ in range(rounds)] for r in survivors}
-        victim = g.procs[VICTIM]
-        assert victim.join(10) and victim.exitcode == -signal.SIGKILL
+        proc = g.procs[doomed]
+        assert proc.join(10) and proc.exitcode == -signal.SIGKILL
     assert g.orphans == []
-    victim_id = g.ready[VICTIM]["peer_id"]
+    victim_id = ids[doomed]
     for r, hist in per_peer.items():
         assert hist[0]["committed"] and len(hist[0]["participants"]) == N_PEERS, hist[0]
         assert not hist[KILL_ROUND]["committed"], f"peer {r} committed the round the victim died in"
