@@ -445,6 +445,7 @@ class P2PCollective:
                 r, deadline, group = self._begin(kind, timeout)
                 out = self._reduce_round(tensors, compressor, red, float(weight), kind, group, deadline)
                 agree(self, group, kind, deadline)  # commit only if every member holds its result
+                self._mark("agree")
                 sent, recv = self.ledger.round_bytes(kind, r)
                 return RoundResult(r, group.members, sent, recv, True, out)
             except (SwarmError, TimeoutError) as e:
