@@ -6,9 +6,10 @@ the round. Each peer compresses the parts it does not own and pushes them to the
 reduces the rows it received plus its own with a ``Reducer`` (token-weighted mean by default),
 compresses the aggregate *once* and pushes those bytes to every other member. Every member, the owner
 included, decodes the same bytes, so all members end bit-identical. Membership comes from
-``peers.rounds.Matchmaker`` (whose leader also pushes the list to the members); every message carries
-the group digest and is checked against it. The data phase lives in ``peers.butterfly`` (pipelined
-per chunk); messages travel on persistent per-peer channels (``peers.channels``), each acknowledged.
+``peers.rounds.Matchmaker`` (members push their joins to the likely leader, which pushes the list
+back); every message carries the group digest and is checked against it. The data phase lives in
+``peers.butterfly`` (pipelined per chunk); messages travel on persistent per-peer channels
+(``peers.channels``), each acknowledged.
 
 Failure semantics: a missing, refused or late message, a member's abort or the deadline fails the round
 *for this peer* (``committed=False``, no tensors), and it tells the others to abort. A peer commits only
