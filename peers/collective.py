@@ -43,7 +43,7 @@ from peers.messages import (
     encode_ack,
 )
 from peers.node import PeerNode
-from peers.rounds import Group, Matchmaker, RoundFailed
+from peers.rounds import Group, Matchmaker, Pushes, RoundFailed
 from peers.transport import (
     PART_BYTES,
     read_data_frames,
@@ -126,8 +126,7 @@ class P2PCollective:
             expected_peers=expected_peers,
             join_window=join_window,
         )
-        self._matchmaker.inbox, self._matchmaker.push = self._group_inbox, self._push_group
-        self._matchmaker.push_join = self._push_join
+        self._matchmaker.pushes = Pushes(self._group_inbox, self._push_group, self._push_join)
         self._call_lock = threading.Lock()
         #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
         self.last_timings: dict[str, float] = {}

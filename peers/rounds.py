@@ -46,7 +46,7 @@ import msgpack
 
 from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
 
-__all__ = ["Group", "RoundFailed", "ListsBannedPeer", "Matchmaker", "group_digest"]
+__all__ = ["Group", "Pushes", "RoundFailed", "ListsBannedPeer", "Matchmaker", "group_digest"]
 
 logger = logging.getLogger(__name__)
 _MAX_MEMBERS = 1024
@@ -90,6 +90,22 @@ class Group:
     def size(self) -> int:
         """Number of members."""
         return len(self.members)
+
+
+@dataclass(frozen=True)
+class Pushes:
+    """Direct delivery between the members of a round (steps 4 and 5), provided by the collective.
+
+    Attributes:
+        inbox: ``inbox(kind, round, wait_s, n_joins)`` waits up to ``wait_s`` seconds for a pushed list
+            or for more than ``n_joins`` pushed joins; returns ``({sender: record bytes}, joiners)``.
+        group: ``group(kind, round, members, value)`` sends a published list to the members.
+        join: ``join(kind, round, peer)`` sends this peer's join to ``peer``.
+    """
+
+    inbox: Callable[[str, int, float, int], tuple[dict[str, object], frozenset[str]]]
+    group: Callable[[str, int, tuple[str, ...], bytes], None]
+    join: Callable[[str, int, str], None]
 
 
 def group_digest(run_id: str, kind: str, round_id: int, members: tuple[str, ...]) -> bytes:
@@ -153,14 +169,8 @@ class Matchmaker:
         #: peers excluded from rounds (issue 6 bans, kept up to date by ``peers.guard``): a leader leaves
         #: them out of its list and a member refuses a published list that holds one
         self.banned: frozenset[str] = frozenset()
-        #: optional direct delivery (steps 4 and 5), all set by the collective:
-        #: ``inbox(kind, round, wait_s, n_joins)`` waits up to ``wait_s`` seconds for a pushed list or
-        #: for more than ``n_joins`` pushed joins and returns ``({sender: record bytes}, joiners)``;
-        #: ``push(kind, round, members, value)`` sends a list to the members;
-        #: ``push_join(kind, round, peer)`` sends this peer's join to ``peer``
-        self.inbox: Callable[[str, int, float, int], tuple[dict[str, object], frozenset[str]]] | None = None
-        self.push: Callable[[str, int, tuple[str, ...], bytes], None] | None = None
-        self.push_join: Callable[[str, int, str], None] | None = None
+        #: optional direct delivery of joins and lists (steps 4 and 5), set by the collective
+        self.pushes: Pushes | None = None
         #: members of the last group this peer was in (its smallest is the likely next leader)
         self.last_members: tuple[str, ...] = ()
 
@@ -212,14 +222,14 @@ class Matchmaker:
                 continue
             if self.peer_id not in members:
                 raise RoundFailed(f"late: round {round_id} was formed without this peer")
-            group = self._own_group(kind, round_id, members)
+            group = self._group_of(kind, round_id, members)
             bad = sorted(set(members) & (self.banned - {self.peer_id}))
             if bad:
                 raise ListsBannedPeer(f"round {round_id} lists banned peers {[b[:12] for b in bad]}", group)
             return group
         return None
 
-    def _own_group(self, kind: str, round_id: int, members: tuple[str, ...]) -> Group:
+    def _group_of(self, kind: str, round_id: int, members: tuple[str, ...]) -> Group:
         return Group(
             kind=kind,
             round_id=round_id,
@@ -246,11 +256,11 @@ class Matchmaker:
         close_at = arrived + self.join_window
         ttl = max(deadline - arrived, 0.0) + 60.0
         likely = min(self.last_members, default=self.peer_id)
-        if self.push_join is not None and self.inbox is not None and likely < self.peer_id:
-            self.push_join(kind, round_id, likely)  # step 5; the record below is the fallback
+        if self.pushes is not None and likely < self.peer_id:
+            self.pushes.join(kind, round_id, likely)  # step 5; the record below is the fallback
         left = deadline - time.monotonic()
-        self._store(join_key, self.peer_id, b"1", dht_time() + ttl, left, wait=self.inbox is None)
-        first = self._start_get(join_key) if self.inbox is not None else None  # runs beside the store
+        self._store(join_key, self.peer_id, b"1", dht_time() + ttl, left, wait=self.pushes is None)
+        first = self._start_get(join_key) if self.pushes is not None else None  # beside the store
         group = self._gather(kind, round_id, deadline, close_at, join_key, group_key, first)
         self.last_members = group.members
         return group
@@ -259,10 +269,10 @@ class Matchmaker:
         self, kind: str, round_id: int, wait_s: float, n_joins: int
     ) -> tuple[Group | None, frozenset[str]]:
         """A pushed list adopted (or ``None``) and the pushed joiners so far (steps 4 and 5)."""
-        if self.inbox is None:
+        if self.pushes is None:
             time.sleep(wait_s)
             return None, frozenset()
-        lists, joins = self.inbox(kind, round_id, wait_s, n_joins)
+        lists, joins = self.pushes.inbox(kind, round_id, wait_s, n_joins)
         return self._adopt(kind, round_id, lists), joins
 
     def _gather(
@@ -292,7 +302,7 @@ class Matchmaker:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RoundFailed(f"no group for round {round_id} before the deadline")
-            if not may_lead or self.inbox is None:
+            if not may_lead or self.pushes is None:
                 group = self._adopt(kind, round_id, self._get(group_key, left))
                 if group is not None:
                     return group
@@ -311,10 +321,10 @@ class Matchmaker:
                 members = tuple(joined[:_MAX_MEMBERS])
                 value = bytes(msgpack.packb(list(members), use_bin_type=True))
                 expires, left = dht_time() + _GROUP_TTL, deadline - time.monotonic()
-                if self.push is not None:  # members start at once; the record is their fallback
-                    self.push(kind, round_id, members, value)
+                if self.pushes is not None:  # members start at once; the record is their fallback
+                    self.pushes.group(kind, round_id, members, value)
                     self._store(group_key, self.peer_id, value, expires, left, wait=False)
-                    return self._own_group(kind, round_id, members)
+                    return self._group_of(kind, round_id, members)
                 self._store(group_key, self.peer_id, value, expires, left)
                 # Re-read: if a smaller leader published concurrently, adopt its list like everyone else.
                 group = self._adopt(kind, round_id, self._get(group_key, deadline - time.monotonic()))

@@ -12,7 +12,7 @@ from typing import Any
 import msgpack
 
 from peers.node import dht_time
-from peers.rounds import Matchmaker
+from peers.rounds import Matchmaker, Pushes
 
 
 @dataclass
@@ -49,9 +49,11 @@ def _matchmaker(dht: FakeDHT, me: str, expected: int, script: list[tuple[dict, f
         calls["inbox"].append((wait_s, n_joins))
         return script.pop(0) if script else ({}, frozenset())
 
-    mm.inbox = inbox
-    mm.push = lambda kind, r, members, value: calls["push"].append(members)
-    mm.push_join = lambda kind, r, peer: calls["push_join"].append(peer)
+    mm.pushes = Pushes(
+        inbox,
+        lambda kind, r, members, value: calls["push"].append(members),
+        lambda kind, r, peer: calls["push_join"].append(peer),
+    )
     return mm, calls
 
 
