@@ -104,6 +104,7 @@ def round_report(res: RoundResult, extra: Mapping[str, float]) -> StepReport:
         bytes_sent=res.bytes_sent,
         bytes_received=res.bytes_received,
         extra=dict(extra),
+        late=res.late,
     )
 
 

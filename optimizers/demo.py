@@ -198,6 +198,7 @@ class DeMo:
                 res.bytes_sent,
                 res.bytes_received,
                 extra={"comm_wait_s": wait},
+                late=res.late,
             )
         decoded: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         dropped = 0

@@ -200,6 +200,7 @@ class StreamingDiLoCo(AnchoredStrategy):
                 "bytes_received": res.bytes_received,
                 "committed": res.committed,
                 "reason": res.reason,
+                "late": res.late,
                 "tensors": {n: t.clone() for n, t in res.tensors.items()},
             }
         return {
@@ -245,6 +246,7 @@ class StreamingDiLoCo(AnchoredStrategy):
                 committed=bool(pend["committed"]),
                 tensors={str(n): t.clone() for n, t in dict(pend["tensors"]).items()},
                 reason=str(pend["reason"]),
+                late=bool(pend.get("late", False)),
             )
             self.pending = _Pending(int(pend["fragment"]), int(pend["apply_at"]), result=res)
 

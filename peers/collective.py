@@ -43,7 +43,7 @@ from peers.messages import (
     encode_ack,
 )
 from peers.node import PeerNode
-from peers.rounds import Group, Matchmaker, Pushes, RoundFailed
+from peers.rounds import Group, Matchmaker, Pushes, RoundFailed, RoundLate
 from peers.transport import (
     PART_BYTES,
     read_data_frames,
@@ -455,7 +455,8 @@ class P2PCollective:
                 sent, recv = self.ledger.round_bytes(kind, r)
                 members = group.members if group is not None else ()
                 logger.info("round %d (%s) failed: %s", r, kind, e)
-                return RoundResult(r, members, sent, recv, False, {}, reason=str(e))
+                late = isinstance(e, RoundLate)
+                return RoundResult(r, members, sent, recv, False, {}, reason=str(e), late=late)
             finally:
                 if r >= 0:
                     self._finish(r)
@@ -531,7 +532,9 @@ class P2PCollective:
                 sent, recv = self.ledger.round_bytes(kind, r)
                 members = group.members if group is not None else ()
                 logger.info("gather round %d failed: %s", r, e)
-                return GatherResult(r, members, {}, sent, recv, False, reason=str(e))
+                return GatherResult(
+                    r, members, {}, sent, recv, False, reason=str(e), late=isinstance(e, RoundLate)
+                )
             finally:
                 if r >= 0:
                     self._finish(r)

@@ -46,7 +46,7 @@ import msgpack
 
 from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
 
-__all__ = ["Group", "Pushes", "RoundFailed", "ListsBannedPeer", "Matchmaker", "group_digest"]
+__all__ = ["Group", "Pushes", "RoundFailed", "RoundLate", "ListsBannedPeer", "Matchmaker", "group_digest"]
 
 logger = logging.getLogger(__name__)
 _MAX_MEMBERS = 1024
@@ -55,6 +55,11 @@ _GROUP_TTL = 600.0
 
 class RoundFailed(SwarmError):
     """The round could not be formed or finished; ``reason`` says why (returned in ``RoundResult``)."""
+
+
+class RoundLate(RoundFailed):
+    """The round formed without this peer (it arrived after the list was fixed): the others go on
+    and commit it, so this peer's state is one outer step behind until it catches up."""
 
 
 class ListsBannedPeer(RoundFailed):
@@ -221,7 +226,7 @@ class Matchmaker:
                 logger.info("ignoring group record of banned %s", leader[:16])
                 continue
             if self.peer_id not in members:
-                raise RoundFailed(f"late: round {round_id} was formed without this peer")
+                raise RoundLate(f"late: round {round_id} was formed without this peer")
             group = self._group_of(kind, round_id, members)
             bad = sorted(set(members) & (self.banned - {self.peer_id}))
             if bad:
@@ -260,7 +265,9 @@ class Matchmaker:
             self.pushes.join(kind, round_id, likely)  # step 5; the record below is the fallback
         left = deadline - time.monotonic()
         self._store(join_key, self.peer_id, b"1", dht_time() + ttl, left, wait=self.pushes is None)
-        first = self._start_get(join_key) if self.pushes is not None else None  # beside the store
+        # with pushes both first reads start beside the store: a round formed before we arrived shows
+        # in its group record, which a newcomer (no last group, so no pushed list) must not miss
+        first = (self._start_get(join_key), self._start_get(group_key)) if self.pushes is not None else None
         group = self._gather(kind, round_id, deadline, close_at, join_key, group_key, first)
         self.last_members = group.members
         return group
@@ -283,15 +290,16 @@ class Matchmaker:
         close_at: float,
         join_key: str,
         group_key: str,
-        first_read: Any,
+        first_read: tuple[Any, Any] | None,
     ) -> Group:
         """Steps 2-5 once this peer's join is out: lead and publish, or adopt the leader's list."""
         from peers.node import dht_time
 
-        # With pushes each poll needs one DHT read, not two: a peer that may still lead reads the joins
-        # (a smaller leader's list reaches it by push); a peer that saw a smaller joiner never leads
-        # this round (join records only accumulate) and reads the group key, the fallback for a lost
-        # push.
+        # With pushes a peer that may still lead reads the joins and the group key side by side each
+        # poll (one round trip): a smaller leader's list reaches it by push, but a round a larger
+        # leader formed before it arrived (it is late) shows only in the group record. A pushed join
+        # alone needs no new read. A peer that saw a smaller joiner never leads this round (join
+        # records only accumulate) and reads the group key only, the fallback for a lost push.
         may_lead = True
         recorded: set[str] = set()  # joiners seen in the DHT records
         group, pushed = self._inbox(kind, round_id, 0.0, -1)
@@ -309,9 +317,16 @@ class Matchmaker:
             if not may_lead:  # wait for the leader's list: pushed, or read from the DHT next poll
                 group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
                 continue
-            if read_joins:
-                recorded |= set(self._get(join_key, left, first_read))
+            if read_joins and self.pushes is None:
+                recorded |= set(self._get(join_key, left))
+            elif read_joins:
+                reads = first_read or (self._start_get(join_key), self._start_get(group_key))
                 first_read = None
+                recorded |= set(self._get(join_key, left, reads[0]))
+                published = self._get(group_key, deadline - time.monotonic(), reads[1])
+                group = self._adopt(kind, round_id, published)
+                if group is not None:
+                    return group
             joined = sorted((recorded | pushed | {self.peer_id}) - (self.banned - {self.peer_id}))
             may_lead = joined[0] == self.peer_id
             enough = len(joined) >= self.min_peers

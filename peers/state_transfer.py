@@ -259,6 +259,8 @@ def download_state(
     max_bytes: int = 8 << 30,
     ledger: ByteLedger | None = None,
     wait_for_donor: float = 30.0,
+    min_round: int = 0,
+    fresh_wait: float = 0.0,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Download the freshest announced state of the run from a live donor.
 
@@ -269,6 +271,11 @@ def download_state(
         max_bytes: refuse states larger than this.
         ledger: default: ``node.ledger`` (kind ``"state"``).
         wait_for_donor: seconds to keep looking when no donor has announced yet.
+        min_round: prefer a state of this round or later: for up to ``fresh_wait`` seconds, older
+            announcements are passed over (a peer that missed a round waits for the donors to announce
+            the state that round committed, rather than adopting the one before it). After that the
+            freshest state is taken, whatever its round (the round may have failed for everyone).
+        fresh_wait: see ``min_round``.
 
     Returns:
         ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt.
@@ -282,9 +289,16 @@ def download_state(
     led = ledger if ledger is not None else node.ledger
     deadline = time.monotonic() + timeout
     donor_deadline = time.monotonic() + min(wait_for_donor, timeout)
+    fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
     errors: list[str] = []
     while True:
-        for rnd, peer, digest, nbytes in _announcements(node, run, 15.0):
+        found = _announcements(node, run, 15.0)
+        if time.monotonic() < fresh_deadline:
+            found = [a for a in found if a[0] >= min_round]
+            if not found:
+                time.sleep(0.2)
+                continue
+        for rnd, peer, digest, nbytes in found:
             if nbytes > max_bytes:
                 errors.append(f"{peer[:12]}: {nbytes} bytes exceeds the cap")
                 continue

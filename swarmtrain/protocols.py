@@ -72,6 +72,8 @@ class RoundResult:
     committed: bool
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
     reason: str = ""
+    #: the round formed without this peer and the others went on (its state is now behind theirs)
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class GatherResult:
     bytes_received: int
     committed: bool
     reason: str = ""
+    #: as ``RoundResult.late``
+    late: bool = False
 
 
 @runtime_checkable
@@ -123,6 +127,8 @@ class StepReport:
     bytes_sent: int = 0
     bytes_received: int = 0
     extra: Mapping[str, float] = field(default_factory=dict)
+    #: the round went on without this peer (``RoundResult.late``): it should catch up with the swarm
+    late: bool = False
 
 
 @runtime_checkable

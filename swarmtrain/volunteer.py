@@ -61,6 +61,7 @@ class VolunteerResult:
     downloads: list[dict[str, Any]] = field(default_factory=list)
     committed_rounds: int = 0
     late_rounds: int = 0
+    failed_rounds: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     ledger: dict[str, Any] = field(default_factory=dict)
@@ -149,9 +150,12 @@ def run_volunteer(
         result = VolunteerResult(peer_id=node.peer_id, steps=0, final_train_loss=float("nan"),
                                  final_val_loss=None, final_digest="")
 
-        def catch_up(wait_for_donor: float) -> bool:
+        def catch_up(wait_for_donor: float, min_round: int = 0) -> bool:
             try:
-                tensors, meta = download_state(node, download_timeout, wait_for_donor=wait_for_donor)
+                tensors, meta = download_state(
+                    node, download_timeout, wait_for_donor=wait_for_donor, min_round=min_round,
+                    fresh_wait=cfg.peers.round_timeout if min_round else 0.0,
+                )
                 # never go back to a round this peer already passed: a donor's snapshot can name a
                 # round whose group has formed since, and re-joining it would only be late again
                 collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
@@ -179,9 +183,16 @@ def run_volunteer(
                         digest = param_digest(shared_parameters(trainer.strategy, trainer.model))
                         result.sync_digests[r.round_id] = digest
                         server.refresh()
-                    else:
+                    elif r.late:
+                        # the others commit the round we missed: wait for the state it produces (the
+                        # donors announce it as round ``collective.round_id``), not the one before it
                         result.late_rounds += 1
                         note = "round went on without us: catching up"
+                        catch_up(wait_for_donor=0.0, min_round=collective.round_id)
+                        server.refresh()
+                    else:
+                        result.failed_rounds += 1
+                        note = "round failed: catching up"
                         catch_up(wait_for_donor=0.0)
                         server.refresh()
                     node.publish(step=trainer.step, round=collective.round_id, throughput=info.tokens_per_s,

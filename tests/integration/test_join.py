@@ -73,25 +73,39 @@ def _wait_exit(p: PeerProcess, timeout: float, what: str, tmp: Path) -> None:
     assert p.exitcode == 0, f"{what} exited {p.exitcode}: {(tmp / f'{what}.err').read_text()[-2000:]}"
 
 
+def _identities(tmp: Path, newcomer_smallest: bool) -> dict[str, str]:
+    """Key files for peers a, b, c such that c's peer ID is the smallest (it would lead every round
+    it joins in time) or the largest of the three."""
+    from peers.identity import ensure_identity
+
+    ids = sorted((ensure_identity(tmp / f"key{i}"), str(tmp / f"key{i}")) for i in range(3))
+    order = [ids[1], ids[2], ids[0]] if newcomer_smallest else ids
+    return {name: path for name, (_, path) in zip("abc", order, strict=True)}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path) -> None:
-    """Two peers train with DiLoCo; a third joins mid-run, adopts the swarm's state (bit-exact) and
-    ends with the same global parameters as the others."""
+@pytest.mark.parametrize("newcomer_smallest", [True, False], ids=["newcomer-smallest", "newcomer-largest"])
+def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path, newcomer_smallest: bool) -> None:
+    """Two peers train with DiLoCo; a third joins mid-run, adopts the swarm's state (bit-exact), takes
+    part in the swarm's rounds and ends with the same global parameters as the others. With the
+    smallest ID the newcomer is the leader of any round it joins in time, so a round the others formed
+    before it arrived must show it as late (not let it publish a second list of its own)."""
     run = "jointest"
     procs: list[PeerProcess] = []
+    keys = _identities(tmp_path, newcomer_smallest)
     try:
         dht, maddr = _start_dht(tmp_path, run)
         procs.append(dht)
         common = ["-s", "diloco", "-H", "10", "--compressor", "int8", "--steps", "160"]
-        a = _join(tmp_path, "a", maddr, run, *common)
-        b = _join(tmp_path, "b", maddr, run, *common)
+        a = _join(tmp_path, "a", maddr, run, *common, "--identity", keys["a"])
+        b = _join(tmp_path, "b", maddr, run, *common, "--identity", keys["b"])
         procs += [a, b]
         deadline = time.monotonic() + 600
         while "round 3" not in (tmp_path / "a.err").read_text():  # a few outer steps done
             assert a.alive and b.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()
             time.sleep(0.5)
-        c = _join(tmp_path, "c", maddr, run, *common)
+        c = _join(tmp_path, "c", maddr, run, *common, "--identity", keys["c"])
         procs.append(c)
         for p, name in ((a, "a"), (b, "b"), (c, "c")):
             _wait_exit(p, 900, name, tmp_path)
@@ -100,7 +114,12 @@ def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path) -> None:
         # the newcomer's downloaded global parameters equal the donors' after that round, bit for bit
         assert first["digest"] in set(res["a"]["sync_digests"].values())
         assert first["round"] >= 3
-        assert res["c"]["committed_rounds"] >= 1  # it then took part in the swarm's rounds
+        assert (res["c"]["peer_id"] < res["a"]["peer_id"]) == newcomer_smallest
+        # it then took part in the swarm's rounds: a late round costs one download, after which the
+        # newcomer is in step with the others (a few late rounds at most, not one per round)
+        c_log = (tmp_path / "c.err").read_text()[-3000:]
+        assert res["c"]["committed_rounds"] >= 1, c_log
+        assert res["c"]["late_rounds"] <= 3 and res["c"]["failed_rounds"] == 0, c_log
         common_rounds = set.intersection(*(set(res[n]["sync_digests"]) for n in "abc"))
         assert common_rounds
         for r in common_rounds:
