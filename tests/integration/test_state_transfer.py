@@ -99,3 +99,54 @@ def test_newcomer_downloads_freshest_state_and_donor_deregisters() -> None:
     assert donor1.exitcode == 0, f"donor exit code {donor1.exitcode}"
     assert left["remaining"] is not None, "the SIGTERMed donor's record never disappeared"
     assert g.ready[1]["peer_id"] not in left["remaining"]
+
+
+def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
+    """Rank 0 donates round 5, then round 6 a few seconds after the newcomer (rank 1) shows up; the
+    newcomer asks for round 6 or later, then for round 9 or later with a short ``fresh_wait``."""
+    from peers import PeerNode, StateServer, download_state
+    from peers.process import GracefulExit
+    from peers.state_transfer import _announcements
+
+    with (
+        reporting_errors(q, rank),
+        GracefulExit() as stop,
+        PeerNode(loopback_config("t-fresh", initial), heartbeat_ttl=TTL) as node,
+    ):
+        if rank == 0:
+            rnd = [5]
+            server = StateServer(node, lambda: ({"w": torch.full((1000,), float(rnd[0]))}, {"round": rnd[0]}))
+            server.refresh()
+            report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+            while len(node.live_peers()) < 2 and not stop.wait(0.1):
+                pass
+            stop.wait(4.0)  # the newcomer is waiting for a fresher state by now
+            rnd[0] = 6
+            server.refresh()
+            stop.wait(120)
+            server.close()
+            return
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        first_seen = [a[0] for a in _announcements(node, "t-fresh", 15.0)]
+        t0 = time.monotonic()
+        t, meta = download_state(node, timeout=60, wait_for_donor=0.0, min_round=6, fresh_wait=30.0)
+        waited = time.monotonic() - t0
+        t1 = time.monotonic()
+        _, meta2 = download_state(node, timeout=60, wait_for_donor=0.0, min_round=9, fresh_wait=1.0)
+        report(q, "result", rank, {
+            "first_seen": first_seen, "round": meta["round"], "w": float(t["w"][0]), "waited": waited,
+            "round_after_short_wait": meta2["round"], "short_wait": time.monotonic() - t1,
+        })
+
+
+def test_download_waits_for_a_fresh_enough_state_then_takes_the_freshest() -> None:
+    """A peer that missed round 5 asks for round >= 6: it passes over the donor's round-5 state until the
+    donor announces round 6; asked for a round nobody reaches, it takes the freshest after fresh_wait."""
+    with PeerGroup(fresh_worker, 1) as g:
+        g.spawn(1, g.bootstrap_maddrs)
+        g.ready[1] = g.wait_for("ready", 1, 90)
+        res = g.wait_for("result", 1, 120)
+    assert g.orphans == []
+    assert res["first_seen"] == [5]  # the stale state was there when the download started
+    assert res["round"] == 6 and res["w"] == 6.0 and res["waited"] > 0.5
+    assert res["round_after_short_wait"] == 6 and res["short_wait"] >= 1.0

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import pytest
 
 from peers.node import dht_time
-from peers.rounds import Matchmaker, Pushes
+from peers.rounds import Matchmaker, Pushes, RoundLate
 
 
 @dataclass
@@ -63,7 +64,8 @@ def test_leader_closes_on_pushed_joins_after_one_read_of_the_records() -> None:
     mm, calls = _matchmaker(dht, "A", 3, script)
     group = mm.form_group("reduce", 0, deadline=_in(10))
     assert group.members == ("A", "B", "C") and group.leader == "A" and group.index == 0
-    assert dht.gets == ["run.reduce.0.join"]  # woken by pushes: no poll of the records after the first
+    # the join records and the group key once, side by side at arrival; woken by pushes after that
+    assert dht.gets == ["run.reduce.0.join", "run.reduce.0.group"]
     assert calls["push"] == [("A", "B", "C")]
     assert calls["push_join"] == []  # no earlier group: nobody to push a join to
     # the published record stays the fallback for a member whose push was lost
@@ -102,6 +104,36 @@ def test_a_smaller_joiner_in_the_records_keeps_a_peer_from_leading_on_pushed_joi
     mm, calls = _matchmaker(dht, "B", 2, script)
     group = mm.form_group("reduce", 0, deadline=_in(10))
     assert group.leader == "A" and calls["push"] == []
+
+
+def test_a_smallest_newcomer_after_the_round_formed_is_late_not_a_second_leader() -> None:
+    """A has the smallest ID but arrives after B closed round 5 with B and C: A must see B's list and
+    be late (before this check it led a phantom round with B and C, who had moved on)."""
+    dht = FakeDHT()
+    for peer in ("B", "C"):
+        dht.store("run.reduce.5.join", b"1", dht_time() + 60, subkey=peer, return_future=True)
+    dht.store("run.reduce.5.group", bytes(msgpack.packb(["B", "C"])), dht_time() + 60, subkey="B",
+              return_future=True)
+    mm, calls = _matchmaker(dht, "A", 3, [])
+    with pytest.raises(RoundLate):
+        mm.form_group("reduce", 5, deadline=_in(10))
+    assert calls["push"] == []
+
+
+def test_a_round_formed_while_a_smallest_peer_waits_is_seen_at_its_next_poll() -> None:
+    """The list appears after A's first reads; A (no pushes arriving) re-reads both keys each poll."""
+    dht = FakeDHT()
+    mm = Matchmaker(dht, "A", "run", min_peers=1, expected_peers=None, join_window=30.0, poll=0.01)
+
+    def inbox(kind: str, r: int, wait_s: float, n_joins: int) -> tuple[dict, frozenset]:
+        if len(dht.gets) >= 4:  # after two polls B publishes a list without A
+            dht.store("run.reduce.0.group", bytes(msgpack.packb(["B"])), dht_time() + 60, subkey="B",
+                      return_future=True)
+        return {}, frozenset()
+
+    mm.pushes = Pushes(inbox, lambda *a: None, lambda *a: None)
+    with pytest.raises(RoundLate):
+        mm.form_group("reduce", 0, deadline=_in(10))
 
 
 def test_without_pushes_the_leader_stores_and_rereads_the_group_record() -> None:
