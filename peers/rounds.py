@@ -20,7 +20,9 @@ Scheme (one DHT key pair per round and kind):
    join records and wakes up when one arrives, so it closes the round as soon as the last join
    reaches it rather than at its next DHT poll; its join store is not waited for either (the record
    is the fallback for a push that went to the wrong peer). A leader still reads the join records at
-   least once before it closes, so a smaller newcomer that only wrote its record is seen as before.
+   least once before it closes, so a smaller newcomer that only wrote its record is seen as before;
+   and a peer that may lead reads the group key beside them, so one that arrives after the others
+   formed the round (a newcomer with the smallest ID) is late instead of leading a round of its own.
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
