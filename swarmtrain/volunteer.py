@@ -9,8 +9,9 @@ its own state to later newcomers after every committed sync. Membership is open:
 If a round formed without this peer (it arrived late, e.g. right after its download), the others
 committed an outer step it did not take: it downloads the state that round committed (waiting up to
 ``peers.round_timeout`` for a donor to announce it) before training on, so it never drifts from the
-swarm. After a round that failed for other reasons it adopts the freshest state announced. SIGTERM or Ctrl-C finishes the current step and leaves cleanly (the
-node deregisters); a second signal aborts at once.
+swarm. After a round that failed for other reasons it adopts the freshest state announced. SIGTERM
+or Ctrl-C finishes the current step and leaves cleanly (the node deregisters); a second signal aborts
+at once.
 """
 
 from __future__ import annotations
