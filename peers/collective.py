@@ -141,6 +141,11 @@ class P2PCollective:
         """This peer's ID."""
         return self.node.peer_id
 
+    @property
+    def banned(self) -> frozenset[str]:
+        """The peers this peer currently leaves out of its rounds (issue 6 bans)."""
+        return self._matchmaker.banned
+
     def close(self) -> None:
         """Stop accepting collective messages (the node stays up)."""
         if self._closed:

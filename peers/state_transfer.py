@@ -261,6 +261,7 @@ def download_state(
     wait_for_donor: float = 30.0,
     min_round: int = 0,
     fresh_wait: float = 0.0,
+    exclude: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Download the freshest announced state of the run from a live donor.
 
@@ -276,6 +277,7 @@ def download_state(
             the state that round committed, rather than adopting the one before it). After that the
             freshest state is taken, whatever its round (the round may have failed for everyone).
         fresh_wait: see ``min_round``.
+        exclude: peers not to download from (e.g. the ones this peer has banned).
 
     Returns:
         ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt.
@@ -292,7 +294,7 @@ def download_state(
     fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
     errors: list[str] = []
     while True:
-        found = _announcements(node, run, 15.0)
+        found = [a for a in _announcements(node, run, 15.0) if a[1] not in exclude]
         if time.monotonic() < fresh_deadline:
             found = [a for a in found if a[0] >= min_round]
             if not found:

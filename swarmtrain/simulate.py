@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from swarmtrain.config import Config
-from swarmtrain.errors import ConfigError, PeerTimeoutError, SwarmError
+from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
 if TYPE_CHECKING:
     from swarmtrain.data import BatchSampler
@@ -81,6 +81,7 @@ class PeerOutcome:
     ledger: dict[str, Any]
     wall_s: float
     banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
+    late_rounds: int = 0  # rounds formed without this peer; it then adopted the state they committed
     # issue 6, attackers only: what the attack did (poisoned batches, collusion exchanges and failures)
     attack_stats: dict[str, int] = field(default_factory=dict)
 
@@ -140,9 +141,10 @@ def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> No
 
 def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
     """One training peer: node + collective + trainer; reports progress and a final ``PeerOutcome``."""
-    from peers import GracefulExit, P2PCollective, PeerNode
+    from peers import GracefulExit, P2PCollective, PeerNode, StateServer
     from peers.reducers import build_reducer
     from swarmtrain.trainer import StepInfo, Trainer
+    from swarmtrain.volunteer import state_snapshot
 
     _quiet_logs(log_level)
 
@@ -162,7 +164,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 from peers.guard import build_guard
 
                 guard = build_guard(node, cfg.peers, malicious_owner=bad_owner, seed=rank)
-            collective = P2PCollective(
+            collective = p2p = P2PCollective(
                 node,
                 min_peers=cfg.peers.min_peers,
                 expected_peers=n_peers,
@@ -184,8 +186,10 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 poisoned = PoisonedBatches(trainer.sampler, build_attack(cfg.peers.attack, **options))
                 trainer.sampler = cast("BatchSampler", poisoned)  # same interface, delegates the rest
             digests: dict[int, str] = {}
-            counts = {"committed": 0, "failed": 0, "peak": 0}
+            counts = {"committed": 0, "failed": 0, "peak": 0, "late": 0}
             waited = [0.0]
+            # a peer the others left out of a round catches up as a volunteer does (state download)
+            server = StateServer(node, lambda: state_snapshot(trainer, p2p.round_id))
 
             def on_step(info: StepInfo) -> None:
                 r = info.report
@@ -195,8 +199,12 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                     if r.committed:
                         counts["committed"] += 1
                         digests[r.round_id] = param_digest(shared_parameters(trainer.strategy, trainer.model))
+                        server.refresh()
                     else:
                         counts["failed"] += 1
+                        if r.late and _catch_up(cfg, node, trainer, p2p):
+                            counts["late"] += 1
+                            server.refresh()
                     node.publish(step=info.step, round=r.round_id, throughput=info.tokens_per_s)
                 if info.step % cfg.train.log_interval == 0 or r.synced:
                     q.put(("step", rank, (info.step, info.loss)))
@@ -223,15 +231,36 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 ledger=node.ledger.totals(),
                 wall_s=time.perf_counter() - t0,
                 banned=dict(guard.refresh()) if guard is not None else {},
+                late_rounds=counts["late"],
                 attack_stats=_attack_stats(collective, poisoned),
             )
             q.put(("done", rank, asdict(outcome)))
             # stay reachable until the parent has every outcome: a peer that leaves early would make
             # a slower peer's last round fail
             stop.wait(cfg.peers.round_timeout)
+            server.close()
             collective.close()
     except BaseException as e:
         q.put(("error", rank, f"peer {rank}: {type(e).__name__}: {e}"))
+
+
+def _catch_up(cfg: Config, node: Any, trainer: Any, collective: Any) -> bool:
+    """After a round that formed without this peer: adopt the state its members committed (from a
+    peer this one has not banned), as ``swarmtrain join`` does; False (logged) if none came."""
+    from peers import download_state
+    from swarmtrain.volunteer import apply_state
+
+    t = cfg.peers.round_timeout
+    try:
+        tensors, meta = download_state(
+            node, 2 * t, wait_for_donor=0.0, min_round=collective.round_id, fresh_wait=t,
+            exclude=collective.banned,
+        )
+        collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
+    except (PeerTimeoutError, ProtocolError) as e:
+        logging.getLogger(__name__).warning("late for a round and no state to catch up with: %s", e)
+        return False
+    return True
 
 
 def attack_options(cfg: Config, n_peers: int) -> dict[str, Any]:

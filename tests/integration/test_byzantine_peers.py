@@ -55,7 +55,8 @@ def test_two_sign_flippers_and_a_malicious_owner_are_banned_and_honest_peers_agr
     honest = [out[r] for r in (3, 4, 5)]
     for o in res.outcomes:
         print(
-            f"rank {o.rank}: committed {o.committed_rounds}, failed {o.failed_rounds}, "
+            f"rank {o.rank}: committed {o.committed_rounds}, failed {o.failed_rounds} "
+            f"(late {o.late_rounds}), "
             f"final train loss {o.final_train_loss:.3f}, bans {sorted(b[-6:] for b in o.banned)}"
         )
     # the honest peers agree: same final global parameters, same parameters after every common round
