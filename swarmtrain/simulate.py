@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from swarmtrain.config import Config
-from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.errors import ConfigError, PeerTimeoutError, SwarmError
 
 if TYPE_CHECKING:
     from swarmtrain.data import BatchSampler
@@ -144,7 +144,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
     from peers import GracefulExit, P2PCollective, PeerNode, StateServer
     from peers.reducers import build_reducer
     from swarmtrain.trainer import StepInfo, Trainer
-    from swarmtrain.volunteer import state_snapshot
+    from swarmtrain.volunteer import adopt_swarm_state, state_snapshot
 
     _quiet_logs(log_level)
 
@@ -202,7 +202,10 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                         server.refresh()
                     else:
                         counts["failed"] += 1
-                        if r.late and _catch_up(cfg, node, trainer, p2p):
+                        t = cfg.peers.round_timeout  # as join: wait for the state the round committed
+                        if r.late and adopt_swarm_state(
+                            node, trainer, p2p, 2 * t, min_round=p2p.round_id, fresh_wait=t
+                        ):
                             counts["late"] += 1
                             server.refresh()
                     node.publish(step=info.step, round=r.round_id, throughput=info.tokens_per_s)
@@ -242,25 +245,6 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
             collective.close()
     except BaseException as e:
         q.put(("error", rank, f"peer {rank}: {type(e).__name__}: {e}"))
-
-
-def _catch_up(cfg: Config, node: Any, trainer: Any, collective: Any) -> bool:
-    """After a round that formed without this peer: adopt the state its members committed (from a
-    peer this one has not banned), as ``swarmtrain join`` does; False (logged) if none came."""
-    from peers import download_state
-    from swarmtrain.volunteer import apply_state
-
-    t = cfg.peers.round_timeout
-    try:
-        tensors, meta = download_state(
-            node, 2 * t, wait_for_donor=0.0, min_round=collective.round_id, fresh_wait=t,
-            exclude=collective.banned,
-        )
-        collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
-    except (PeerTimeoutError, ProtocolError) as e:
-        logging.getLogger(__name__).warning("late for a round and no state to catch up with: %s", e)
-        return False
-    return True
 
 
 def attack_options(cfg: Config, n_peers: int) -> dict[str, Any]:

@@ -29,7 +29,14 @@ from swarmtrain.config import Config
 from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.simulate import param_digest, shared_parameters
 
-__all__ = ["VolunteerStatus", "VolunteerResult", "run_volunteer", "state_snapshot", "apply_state"]
+__all__ = [
+    "VolunteerStatus",
+    "VolunteerResult",
+    "run_volunteer",
+    "state_snapshot",
+    "apply_state",
+    "adopt_swarm_state",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +129,39 @@ def apply_state(trainer: Any, tensors: Mapping[str, torch.Tensor], meta: Mapping
     return rnd
 
 
+def adopt_swarm_state(
+    node: Any,
+    trainer: Any,
+    collective: Any,
+    timeout: float,
+    *,
+    wait_for_donor: float = 0.0,
+    min_round: int = 0,
+    fresh_wait: float = 0.0,
+) -> bool:
+    """Download the run's state from a donor this peer has not banned and load it into ``trainer``
+    (``peers.download_state`` says what ``min_round``/``fresh_wait`` do). The collective's round number
+    never goes back: a donor's snapshot can name a round whose group has formed since, and re-joining
+    it would only be late again. Returns False (logged) when no usable state came; nothing changed then.
+    """
+    from peers import download_state
+
+    try:
+        tensors, meta = download_state(
+            node,
+            timeout,
+            wait_for_donor=wait_for_donor,
+            min_round=min_round,
+            fresh_wait=fresh_wait,
+            exclude=collective.banned,
+        )
+        collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
+    except (PeerTimeoutError, ProtocolError) as e:
+        logger.warning("no usable state from the swarm (%s)", e)
+        return False
+    return True
+
+
 def _data_seed(peer_id: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()[:4], "little")
 
@@ -137,7 +177,7 @@ def run_volunteer(
     Raises:
         SwarmError: the node could not start, or a configuration problem.
     """
-    from peers import GracefulExit, P2PCollective, PeerNode, StateServer, download_state
+    from peers import GracefulExit, P2PCollective, PeerNode, StateServer
     from peers.reducers import build_reducer
     from swarmtrain.trainer import StepInfo, Trainer
 
@@ -153,16 +193,11 @@ def run_volunteer(
                                  final_val_loss=None, final_digest="")
 
         def catch_up(wait_for_donor: float, min_round: int = 0) -> bool:
-            try:
-                tensors, meta = download_state(
-                    node, download_timeout, wait_for_donor=wait_for_donor, min_round=min_round,
-                    fresh_wait=cfg.peers.round_timeout if min_round else 0.0,
-                )
-                # never go back to a round this peer already passed: a donor's snapshot can name a
-                # round whose group has formed since, and re-joining it would only be late again
-                collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
-            except (PeerTimeoutError, ProtocolError) as e:
-                logger.warning("no usable state from the swarm (%s)", e)
+            fresh_wait = cfg.peers.round_timeout if min_round else 0.0
+            if not adopt_swarm_state(
+                node, trainer, collective, download_timeout,
+                wait_for_donor=wait_for_donor, min_round=min_round, fresh_wait=fresh_wait,
+            ):
                 return False
             digest = param_digest(shared_parameters(trainer.strategy, trainer.model))
             result.downloads.append({"round": collective.round_id, "step": trainer.step, "digest": digest})
