@@ -122,7 +122,7 @@ def _worker(
 
     from compression import build_compressor
     from peers import P2PCollective, PeerNode
-    from swarmtrain.config import CompressionConfig, PeersConfig
+    from swarmtrain.core.config import CompressionConfig, PeersConfig
 
     logging.basicConfig(
         level=os.environ.get("BENCH_LOG", "WARNING"), format="%(process)d %(name)s: %(message)s"

@@ -1,6 +1,7 @@
 """Byzantine-tolerant averaging benchmark (issue 6): final loss under attack vs the clean run.
 
-Grid: n = 8 peers with f = 3 attackers and n = 16 with f = 7; every attack of ``peers.attacks`` x
+Grid: n = 8 peers with f = 3 attackers and n = 16 with f = 7; every attack of
+``swarmtrain.simulation.attacks`` x
 every reducer of ``peers.reducers``; DataParallel (peers send gradients, with worker momentum as in
 Karimireddy et al. 2021) and DiLoCo (peers send pseudo-gradients after H local AdamW steps). Each cell
 is one run of a tiny byte-level model on the stdlib's sources through the vectorised in-process
@@ -18,7 +19,8 @@ and label flip, while the plain mean visibly fails (ratio > 1.2).
 stale, label flip (the attacker trains on flipped targets) and the malicious owner (with and without
 the owner check, whose byte cost is the clean run with the check vs without); 5 peers with 2
 colluding attackers for ALIE and IPM, which estimate the honest updates from the attackers' own
-(shared over their side channel; see ``peers.attacks.collusion``). Each group has its own clean run;
+(shared over their side channel; see
+``swarmtrain.simulation.attacks.collusion``). Each group has its own clean run;
 ``--real-groups`` picks the groups to (re)run.
 
 Run: ``python benchmarks/byzantine.py`` (writes ``benchmarks/results/byzantine.{json,png}``);
@@ -44,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from byzantine_sim import SimConfig, load_corpus, run_sim  # noqa: E402
 
 from peers.reducers import build_reducer  # noqa: E402
-from swarmtrain.errors import ConfigError  # noqa: E402
+from swarmtrain.core.errors import ConfigError  # noqa: E402
 
 REDUCERS = [
     "mean",

@@ -3,7 +3,8 @@
 Used by ``benchmarks/byzantine.py``. Every simulated peer samples its own batches of real text (the
 Python standard library's sources), computes its own gradient (DataParallel) or pseudo-gradient after ``H``
 local AdamW steps (DiLoCo, Douillard et al. 2023) with ``torch.func.vmap`` over peers; attacking
-peers replace their row (``peers.attacks``), poison their batches (label flip) or, as partition
+peers replace their row
+(``swarmtrain.simulation.attacks``), poison their batches (label flip) or, as partition
 owners, corrupt the aggregate of their partition; the reducer under test (``peers.reducers``)
 combines the rows. This is an honest in-process collective: the same rows reach the same reducer as
 in the network all-reduce, only without the network.
@@ -21,9 +22,9 @@ from pathlib import Path
 import torch
 from torch.func import functional_call, grad, vmap
 
-from peers.attacks import Attack, build_attack, forge_rows
 from peers.reducers import BaseReducer
-from swarmtrain.errors import SwarmError
+from swarmtrain.core.errors import SwarmError
+from swarmtrain.simulation.attacks import Attack, build_attack, forge_rows
 
 __all__ = ["SimConfig", "load_corpus", "run_sim", "ByteMLP"]
 
@@ -37,7 +38,7 @@ class SimConfig:
     strategy: str  # "data_parallel" | "diloco"
     n_peers: int
     n_attackers: int
-    attack: str  # a peers.attacks name ("none": clean)
+    attack: str  # a swarmtrain.simulation.attacks name ("none": clean)
     rounds: int
     inner_steps: int = 1  # DiLoCo H
     batch: int = 32

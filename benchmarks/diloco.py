@@ -2,7 +2,7 @@
 fp32 DataParallel, at equal tokens over real peers.
 
 Every row trains the ``tiny`` byte-level GPT with N real peer processes on 127.0.0.1
-(``swarmtrain.simulate.run_simulation``: hivemind DHT + P2P streams, byte ledger) with the same
+(``swarmtrain.simulation.runner.run_simulation``: hivemind DHT + P2P streams, byte ledger) with the same
 steps, batch, seed, learning-rate schedule and data; only the strategy, the pseudo-gradient codec
 (``none`` = fp32, ``int8``, ``ternary``) and H (inner steps between outer steps) change. Reported per
 row: final validation loss (mean over peers) and its gap to DataParallel's from the same invocation,
@@ -226,8 +226,8 @@ def _write(doc: dict[str, Any], out: Path) -> None:
 
 
 def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from swarmtrain.config import load_config
-    from swarmtrain.simulate import run_simulation
+    from swarmtrain.core.config import load_config
+    from swarmtrain.simulation.runner import run_simulation
 
     shared = shared_settings(args.steps, args.peers, args.quick)
     doc: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """DataParallel (fp32), DiLoCo, StreamingDiLoCo and DeMo at equal tokens over real peers.
 
 Each strategy trains the ``tiny`` byte-level GPT with N real peer processes on 127.0.0.1
-(``swarmtrain.simulate.run_simulation``: hivemind DHT + P2P streams, byte ledger), with the same
+(``swarmtrain.simulation.runner.run_simulation``: hivemind DHT + P2P streams, byte ledger), with the same
 steps, batch, seed, learning-rate schedule and data for all. Reported per strategy: final validation
 loss (mean over peers), ledger bytes sent per token and per step, the most bytes any peer sent in a
 single sync, compute utilization (1 - time ``step()`` blocked on communication / wall time) and wall
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarmtrain.config import Config, load_config
-from swarmtrain.simulate import SimulationResult, run_simulation
+from swarmtrain.core.config import Config, load_config
+from swarmtrain.simulation.runner import SimulationResult, run_simulation
 
 __all__ = ["RunSpec", "settings", "run_all", "check_goals", "main"]
 

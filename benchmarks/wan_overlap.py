@@ -2,7 +2,7 @@
 
 Four training peers and a bootstrap node run in their own network namespaces, joined by veth pairs
 to a bridge, every link capped with ``tc tbf`` (20 Mbit/s by default, both directions;
-``benchmarks/wan_netns.py``). Each peer is ``swarmtrain.simulate``'s peer process, started with
+``benchmarks/wan_netns.py``). Each peer is ``swarmtrain.simulation.runner``'s peer process, started with
 ``ip netns exec`` (``benchmarks/wan_worker.py``). Both strategies send fp32 pseudo-gradients (codec
 ``none``), so a DiLoCo sync of the tiny model moves megabytes through the cap and the training loop
 stalls on it, while StreamingDiLoCo sends one fragment at a time in a background thread and joins it
@@ -40,9 +40,9 @@ if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
 from wan_netns import Wan, ip_of  # noqa: E402
 from wan_worker import MESSAGE_PREFIX  # noqa: E402
 
-from swarmtrain.config import Config, load_config  # noqa: E402
-from swarmtrain.errors import SwarmError  # noqa: E402
-from swarmtrain.simulate import PeerOutcome, params_identical  # noqa: E402
+from swarmtrain.core.config import Config, load_config  # noqa: E402
+from swarmtrain.core.errors import SwarmError  # noqa: E402
+from swarmtrain.simulation.runner import PeerOutcome, params_identical  # noqa: E402
 
 __all__ = ["WanRun", "run_wan", "run_benchmark", "main"]
 
@@ -59,7 +59,7 @@ class WanRun:
 
     @property
     def compute_utilization(self) -> float:
-        """Mean over peers of ``1 - comm_wait / wall`` (as ``swarmtrain.simulate`` computes it)."""
+        """Mean over peers of ``1 - comm_wait / wall`` (as ``swarmtrain.simulation.runner`` computes it)."""
         return 1.0 - sum(o.comm_wait_s / max(o.wall_s, 1e-9) for o in self.outcomes) / len(self.outcomes)
 
     def summary(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@
     ip netns exec swt-n0 python benchmarks/wan_worker.py bootstrap CONFIG.json
     ip netns exec swt-n1 python benchmarks/wan_worker.py peer RANK N_PEERS CONFIG.json
 
-It runs ``swarmtrain.simulate``'s bootstrap / peer main functions unchanged; instead of a
+It runs ``swarmtrain.simulation.runner``'s bootstrap / peer main functions unchanged; instead of a
 multiprocessing queue (which cannot cross into a process started by ``ip netns exec``), their
 messages go to stdout as one JSON line each, prefixed by ``MESSAGE_PREFIX``, for the parent to read.
 """
@@ -40,7 +40,7 @@ class StdoutQueue:
 
 def main(argv: list[str]) -> int:
     """``bootstrap CONFIG`` or ``peer RANK N CONFIG``."""
-    from swarmtrain.simulate import _bootstrap_main, _peer_main
+    from swarmtrain.simulation.runner import _bootstrap_main, _peer_main
 
     q = StdoutQueue()
     # SWARMTRAIN_WAN_LOG=WARNING shows the peers' warnings (e.g. why a round failed) on stderr

@@ -1,9 +1,9 @@
 """Tensor codecs: pure math, no network (DESIGN.md section 3).
 
 Every codec is registered by name in ``CODECS`` (``none``, ``fp16``, ``bf16``, ``int8``, ``int4``,
-``ternary``, ``topk``; composites ``topk+<codec>``) and implements ``swarmtrain.protocols.Compressor``:
+``ternary``, ``topk``; composites ``topk+<codec>``) and implements ``swarmtrain.core.protocols.Compressor``:
 ``compress(t, *, key="") -> Packet`` and ``decompress(p) -> Tensor``. ``ErrorFeedback`` and ``EF21``
-wrap any of them. ``swarmtrain.wire`` turns packets into bytes and back; decoders treat packets as
+wrap any of them. ``swarmtrain.core.wire`` turns packets into bytes and back; decoders treat packets as
 hostile and raise ``ProtocolError`` on any inconsistency.
 """
 

@@ -1,6 +1,6 @@
 """Shared machinery of the tensor codecs: the registry, dtype rules, packet checks and byte helpers.
 
-Every codec turns a float tensor into a ``swarmtrain.packet.Packet`` (plain bytes plus a few small
+Every codec turns a float tensor into a ``swarmtrain.core.packet.Packet`` (plain bytes plus a few small
 parameters) and back. Decoding treats the packet as hostile: it comes from a peer, so each check
 below raises ``ProtocolError`` naming what was wrong instead of crashing or allocating without bound.
 All multi-byte buffers are little-endian.
@@ -14,9 +14,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from swarmtrain.errors import ConfigError, ProtocolError, UpdateRejected
-from swarmtrain.packet import Packet, ParamValue
-from swarmtrain.registry import Registry
+from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
+from swarmtrain.core.packet import Packet, ParamValue
+from swarmtrain.core.registry import Registry
 
 __all__ = [
     "CODECS",
@@ -167,7 +167,7 @@ def check_absmax_top(top: float, dtype: str, codec: str) -> None:
 
 
 class Codec:
-    """Base class of the registered codecs (implements the ``swarmtrain.protocols.Compressor`` protocol).
+    """Base class of the registered codecs (implements the ``swarmtrain.core.protocols.Compressor`` protocol).
 
     Subclasses set ``name``, implement ``compress``/``decompress`` and ``payload_nbytes`` (the exact
     payload size for ``numel`` elements, which the tests check against real packets).

@@ -29,7 +29,7 @@ import torch
 from compression import native
 from compression.factory import codec_names, make_codec
 from compression.kernels import compile_mode, min_numel
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = [
     "CodecResult",

@@ -31,8 +31,8 @@ from compression.base import (
     tensor_bytes,
 )
 from compression.kernels import Kernel
-from swarmtrain.errors import ConfigError, ProtocolError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.packet import Packet
 
 __all__ = ["BlockwiseCodec", "Int8Compressor", "Int4Compressor", "MIN_BLOCK", "MAX_BLOCK", "tiny_rescale"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from compression.base import CODECS, Codec, buffer_tensor, check_packet, dtype_name, tensor_bytes
-from swarmtrain.errors import UpdateRejected
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import UpdateRejected
+from swarmtrain.core.packet import Packet
 
 __all__ = ["NoneCompressor", "Identity", "FP16Compressor", "BF16Compressor"]
 

@@ -16,9 +16,9 @@ from compression.blockwise import BlockwiseCodec
 from compression.feedback import EF21, ErrorFeedback
 from compression.ternary import TernaryCompressor
 from compression.topk import TopKCompressor
-from swarmtrain.config import CompressionConfig
-from swarmtrain.errors import ConfigError, ProtocolError
-from swarmtrain.packet import Packet
+from swarmtrain.core.config import CompressionConfig
+from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.packet import Packet
 
 __all__ = ["build_compressor", "make_codec", "codec_names", "decompress_any", "VALUE_CODECS"]
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from compression.base import Codec
-from swarmtrain.errors import ConfigError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.packet import Packet
 
 __all__ = ["ErrorFeedback", "EF21"]
 

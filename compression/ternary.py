@@ -40,8 +40,8 @@ from compression.base import (
 )
 from compression.blockwise import MAX_BLOCK, MIN_BLOCK, tiny_rescale
 from compression.kernels import Kernel
-from swarmtrain.errors import ConfigError, ProtocolError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.packet import Packet
 
 __all__ = ["TernaryCompressor", "hash_uniform"]
 

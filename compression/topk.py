@@ -16,8 +16,8 @@ import torch
 
 from compression.base import CODECS, Codec, check_packet, dtype_name, int_param
 from compression.cast import NoneCompressor
-from swarmtrain.errors import ConfigError, ProtocolError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.packet import Packet
 
 __all__ = ["TopKCompressor", "index_dtype"]
 

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from compression import build_compressor
-from swarmtrain.config import CompressionConfig, StrategyConfig
-from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import Collective, Compressor, Reducer, RoundResult, StepReport, Strategy
-from swarmtrain.registry import Registry
+from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import Collective, Compressor, Reducer, RoundResult, StepReport, Strategy
+from swarmtrain.core.registry import Registry
 
 __all__ = [
     "STRATEGIES",

@@ -29,8 +29,8 @@ from optimizers.base import (
     round_report,
     trainable_parameters,
 )
-from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import StepReport
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import StepReport
 
 __all__ = ["DataParallel", "flatten_buckets", "unflatten_buckets"]
 

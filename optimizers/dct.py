@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["chunk_length", "dct_matrix", "ChunkedDCT"]
 

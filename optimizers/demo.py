@@ -43,8 +43,8 @@ import torch
 from optimizers.base import STRATEGIES, StrategyContext, require_collective, trainable_parameters
 from optimizers.dct import ChunkedDCT
 from optimizers.demo_payload import VALUE_MODES, TensorSpec, decode_payload, encode_payload
-from swarmtrain.errors import ConfigError, ProtocolError, UpdateRejected
-from swarmtrain.protocols import Reducer, StepReport
+from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
+from swarmtrain.core.protocols import Reducer, StepReport
 
 __all__ = ["DeMo", "demo_extract", "demo_aggregate", "demo_reduce", "is_robust"]
 

@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 import torch
 
-from swarmtrain.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ConfigError, ProtocolError
 
 __all__ = [
     "VALUE_MODES",

@@ -36,8 +36,8 @@ from optimizers.base import (
     trainable_parameters,
 )
 from optimizers.outer import OuterSGD
-from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import StepReport
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import StepReport
 
 __all__ = ["DiLoCo"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["find_blocks", "split_fragments", "fragment_offsets"]
 

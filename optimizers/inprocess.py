@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import Compressor, GatherResult, Reducer, RoundResult
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundResult
 
 __all__ = ["InProcessGroup", "InProcessCollective"]
 
@@ -86,7 +86,7 @@ class InProcessGroup:
 
 
 class InProcessCollective:
-    """One member of an ``InProcessGroup``; implements ``swarmtrain.protocols.Collective``."""
+    """One member of an ``InProcessGroup``; implements ``swarmtrain.core.protocols.Collective``."""
 
     def __init__(self, shared: _Shared, index: int) -> None:
         self._shared = shared

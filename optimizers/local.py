@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from optimizers.base import STRATEGIES, StrategyContext
-from swarmtrain.protocols import StepReport
+from swarmtrain.core.protocols import StepReport
 
 __all__ = ["Local"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["OuterSGD"]
 

@@ -44,8 +44,8 @@ from optimizers.base import (
 )
 from optimizers.fragments import fragment_offsets, split_fragments
 from optimizers.outer import OuterSGD
-from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import RoundResult, StepReport
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import RoundResult, StepReport
 
 __all__ = ["StreamingDiLoCo"]
 

@@ -38,8 +38,8 @@ from peers.messages import Envelope, encode_packet_bytes
 from peers.reducers import MeanReducer
 from peers.rounds import Group, RoundFailed
 from peers.verify import verified_partition
-from swarmtrain.errors import ConfigError, ProtocolError, UpdateRejected
-from swarmtrain.protocols import Compressor, Reducer
+from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
+from swarmtrain.core.protocols import Compressor, Reducer
 
 if TYPE_CHECKING:
     from peers.collective import P2PCollective

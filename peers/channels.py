@@ -30,7 +30,7 @@ from typing import Any
 from peers.ledger import ByteLedger
 from peers.messages import FRAME_PREFIX, Envelope, decode_ack, encode_envelope
 from peers.transport import read_frame, widen_send_buffer, write_frame, write_frame_drained
-from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["Channel", "ChannelPool", "IDLE_CLOSE", "lane_of"]
 

@@ -53,8 +53,8 @@ from peers.transport import (
     write_frame,
 )
 from peers.verify import OwnerCheckFailed
-from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
-from swarmtrain.protocols import Compressor, GatherResult, Reducer, RoundResult
+from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundResult
 
 if TYPE_CHECKING:
     from peers.guard import ByzantineGuard
@@ -69,7 +69,7 @@ _GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds allows 10
 class P2PCollective:
     """Group communication among the peers of one run, over a :class:`PeerNode`'s P2P streams.
 
-    Implements ``swarmtrain.protocols.Collective``. Calls are synchronous and one at a time; every
+    Implements ``swarmtrain.core.protocols.Collective``. Calls are synchronous and one at a time; every
     call uses the next round number (``round_id``), whether it commits or not, so all peers that make
     the same sequence of calls meet in the same rounds.
 

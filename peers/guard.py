@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from peers.suspicion import AccusationTable, Signer, compute_bans, decode_signed, encode_signed, suspicion_key
-from swarmtrain.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ConfigError, ProtocolError
 
 __all__ = ["ByzantineGuard", "read_tables", "build_guard", "ensure_signing_identity"]
 
@@ -34,7 +34,7 @@ class ByzantineGuard:
         strikes: outlier rounds an accuser must see before it counts.
         min_ratio: fraction of observed rounds that must be outliers.
         owner_attack: for simulations: an attack with ``corrupt_aggregate`` this peer applies to the
-            aggregates it returns as a primary owner (``peers.attacks.MaliciousOwner``).
+            aggregates it returns as a primary owner (``swarmtrain.simulation.attacks.MaliciousOwner``).
 
     Raises:
         ConfigError: the identity does not match the node, or bad thresholds.
@@ -159,7 +159,7 @@ def build_guard(node: Any, peers_cfg: Any, *, malicious_owner: bool = False, see
     ``ban_strikes``); ``malicious_owner`` makes it corrupt its aggregates (simulations)."""
     attack = None
     if malicious_owner:
-        from peers.attacks import MaliciousOwner
+        from swarmtrain.simulation.attacks import MaliciousOwner
 
         opts = {k: v for k, v in peers_cfg.attack_options.items() if k in ("mode", "scale")}
         attack = MaliciousOwner(seed=seed, **opts)

@@ -10,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["ensure_identity", "peer_id_of"]
 

@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["ByteLedger", "LedgerEntry", "STATE_ROUND"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peers.messages import Envelope
-from swarmtrain.errors import ProtocolError
+from swarmtrain.core.errors import ProtocolError
 
 __all__ = ["Mailbox", "Delivery", "Key"]
 

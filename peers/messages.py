@@ -6,7 +6,7 @@ receiver answers with one small ack frame. Bulk data thus travels in parts of at
 :data:`MAX_FRAME` bytes over streams (hivemind's unary RPC is capped at 4 MiB and is ~8x slower).
 
 Everything here parses bytes that came from another peer, so every field is type- and range-checked
-and every failure raises :class:`swarmtrain.errors.ProtocolError`.
+and every failure raises :class:`swarmtrain.core.errors.ProtocolError`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import msgpack
 
-from swarmtrain.errors import ProtocolError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.packet import Packet
 
 __all__ = [
     "Envelope",
@@ -197,7 +197,7 @@ def decode_ack(data: bytes) -> tuple[bool, str]:
 
 
 # --- packets on the wire -----------------------------------------------------------------------------
-# ``swarmtrain.wire`` is the project's safe packet codec. Until it is importable, a minimal msgpack form
+# ``swarmtrain.core.wire`` is the project's safe packet codec. Until it is importable, a minimal msgpack form
 # with the same validation duties is used so the network layer can be built and tested on its own.
 
 _DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64"})
@@ -212,7 +212,7 @@ def _wire() -> Any:
 
 
 def encode_packet_bytes(p: Packet) -> bytes:
-    """Serialise a codec packet (``swarmtrain.wire.encode_packet`` when available)."""
+    """Serialise a codec packet (``swarmtrain.core.wire.encode_packet`` when available)."""
     wire = _wire()
     if wire is not None:
         return bytes(wire.encode_packet(p))
@@ -227,7 +227,7 @@ def encode_packet_bytes(p: Packet) -> bytes:
 
 
 def decode_packet_bytes(data: bytes, *, max_bytes: int = MAX_FRAME) -> Packet:
-    """Parse a packet from a peer (bounded; ``swarmtrain.wire.decode_packet`` when available).
+    """Parse a packet from a peer (bounded; ``swarmtrain.core.wire.decode_packet`` when available).
 
     Raises:
         ProtocolError: oversized or malformed bytes.

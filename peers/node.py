@@ -24,8 +24,8 @@ from peers.ledger import ByteLedger
 from peers.memory import retain_freed_buffers
 from peers.records import PeerRecord, decode_record, encode_record, peers_key
 from peers.transport import LoopThread
-from swarmtrain.config import PeersConfig
-from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.config import PeersConfig
+from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["PeerNode", "validate_maddrs", "dht_time", "RUN_ID_PATTERN"]
 
@@ -114,7 +114,7 @@ class PeerNode:
     ) -> None:
         import hivemind
 
-        from swarmtrain import __version__
+        from swarmtrain.core import __version__
 
         if not RUN_ID_PATTERN.match(config.run_id):
             raise ConfigError(f"run_id {config.run_id!r}: use 1-64 letters, digits, '_', '.', '-'")

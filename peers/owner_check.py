@@ -23,8 +23,8 @@ import torch
 from peers.messages import Envelope, encode_packet_bytes
 from peers.rounds import Group, ListsBannedPeer, Matchmaker
 from peers.verify import OwnerCheckFailed, chunk_digest, outlier_rows, verifier_index
-from swarmtrain.errors import ProtocolError
-from swarmtrain.protocols import Compressor, Reducer
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.protocols import Compressor, Reducer
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from swarmtrain.errors import ProtocolError
+from swarmtrain.core.errors import ProtocolError
 
 __all__ = ["PeerRecord", "encode_record", "decode_record", "peers_key", "MAX_RECORD_BYTES"]
 

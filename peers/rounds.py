@@ -46,7 +46,7 @@ from typing import Any
 
 import msgpack
 
-from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["Group", "Pushes", "RoundFailed", "RoundLate", "ListsBannedPeer", "Matchmaker", "group_digest"]
 

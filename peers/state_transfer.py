@@ -38,7 +38,7 @@ from peers.transport import (
     write_frame,
     write_frame_drained,
 )
-from swarmtrain.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["StateServer", "download_state", "StateProvider", "state_key", "META_KEY"]
 

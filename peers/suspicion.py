@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from swarmtrain.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ConfigError, ProtocolError
 
 __all__ = [
     "AccusationTable",

@@ -28,7 +28,7 @@ from peers.messages import (
     encode_envelope,
     encode_frame_length,
 )
-from swarmtrain.errors import PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = [
     "LoopThread",

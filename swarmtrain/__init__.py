@@ -9,43 +9,43 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from swarmtrain.core import __version__
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
-    "SwarmError": "swarmtrain.errors",
-    "ConfigError": "swarmtrain.errors",
-    "PeerTimeoutError": "swarmtrain.errors",
-    "ProtocolError": "swarmtrain.errors",
-    "UpdateRejected": "swarmtrain.errors",
-    "Config": "swarmtrain.config",
-    "load_config": "swarmtrain.config",
-    "Packet": "swarmtrain.packet",
-    "Registry": "swarmtrain.registry",
-    "Compressor": "swarmtrain.protocols",
-    "Reducer": "swarmtrain.protocols",
-    "Collective": "swarmtrain.protocols",
-    "Strategy": "swarmtrain.protocols",
-    "RoundResult": "swarmtrain.protocols",
-    "GatherResult": "swarmtrain.protocols",
-    "StepReport": "swarmtrain.protocols",
-    "Trainer": "swarmtrain.trainer",
-    "StepInfo": "swarmtrain.trainer",
-    "TrainResult": "swarmtrain.trainer",
-    "GPT": "swarmtrain.models",
-    "build_model": "swarmtrain.models",
-    "PRESETS": "swarmtrain.models",
-    "Corpus": "swarmtrain.data",
-    "build_corpus": "swarmtrain.data",
-    "BatchSampler": "swarmtrain.data",
-    "pack_state": "swarmtrain.checkpoint",
-    "unpack_state": "swarmtrain.checkpoint",
-    "run_simulation": "swarmtrain.simulate",
-    "SimulationResult": "swarmtrain.simulate",
-    "run_volunteer": "swarmtrain.volunteer",
-    "encode_packet": "swarmtrain.wire",
-    "decode_packet": "swarmtrain.wire",
-    "packet_nbytes": "swarmtrain.wire",
+    "SwarmError": "swarmtrain.core.errors",
+    "ConfigError": "swarmtrain.core.errors",
+    "PeerTimeoutError": "swarmtrain.core.errors",
+    "ProtocolError": "swarmtrain.core.errors",
+    "UpdateRejected": "swarmtrain.core.errors",
+    "Config": "swarmtrain.core.config",
+    "load_config": "swarmtrain.core.config",
+    "Packet": "swarmtrain.core.packet",
+    "Registry": "swarmtrain.core.registry",
+    "Compressor": "swarmtrain.core.protocols",
+    "Reducer": "swarmtrain.core.protocols",
+    "Collective": "swarmtrain.core.protocols",
+    "Strategy": "swarmtrain.core.protocols",
+    "RoundResult": "swarmtrain.core.protocols",
+    "GatherResult": "swarmtrain.core.protocols",
+    "StepReport": "swarmtrain.core.protocols",
+    "Trainer": "swarmtrain.app.trainer",
+    "StepInfo": "swarmtrain.app.trainer",
+    "TrainResult": "swarmtrain.app.trainer",
+    "GPT": "swarmtrain.app.models",
+    "build_model": "swarmtrain.app.models",
+    "PRESETS": "swarmtrain.app.models",
+    "Corpus": "swarmtrain.app.data",
+    "build_corpus": "swarmtrain.app.data",
+    "BatchSampler": "swarmtrain.app.data",
+    "pack_state": "swarmtrain.app.checkpoint",
+    "unpack_state": "swarmtrain.app.checkpoint",
+    "run_simulation": "swarmtrain.simulation.runner",
+    "SimulationResult": "swarmtrain.simulation.runner",
+    "run_volunteer": "swarmtrain.app.volunteer",
+    "encode_packet": "swarmtrain.core.wire",
+    "decode_packet": "swarmtrain.core.wire",
+    "packet_nbytes": "swarmtrain.core.wire",
     "CODECS": "compression",
     "build_compressor": "compression",
     "NoneCompressor": "compression",
@@ -80,7 +80,7 @@ _LAZY: dict[str, str] = {
     "MultiKrum": "peers.reducers",
     "GeometricMedian": "peers.reducers",
     "MeanReducer": "peers.reducers",
-    "ATTACKS": "peers.attacks",
+    "ATTACKS": "swarmtrain.simulation.attacks",
 }
 
 __all__ = ["__version__", "join", *sorted(_LAZY)]
@@ -97,7 +97,7 @@ def __getattr__(name: str) -> Any:
 
 def join(argv: list[str] | None = None) -> int:
     """Run ``swarmtrain join`` with CLI-style arguments (``join(["--initial-peers", maddr])``)."""
-    from swarmtrain.cli import run
+    from swarmtrain.app.cli import run
 
     return run(["join", *(argv or [])])
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarmtrain.cli import main
+from swarmtrain.app.cli import main
 
 __all__: list[str] = []
 

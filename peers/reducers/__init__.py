@@ -18,7 +18,7 @@ from peers.reducers.krum import Krum, MultiKrum, krum_scores
 from peers.reducers.mean import MeanReducer
 from peers.reducers.median import CoordinateMedian
 from peers.reducers.trimmed import TrimmedMean
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = [
     "REDUCERS",

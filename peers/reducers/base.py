@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from swarmtrain.errors import ConfigError, UpdateRejected
-from swarmtrain.registry import Registry
+from swarmtrain.core.errors import ConfigError, UpdateRejected
+from swarmtrain.core.registry import Registry
 
 __all__ = [
     "REDUCERS",

@@ -8,7 +8,7 @@ import math
 import torch
 
 from peers.reducers.base import REDUCERS, BaseReducer, column_chunks, coordinate_median_of, row_sq_distances
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["GeometricMedian"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from peers.reducers.base import REDUCERS, BaseReducer, map_columns
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 __all__ = ["TrimmedMean"]
 

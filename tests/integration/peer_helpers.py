@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from peers.process import PeerProcess, find_orphans, spawn_function
-from swarmtrain.config import PeersConfig
-from swarmtrain.packet import Packet
+from swarmtrain.core.config import PeersConfig
+from swarmtrain.core.packet import Packet
 
 __all__ = [
     "LOOPBACK",

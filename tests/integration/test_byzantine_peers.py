@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from swarmtrain.config import load_config
-from swarmtrain.simulate import run_simulation
+from swarmtrain.core.config import load_config
+from swarmtrain.simulation.runner import run_simulation
 
 STEPS = 24
 

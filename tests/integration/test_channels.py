@@ -22,7 +22,7 @@ PAYLOAD = 64 * 1024 + 3
 def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
     from peers import P2PCollective, PeerNode
     from peers.messages import Envelope
-    from swarmtrain.errors import ProtocolError
+    from swarmtrain.core.errors import ProtocolError
 
     class Counting(P2PCollective):
         streams = 0

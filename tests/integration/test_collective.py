@@ -32,7 +32,7 @@ def build_codec(name: str) -> Any:
     if name == "fp32-test":
         return Fp32Identity()
     from compression import build_compressor
-    from swarmtrain.config import CompressionConfig
+    from swarmtrain.core.config import CompressionConfig
 
     return build_compressor(CompressionConfig(codec=name))
 

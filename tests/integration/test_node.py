@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from peers.process import PeerProcess, find_orphans, spawn_command
-from swarmtrain.cli import run
+from swarmtrain.app.cli import run
 
-CLI = [sys.executable, "-c", "from swarmtrain.cli import main; main()"]
+CLI = [sys.executable, "-c", "from swarmtrain.app.cli import main; main()"]
 
 
 def _start_dht(identity: Path) -> tuple[PeerProcess, str, list[str]]:

@@ -34,11 +34,11 @@ def make_tensors(rank: int, round_id: int) -> dict[str, torch.Tensor]:
 def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
     from compression import build_compressor
     from peers import P2PCollective, PeerNode
-    from peers.attacks import MaliciousOwner
     from peers.guard import ByzantineGuard
     from peers.identity import ensure_identity
     from peers.reducers import build_reducer
-    from swarmtrain.config import CompressionConfig
+    from swarmtrain.core.config import CompressionConfig
+    from swarmtrain.simulation.attacks import MaliciousOwner
 
     ident = str(Path(tmp) / f"id{rank}.key")
     ensure_identity(ident)

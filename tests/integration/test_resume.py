@@ -22,8 +22,8 @@ SCRIPT = f"N = {N}\n" + textwrap.dedent(
     """
     import sys, torch
     from safetensors.torch import save_file
-    from swarmtrain.config import load_config
-    from swarmtrain.trainer import Trainer
+    from swarmtrain.core.config import load_config
+    from swarmtrain.app.trainer import Trainer
 
     torch.set_num_threads(1)  # same thread count in every process: same float reduction order
     out = sys.argv[2]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from swarmtrain.config import Config, load_config
-from swarmtrain.simulate import run_simulation
+from swarmtrain.core.config import Config, load_config
+from swarmtrain.simulation.runner import run_simulation
 
 
 def _cfg(**overrides: Any) -> Config:

@@ -58,7 +58,7 @@ def _loss(model: torch.nn.Module, rank: int, step: int) -> float:
 def worker(rank: int, initial: list[str], q: Any, n: int) -> None:
     from optimizers import StrategyContext, build_strategy
     from peers import P2PCollective, PeerNode
-    from swarmtrain.config import CompressionConfig, StrategyConfig
+    from swarmtrain.core.config import CompressionConfig, StrategyConfig
 
     with reporting_errors(q, rank), PeerNode(loopback_config("t-strat", initial)) as node:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})

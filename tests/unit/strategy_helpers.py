@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from optimizers import InProcessGroup, StrategyContext, build_strategy
-from swarmtrain.config import CompressionConfig, StrategyConfig
-from swarmtrain.packet import Packet
-from swarmtrain.protocols import Collective, Compressor, Strategy
+from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.packet import Packet
+from swarmtrain.core.protocols import Collective, Compressor, Strategy
 
 T = TypeVar("T")
 

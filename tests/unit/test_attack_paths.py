@@ -18,7 +18,10 @@ import torch
 
 from compression import make_codec
 from optimizers import InProcessGroup
-from peers.attacks import (
+from swarmtrain.app.data import BatchSampler
+from swarmtrain.core.config import load_config
+from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.simulation.attacks import (
     ATTACKS,
     AttackingCollective,
     Colluders,
@@ -27,14 +30,11 @@ from peers.attacks import (
     decode_rows,
     encode_rows,
 )
-from swarmtrain.config import load_config
-from swarmtrain.data import BatchSampler
-from swarmtrain.errors import ConfigError, ProtocolError
 
 
 @pytest.mark.parametrize("name", sorted(set(ATTACKS.names()) - {"none"}))
 def test_simulate_accepts_every_attack(name: str) -> None:
-    from swarmtrain.commands.simulate import _validate_names
+    from swarmtrain.app.commands.simulate import _validate_names
 
     cfg = load_config(
         None,
@@ -53,8 +53,8 @@ def test_simulate_accepts_every_attack(name: str) -> None:
 def test_demo_refuses_attacks_that_would_do_nothing(name: str) -> None:
     """DeMo all-gathers sparse components: only the data-level label flip can act on it; every other
     attack would silently be a no-op, so the run is refused in one line instead."""
-    from swarmtrain.commands.simulate import _validate_names
-    from swarmtrain.simulate import run_simulation
+    from swarmtrain.app.commands.simulate import _validate_names
+    from swarmtrain.simulation.runner import run_simulation
 
     cfg = load_config(None, {"strategy.name": "demo", "peers.attack": name, "peers.attackers": 1}, env={})
     if name == "label_flip":

@@ -9,10 +9,10 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from peers.attacks import ATTACKS, build_attack, flip_labels, forge_rows
-from peers.attacks.update import alie_z
 from peers.reducers import build_reducer
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.simulation.attacks import ATTACKS, build_attack, flip_labels, forge_rows
+from swarmtrain.simulation.attacks.update import alie_z
 
 ROBUST = ["coordinate_median", "trimmed_mean", "centered_clip", "multi_krum", "krum", "geometric_median"]
 
@@ -207,7 +207,7 @@ def _rounds_with_one_attacker(attack: str, rounds: int, **opts: float) -> list[l
 
     from compression import make_codec
     from optimizers import InProcessGroup
-    from peers.attacks import AttackingCollective
+    from swarmtrain.simulation.attacks import AttackingCollective
 
     group = InProcessGroup(4, timeout=30.0)
     codec = make_codec("none")
@@ -253,7 +253,7 @@ def test_attacking_collective_keeps_stale_state_per_tensor() -> None:
 
 def test_attacking_collective_refuses_attacks_that_do_not_act_on_the_update() -> None:
     from optimizers import InProcessGroup
-    from peers.attacks import AttackingCollective
+    from swarmtrain.simulation.attacks import AttackingCollective
 
     member = InProcessGroup(1).members[0]
     for name in ("label_flip", "malicious_owner"):
@@ -275,7 +275,7 @@ def test_attacking_collective_refuses_attacks_that_do_not_act_on_the_update() ->
 def test_simulate_refuses_bad_attack_settings_in_one_line_before_starting(
     args: list[str], options: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from swarmtrain.cli import run
+    from swarmtrain.app.cli import run
 
     toml = tmp_path / "run.toml"
     toml.write_text(f"[peers]\nattack_options = {{{options}}}\n")

@@ -8,7 +8,7 @@ import torch
 
 from peers.butterfly import _flat, _mean_into, bounds
 from peers.reducers import MeanReducer
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(("n", "parts"), [(0, 3), (1, 4), (10, 3), (1001, 4), (2**20 + 5, 7)])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swarmtrain import __version__
-from swarmtrain.cli import run
+from swarmtrain.app.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import compression
-from swarmtrain.config import CompressionConfig
-from swarmtrain.errors import ConfigError, ProtocolError, UpdateRejected
-from swarmtrain.packet import Packet
-from swarmtrain.protocols import Compressor
+from swarmtrain.core.config import CompressionConfig
+from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
+from swarmtrain.core.packet import Packet
+from swarmtrain.core.protocols import Compressor
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -253,7 +253,7 @@ def test_block_must_be_a_multiple_of_8() -> None:
 _CHILD = """
 import hashlib, sys, torch
 import compression
-from swarmtrain.wire import encode_packet
+from swarmtrain.core.wire import encode_packet
 torch.set_num_threads(1)
 x = torch.randn(5000, generator=torch.Generator().manual_seed(11))
 for name in sys.argv[1:]:
@@ -270,7 +270,7 @@ def test_packets_and_decodes_are_identical_across_processes_and_thread_counts() 
     import subprocess
     import sys
 
-    from swarmtrain.wire import encode_packet
+    from swarmtrain.core.wire import encode_packet
 
     names = ["int8", "int4", "ternary", "topk+int8", "bf16"]
     child = subprocess.run(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from compression.benchmark import DEFAULT_CODECS
-from swarmtrain.cli import run
+from swarmtrain.app.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,8 @@ from hypothesis.extra.numpy import arrays
 import compression
 from compression import native
 from compression.native import ENV_NATIVE, ENV_NATIVE_DIR
-from swarmtrain.errors import UpdateRejected
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import UpdateRejected
+from swarmtrain.core.packet import Packet
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: native path not built")
 

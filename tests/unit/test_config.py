@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.config import Config, load_config
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.config import Config, load_config
+from swarmtrain.core.errors import ConfigError
 
 
 def _write(tmp_path: Path, text: str) -> Path:

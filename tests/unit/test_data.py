@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from swarmtrain.config import DataConfig
-from swarmtrain.data import BatchSampler, build_corpus, eval_batches, hash_split
-from swarmtrain.data.corpus import build_stdlib_corpus
-from swarmtrain.errors import ConfigError
+from swarmtrain.app.data import BatchSampler, build_corpus, eval_batches, hash_split
+from swarmtrain.app.data.corpus import build_stdlib_corpus
+from swarmtrain.core.config import DataConfig
+from swarmtrain.core.errors import ConfigError
 
 
 def _fake_stdlib(root: Path, n: int = 60) -> Path:

@@ -17,7 +17,7 @@ from strategy_helpers import (
 )
 
 from optimizers.data_parallel import flatten_buckets, unflatten_buckets
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 STEPS = 5
 

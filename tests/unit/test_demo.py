@@ -27,7 +27,7 @@ from strategy_helpers import (
 
 from optimizers import StrategyContext, build_strategy
 from optimizers.dct import ChunkedDCT
-from swarmtrain.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import CompressionConfig, StrategyConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "demo_golden.json"
 SHAPES = {"w": (6, 8), "b": (10,), "c": (2, 3, 4)}

@@ -14,9 +14,9 @@ from strategy_helpers import IdentityCompressor, InProcessGroup, backward, batch
 
 from optimizers import StrategyContext, build_strategy
 from optimizers.demo_payload import TensorSpec, decode_payload, encode_payload, index_dtype, max_payload_bytes
-from swarmtrain.config import CompressionConfig, StrategyConfig
-from swarmtrain.errors import ConfigError, ProtocolError
-from swarmtrain.protocols import GatherResult
+from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.protocols import GatherResult
 
 SPECS = [TensorSpec(4, 3, 16), TensorSpec(2, 2, 300)]
 

@@ -17,8 +17,8 @@ from strategy_helpers import IdentityCompressor, InProcessGroup, run_threads
 from optimizers import StrategyContext, build_strategy
 from optimizers.demo import demo_aggregate, demo_extract, demo_reduce, is_robust
 from peers.reducers import build_reducer
-from swarmtrain.config import CompressionConfig, StrategyConfig
-from swarmtrain.protocols import Reducer
+from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.protocols import Reducer
 
 SHAPES = {"w": (8, 12), "b": (16,)}
 LR = 0.05

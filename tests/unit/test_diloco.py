@@ -19,7 +19,7 @@ from strategy_helpers import (
 )
 
 from optimizers import DiLoCo, OuterSGD
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 
 def test_outer_sgd_matches_torch_sgd() -> None:

@@ -17,8 +17,8 @@ from strategy_helpers import (
 )
 
 from optimizers import StrategyContext, build_strategy
-from swarmtrain.config import CompressionConfig, StrategyConfig
-from swarmtrain.protocols import Collective, Strategy
+from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.protocols import Collective, Strategy
 
 
 def _build(
@@ -98,7 +98,7 @@ def test_error_feedback_state_round_trip_is_bit_exact() -> None:
 
 def test_ef21_is_refused_by_strategies_with_a_clear_error() -> None:
     from optimizers.base import make_compressor
-    from swarmtrain.errors import ConfigError
+    from swarmtrain.core.errors import ConfigError
 
     model = torch.nn.Linear(2, 2)
     ctx = StrategyContext(

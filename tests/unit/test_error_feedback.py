@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import compression
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 NAMES = ["int8", "int4", "ternary", "topk", "topk+int8", "topk+ternary", "fp16", "bf16"]
 

@@ -1,4 +1,11 @@
-"""The dependency direction of DESIGN.md section 2, checked by walking every module's imports."""
+"""The dependency direction of DESIGN.md section 2, checked from the source (AST), so it stays true.
+
+- ``swarmtrain.core`` imports only third-party libraries and itself;
+- the library packages (``compression``, ``optimizers``, ``peers``) import only the core and the
+  packages below them, never the app (``swarmtrain.app``) or the simulation (``swarmtrain.simulation``);
+- nothing outside ``swarmtrain.simulation`` and the CLI's simulate command imports the simulation;
+- the module import graph has no cycle (imports inside functions count: they are edges too).
+"""
 
 from __future__ import annotations
 
@@ -6,63 +13,160 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("swarmtrain", "compression", "optimizers", "peers")
 
-# Modules of the swarmtrain *core* (may import only third-party libraries and each other).
-CORE = {"errors", "registry", "config", "protocols", "packet", "wire"}
-
+# owner -> top-level import names it may use (beyond itself and third-party libraries)
 ALLOWED: dict[str, set[str]] = {
-    "swarmtrain.core": {"swarmtrain"},
-    "compression": {"swarmtrain", "compression"},
-    "optimizers": {"swarmtrain", "compression", "optimizers"},
-    "peers": {"swarmtrain", "compression", "peers"},
+    "swarmtrain.core": {"swarmtrain.core"},
+    "compression": {"swarmtrain.core", "compression"},
+    "optimizers": {"swarmtrain.core", "compression", "optimizers"},
+    "peers": {"swarmtrain.core", "compression", "peers"},
 }
-OURS = {"swarmtrain", "compression", "optimizers", "peers"}
+# the only app modules that may reach the simulation package
+SIMULATION_ENTRY = {"swarmtrain.app.commands.simulate", "swarmtrain.app.commands.bench"}
 
 
-def _imports(path: Path) -> set[str]:
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _edges(module: str, path: Path) -> set[str]:
+    """The project modules ``module`` imports: ``from a.b import c`` is an edge to ``a.b.c`` when that
+    is a module, else to ``a.b`` (so ``from compression import native`` counts as importing the
+    package ``compression`` and its ``__init__``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    names: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            targets = [f"{src}.{a.name}" if f"{src}.{a.name}" in MODULES else src for a in node.names]
+        else:
+            continue
+        for t in targets:
+            r = _resolve(t)
+            if r is not None and r != module:
+                out.add(r)
+    return out
 
 
-def _package_of(path: Path) -> str:
-    rel = path.relative_to(ROOT)
-    if rel.parts[0] == "swarmtrain" and len(rel.parts) == 2 and rel.stem in CORE:
-        return "swarmtrain.core"
-    return rel.parts[0]
+GRAPH = {m: _edges(m, p) for m, p in MODULES.items()}
+
+
+def _owner(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "swarmtrain" and len(parts) > 1:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
 
 
 def test_no_forbidden_import_edges() -> None:
     bad: list[str] = []
-    for pkg in ("swarmtrain", "compression", "optimizers", "peers"):
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            owner = _package_of(path)
-            allowed = ALLOWED.get(owner)
-            if allowed is None:  # the swarmtrain app layer may import everything
-                continue
-            for name in _imports(path):
-                top = name.split(".")[0]
-                if top not in OURS:
-                    continue
-                if owner == "swarmtrain.core":
-                    mod = name.split(".")[1] if "." in name else ""
-                    if top != "swarmtrain" or (mod and mod not in CORE):
-                        bad.append(f"{path.relative_to(ROOT)} imports {name}")
-                elif top not in allowed:
-                    bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    for mod, targets in sorted(GRAPH.items()):
+        allowed = ALLOWED.get(_owner(mod))
+        for t in sorted(targets):
+            if allowed is not None and not any(_within(t, a) for a in allowed):
+                bad.append(f"{mod} imports {t}")
+            if (
+                _within(t, "swarmtrain.simulation")
+                and not _within(mod, "swarmtrain.simulation")
+                and mod not in SIMULATION_ENTRY
+            ):
+                bad.append(f"{mod} imports the simulation package ({t})")
     assert not bad, "forbidden import edges:\n" + "\n".join(bad)
+
+
+def test_the_package_root_imports_nothing_eagerly() -> None:
+    """``swarmtrain/__init__.py`` re-exports lazily, so importing the core never runs the app."""
+    assert GRAPH["swarmtrain"] <= {"swarmtrain.core", "swarmtrain.app.cli"}, GRAPH["swarmtrain"]
+
+
+def _cycles() -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles()
+    assert not cycles, f"import cycles: {cycles}"
 
 
 def test_libp2p_never_imported_beside_hivemind() -> None:
     offenders = [
         str(p.relative_to(ROOT))
-        for pkg in ("swarmtrain", "compression", "optimizers", "peers")
+        for pkg in PACKAGES
         for p in (ROOT / pkg).rglob("*.py")
-        if any(n.split(".")[0] == "libp2p" for n in _imports(p))
+        if any(n.split(".")[0] == "libp2p" for n in _imports_raw(p))
     ]
     assert not offenders, f"py-libp2p must live in its own processes: {offenders}"
+
+
+def _imports_raw(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names

@@ -7,8 +7,8 @@ import torch
 from strategy_helpers import IdentityCompressor, run_threads
 
 from optimizers import InProcessGroup
-from swarmtrain.errors import ConfigError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.packet import Packet
 
 
 class HalfCompressor:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from peers.ledger import ByteLedger
-from swarmtrain.errors import ConfigError
+from swarmtrain.core.errors import ConfigError
 
 
 def test_counts_per_kind_and_round() -> None:

@@ -21,8 +21,8 @@ from peers.messages import (
 )
 from peers.records import PeerRecord, decode_record, encode_record
 from peers.rounds import _decode_members, group_digest
-from swarmtrain.errors import ProtocolError
-from swarmtrain.packet import Packet
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.packet import Packet
 
 
 def test_envelope_roundtrip() -> None:

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from swarmtrain.config import ModelConfig
-from swarmtrain.errors import ConfigError
-from swarmtrain.models import GPT, PRESETS, build_model, resolve_spec
+from swarmtrain.app.models import GPT, PRESETS, build_model, resolve_spec
+from swarmtrain.core.config import ModelConfig
+from swarmtrain.core.errors import ConfigError
 
 SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)
 

@@ -239,7 +239,7 @@ def test_median_family_ignores_rows_set_to_extremes(name: str, opts: dict[str, f
     ],
 )
 def test_refuses_n_f_beyond_breakdown(name: str, f: int, n_ok: int, n_bad: int) -> None:
-    from swarmtrain.errors import ConfigError
+    from swarmtrain.core.errors import ConfigError
 
     r = build_reducer(name, f)
     r.check(n_ok)
@@ -251,7 +251,7 @@ def test_refuses_n_f_beyond_breakdown(name: str, f: int, n_ok: int, n_bad: int) 
 
 
 def test_bad_configs_and_inputs_raise_config_error() -> None:
-    from swarmtrain.errors import ConfigError
+    from swarmtrain.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         build_reducer("mean", 1)
@@ -280,7 +280,7 @@ def test_bad_configs_and_inputs_raise_config_error() -> None:
 
 @pytest.mark.parametrize("name", sorted(set(REDUCERS.names()) - {"mean"}))
 def test_non_finite_rows_count_against_f(name: str) -> None:
-    from swarmtrain.errors import UpdateRejected
+    from swarmtrain.core.errors import UpdateRejected
 
     r = build_reducer(name, 2)
     n = r.min_peers(2)
@@ -304,7 +304,7 @@ def test_non_finite_rows_count_against_f(name: str) -> None:
 @pytest.mark.parametrize("name", REDUCERS.names())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_deterministic_and_dtype_preserving(name: str, dtype: torch.dtype) -> None:
-    from swarmtrain.protocols import Reducer
+    from swarmtrain.core.protocols import Reducer
 
     f = 0 if name == "mean" else 2
     r = build_reducer(name, f)

@@ -16,7 +16,7 @@ import torch
 from strategy_helpers import InProcessGroup, backward, batch, make_model, make_optimizer, make_strategy
 
 from optimizers import StreamingDiLoCo
-from swarmtrain.protocols import Collective, Compressor, GatherResult, RoundResult, StepReport
+from swarmtrain.core.protocols import Collective, Compressor, GatherResult, RoundResult, StepReport
 
 DELAY = 0.3
 

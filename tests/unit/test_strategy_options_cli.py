@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.cli import run
+from swarmtrain.app.cli import run
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str], *needles: str) -> str:

@@ -23,9 +23,9 @@ from strategy_helpers import (
 
 from optimizers import StreamingDiLoCo
 from optimizers.fragments import fragment_offsets, split_fragments
-from swarmtrain.config import load_config
-from swarmtrain.errors import ConfigError
-from swarmtrain.protocols import Collective, Compressor, RoundResult
+from swarmtrain.core.config import load_config
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import Collective, Compressor, RoundResult
 
 OPTS: dict[str, Any] = {"inner_steps": 8, "fragments": 4, "overlap": 1, "mixing": 0.0}
 

@@ -19,7 +19,7 @@ from peers.suspicion import (
     peer_id_from_public_der,
 )
 from peers.verify import outlier_rows, verified_partition, verifier_index
-from swarmtrain.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ConfigError, ProtocolError
 
 RUN = "t-susp"
 

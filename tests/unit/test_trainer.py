@@ -12,11 +12,17 @@ import pytest
 import torch
 
 from optimizers.base import StrategyContext
-from swarmtrain.checkpoint import CheckpointError, pack_state, read_checkpoint, unpack_state, write_checkpoint
-from swarmtrain.config import Config, TrainConfig, load_config
-from swarmtrain.lr import lr_at
-from swarmtrain.protocols import StepReport
-from swarmtrain.trainer import StepInfo, Trainer
+from swarmtrain.app.checkpoint import (
+    CheckpointError,
+    pack_state,
+    read_checkpoint,
+    unpack_state,
+    write_checkpoint,
+)
+from swarmtrain.app.lr import lr_at
+from swarmtrain.app.trainer import StepInfo, Trainer
+from swarmtrain.core.config import Config, TrainConfig, load_config
+from swarmtrain.core.protocols import StepReport
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""swarmtrain.wire: round trips, exact sizes, and a typed error for each kind of bad input."""
+"""swarmtrain.core.wire: round trips, exact sizes, and a typed error for each kind of bad input."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import compression
-from swarmtrain.errors import ProtocolError
-from swarmtrain.packet import Packet
-from swarmtrain.wire import WIRE_CODECS, decode_packet, encode_packet, packet_nbytes
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.packet import Packet
+from swarmtrain.core.wire import WIRE_CODECS, decode_packet, encode_packet, packet_nbytes
 
 
 def _packet(codec: str = "int8", n: int = 100) -> Packet:

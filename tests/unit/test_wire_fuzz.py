@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import compression
-from swarmtrain.errors import ProtocolError
-from swarmtrain.wire import WIRE_CODECS, decode_packet, encode_packet
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.wire import WIRE_CODECS, decode_packet, encode_packet
 
 CAP = 4096
 BATCH = 10  # packets per hypothesis example: 400 + 200 + 400 examples -> 10,000 packets

@@ -25,7 +25,7 @@ sys.path.insert(0, str(BENCH))
 import wan_netns  # noqa: E402
 import wan_overlap  # noqa: E402
 
-from swarmtrain.config import load_config  # noqa: E402
+from swarmtrain.core.config import load_config  # noqa: E402
 
 pytestmark = [
     pytest.mark.wan,

@@ -1,0 +1,141 @@
+"""``swarmtrain train``: a single-peer run of the local training loop (strategy ``local`` by default).
+
+Flags override ``SWARMTRAIN_*`` environment variables, which override the ``--config`` file; with
+``--resume DIR`` the checkpoint's saved config is the lowest layer, so a bare ``--resume`` continues
+the same run. Heavy imports (torch) happen inside the command so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from swarmtrain.core.errors import ConfigError
+
+__all__ = ["register", "data_overrides"]
+
+
+def data_overrides(paths: list[str]) -> dict[str, Any]:
+    """``--data`` values -> ``data.source``/``data.paths``: all ``.bin`` (or token folders) -> bin, else text.
+
+    Raises:
+        ConfigError: a mix of token files and text.
+    """
+    if not paths:
+        return {}
+    is_bin = [p.endswith(".bin") or (Path(p).is_dir() and (Path(p) / "train.bin").is_file()) for p in paths]
+    if any(is_bin) and not all(is_bin):
+        raise ConfigError("--data: cannot mix .bin token files with text files in one run")
+    return {"data.source": "bin" if all(is_bin) else "text", "data.paths": list(paths)}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``train`` command to ``app``."""
+
+    @app.command("train")
+    def train(
+        config: str | None = typer.Option(None, "--config", "-c", help="TOML config file."),
+        preset: str | None = typer.Option(None, "--preset", help="Model size: tiny, small or gpt2-124m."),
+        steps: int | None = typer.Option(
+            None, "--steps", help="Total optimizer steps (sets the LR schedule)."
+        ),
+        max_time: float | None = typer.Option(None, "--max-time", help="Stop after this many seconds."),
+        batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per micro-batch."),
+        grad_accum: int | None = typer.Option(None, "--grad-accum", help="Micro-batches per step."),
+        lr: float | None = typer.Option(None, "--lr", help="Peak learning rate."),
+        device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+        compile_: bool | None = typer.Option(None, "--compile/--no-compile", help="Use torch.compile."),
+        data: list[str] | None = typer.Option(
+            None, "--data", help="Text file/folder or .bin token file (repeatable); default: Python stdlib."
+        ),
+        out_dir: str | None = typer.Option(None, "--out-dir", help="Where metrics and checkpoints go."),
+        seed: int | None = typer.Option(None, "--seed", help="Seed of the init and the data order."),
+        threads: int | None = typer.Option(
+            None, "--threads", help="CPU threads for torch (default: all cores)."
+        ),
+        checkpoint_interval: int | None = typer.Option(
+            None, "--checkpoint-interval", help="Save a checkpoint every N steps (always at the end)."
+        ),
+        resume: str | None = typer.Option(None, "--resume", help="Checkpoint folder to continue from."),
+        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Show a progress bar."),
+    ) -> None:
+        """Train a byte-level GPT on this machine alone.
+
+        With no options: the tiny preset on the Python standard library's sources, on CUDA when
+        available. Prints the final train/val loss and where metrics and the checkpoint went.
+        """
+        from swarmtrain.core.config import load_config
+
+        overrides: dict[str, Any] = {
+            "model.preset": preset,
+            "train.steps": steps,
+            "train.max_time": max_time,
+            "train.batch_size": batch_size,
+            "train.grad_accum": grad_accum,
+            "train.lr": lr,
+            "train.device": device,
+            "train.compile": compile_,
+            "train.out_dir": out_dir,
+            "train.seed": seed,
+            "train.threads": threads,
+            "train.checkpoint_interval": checkpoint_interval,
+            "train.progress": progress,
+        }
+        overrides.update(data_overrides(list(data or [])))
+        base = None
+        if resume is not None:
+            from swarmtrain.app.checkpoint import read_meta
+
+            saved = read_meta(resume).get("config")
+            if not isinstance(saved, dict):
+                raise ConfigError(f"--resume: {resume} holds no run config")
+            base = saved
+        cfg = load_config(config, overrides, base=base)
+        _run(cfg, resume)
+
+
+def _run(cfg: Any, resume: str | None) -> None:
+    from rich.console import Console
+
+    from swarmtrain.app.trainer import StepInfo, Trainer
+
+    out = Console(highlight=False, soft_wrap=True)
+    trainer = Trainer(cfg)
+    if resume is not None:
+        trainer.load_checkpoint(resume)
+    tc = cfg.train
+    out.print(
+        f"swarmtrain train: {cfg.model.preset} ({trainer.model.num_params() / 1e6:.2f}M params) on "
+        f"{trainer.device}, data {trainer.corpus.name} ({len(trainer.corpus.train):,} tokens), "
+        f"steps {trainer.step}->{tc.steps}" + (f", max {tc.max_time:g} s" if tc.max_time else "")
+    )
+    bar_shown = tc.progress and Console(stderr=True).is_terminal
+
+    def on_step(info: StepInfo) -> None:
+        if not bar_shown and (info.step % tc.log_interval == 0 or info.step == tc.steps):
+            out.print(
+                f"step {info.step}/{tc.steps}  loss {info.loss:.4f}  lr {info.lr:.2e}  "
+                f"{info.tokens_per_s:,.0f} tok/s"
+            )
+
+    tokens_before = trainer.tokens
+    try:
+        result = trainer.fit(on_step)
+        path = trainer.save_checkpoint(trainer.checkpoint_dir)
+    except KeyboardInterrupt:
+        path = trainer.save_checkpoint(trainer.checkpoint_dir)
+        out.print(f"interrupted at step {trainer.step}; checkpoint saved to {path}")
+        raise
+    finally:
+        trainer.close()
+    tps = ((result.tokens - tokens_before) / result.train_s) if result.train_s > 0 else 0.0
+    val = "n/a" if result.final_val_loss is None else f"{result.final_val_loss:.4f}"
+    out.print(
+        f"done: step {result.steps}/{tc.steps}, {result.tokens:,} tokens, {result.wall_s:.1f} s this run "
+        f"({tps:,.0f} tok/s)"
+    )
+    out.print(f"final train loss {result.final_train_loss:.4f}, val loss {val}")
+    out.print(f"metrics: {result.metrics_path}")
+    out.print(f"checkpoint: {path}  (continue with: swarmtrain train --resume {path})")

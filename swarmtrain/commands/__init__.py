@@ -1,4 +1,0 @@
-"""CLI sub-commands. Each module exposes ``register(app)``; ``swarmtrain.cli`` lists them.
-
-Modules import heavy dependencies (torch, hivemind) inside the command bodies so ``--help`` is fast.
-"""

@@ -1,0 +1,305 @@
+"""Run configuration: pydantic models, loaded from a TOML file, ``SWARMTRAIN_*`` env vars and CLI flags.
+
+Precedence, lowest to highest: model defaults < TOML file < environment < CLI overrides. Env vars
+name a field by its section and field joined with a double underscore, e.g.
+``SWARMTRAIN_TRAIN__LR=3e-4`` or ``SWARMTRAIN_STRATEGY__NAME=diloco``; values are parsed as TOML
+scalars/arrays when they parse, else taken as strings. Every validation failure becomes one
+``ConfigError`` line naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from swarmtrain.core.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ModelConfig",
+    "DataConfig",
+    "TrainConfig",
+    "StrategyConfig",
+    "CompressionConfig",
+    "PeersConfig",
+    "Config",
+    "load_config",
+    "ENV_PREFIX",
+]
+
+ENV_PREFIX = "SWARMTRAIN_"
+# SWARMTRAIN_* variables that are switches of their own, not config fields. Any other variable with
+# the prefix must be SECTION__FIELD, so a typo like SWARMTRAIN_LR is an error, not silently ignored.
+NON_CONFIG_ENV = frozenset({
+    "SWARMTRAIN_PEER_MARKER",  # peers.process: marks the processes of a peer we started
+    "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
+    "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
+    "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
+    "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
+})
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ModelConfig(_Section):
+    """Which byte-level GPT to train."""
+
+    preset: Literal["tiny", "small", "gpt2-124m"] = "tiny"
+    block_size: int | None = Field(default=None, ge=8, le=8192, description="context length override")
+    n_layer: int | None = Field(default=None, ge=1, le=96, description="layer count override")
+    n_head: int | None = Field(default=None, ge=1, le=128, description="attention heads override")
+    n_embd: int | None = Field(default=None, ge=8, le=16384, description="width override")
+    vocab_size: int | None = Field(
+        default=None, ge=2, le=1 << 17, description="None: 256 for bytes, from the data for token files"
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
+class DataConfig(_Section):
+    """Where training bytes come from.
+
+    ``source``: ``stdlib`` (the Python standard library's sources, present on every install),
+    ``text`` (files/folders in ``paths``) or ``bin`` (nanoGPT-style uint16 token files in ``paths``).
+    """
+
+    source: Literal["stdlib", "text", "bin"] = "stdlib"
+    paths: list[str] = Field(default_factory=list)
+    val_fraction: float = Field(default=0.02, gt=0.0, lt=0.5)
+    max_bytes: int | None = Field(default=None, ge=1024, description="cap on corpus bytes read")
+    cache_dir: str | None = Field(
+        default=None, description="where the stdlib corpus is cached (None: $XDG_CACHE_HOME/swarmtrain)"
+    )
+
+
+class TrainConfig(_Section):
+    """The local training loop."""
+
+    device: str = "auto"
+    threads: int | None = Field(
+        default=None, ge=1, le=1024, description="torch CPU threads (None: torch's default, one per core)"
+    )
+    seed: int = 0
+    steps: int = Field(default=200, ge=1)
+    max_time: float | None = Field(default=None, gt=0, description="stop after this many seconds")
+    batch_size: int = Field(default=16, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(default=1e-3, gt=0)
+    min_lr: float = Field(default=1e-4, ge=0)
+    warmup_steps: int = Field(default=20, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.95, ge=0, lt=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    compile: bool = False
+    bf16: Literal["auto", "on", "off"] = "auto"
+    eval_interval: int = Field(default=100, ge=1)
+    eval_batches: int = Field(default=8, ge=1)
+    log_interval: int = Field(default=10, ge=1)
+    out_dir: str = "runs/default"
+    checkpoint_interval: int | None = Field(default=None, ge=1)
+    progress: bool = True
+
+
+class CompressionConfig(_Section):
+    """How strategies compress what they send (names are ``compression`` registry names)."""
+
+    codec: str = "none"
+    block_size: int = Field(default=256, ge=8, le=1 << 20)
+    topk_fraction: float = Field(default=0.01, gt=0, le=1)
+    error_feedback: Literal["none", "ef", "ef21"] = "none"
+
+
+class StrategyConfig(_Section):
+    """The distributed algorithm (``optimizers`` registry names) and its options."""
+
+    name: str = "local"
+    inner_steps: int = Field(default=50, ge=1, description="H: local steps between syncs")
+    outer_lr: float = Field(default=0.7, gt=0)
+    outer_momentum: float = Field(default=0.9, ge=0, lt=1)
+    nesterov: bool = True
+    fragments: int = Field(default=4, ge=1, description="StreamingDiLoCo: F")
+    overlap: int = Field(default=1, ge=0, description="StreamingDiLoCo: tau steps")
+    mixing: float = Field(default=0.5, ge=0, le=1, description="StreamingDiLoCo: alpha")
+    demo_chunk: int = Field(default=64, ge=2)
+    demo_topk: int = Field(default=4, ge=1)
+    demo_decay: float = Field(default=0.999, ge=0, lt=1)
+    demo_sign: bool = True
+    demo_values: Literal["fp32", "fp16", "bf16", "sign"] = Field(
+        default="fp16", description="DeMo: how the top-k DCT values travel"
+    )
+    sync_timeout: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_strategy_options(self) -> StrategyConfig:
+        """Cross-field checks of the options of the strategy that is selected (clear messages)."""
+        if self.name == "streaming_diloco":
+            if self.fragments > self.inner_steps:
+                raise ValueError(
+                    f"fragments ({self.fragments}) must be <= inner_steps ({self.inner_steps}): "
+                    "each fragment syncs at its own step of every H-step cycle"
+                )
+            gap = self.inner_steps // self.fragments
+            if self.overlap > gap:
+                raise ValueError(
+                    f"overlap ({self.overlap}) must be <= inner_steps // fragments ({gap}) so that at "
+                    "most one fragment is in flight"
+                )
+        if self.name == "demo" and self.demo_topk > self.demo_chunk * self.demo_chunk:
+            raise ValueError(
+                f"demo_topk ({self.demo_topk}) exceeds the {self.demo_chunk}x{self.demo_chunk} "
+                "coefficients of a chunk"
+            )
+        return self
+
+
+class PeersConfig(_Section):
+    """Networking: DHT, identity, rounds, robust aggregation."""
+
+    run_id: str = "swarmtrain"
+    initial_peers: list[str] = Field(default_factory=list)
+    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    announce_maddrs: list[str] = Field(default_factory=list)
+    identity_path: str | None = None
+    region: str = "unknown"
+    min_peers: int = Field(default=1, ge=1)
+    round_timeout: float = Field(default=60.0, gt=0)
+    join_window: float = Field(
+        default=3.0, gt=0, le=600, description="seconds a round's leader waits for late joiners"
+    )
+    reducer: str = "mean"
+    byzantine_f: int = Field(default=0, ge=0, description="peers the reducer must tolerate")
+    reducer_options: dict[str, float | int] = Field(
+        default_factory=dict, description="options of the reducer, e.g. {tau = 1.0, max_iters = 20}"
+    )
+    attack: str = Field(default="none", description="simulate: the name of the attack attackers run")
+    attackers: int = Field(default=0, ge=0, description="simulate: how many peers attack (--byzantine K)")
+    attack_options: dict[str, float | int | str] = Field(
+        default_factory=dict, description="options of the attack, e.g. {scale = 4.0}"
+    )
+    owner_check: bool = Field(
+        default=False,
+        description="replicated-owner check, signed suspicion records and bans (issue 6)",
+    )
+    ban_strikes: int = Field(default=3, ge=1, description="outlier rounds an accuser needs before it counts")
+    malicious_owners: int = Field(
+        default=0, ge=0, description="simulate: ranks after the attackers that return wrong aggregates"
+    )
+
+
+class Config(_Section):
+    """The whole run configuration."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    peers: PeersConfig = Field(default_factory=PeersConfig)
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _deep_merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or key in NON_CONFIG_ENV:
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        if len(path) != 2 or not all(path):
+            raise ConfigError(f"environment variable {key}: expected {ENV_PREFIX}<SECTION>__<FIELD>")
+        layer.setdefault(path[0], {})[path[1]] = _parse_env_value(raw)
+    return layer
+
+
+def _dotted_layer(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        parts = dotted.split(".")
+        if len(parts) != 2:
+            raise ConfigError(f"override {dotted!r}: expected 'section.field'")
+        layer.setdefault(parts[0], {})[parts[1]] = value
+    return layer
+
+
+def _file_layer(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {p} cannot be read: {e}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+
+
+def format_validation_error(e: ValidationError) -> str:
+    """One line naming the first bad field (and how many more there are)."""
+    errs = e.errors()
+    first = errs[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "config"
+    msg = f"{loc}: {first['msg']}"
+    if "input" in first and not isinstance(first["input"], dict):
+        msg += f" (got {first['input']!r})"
+    if len(errs) > 1:
+        msg += f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})"
+    return msg
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build a validated ``Config``.
+
+    Args:
+        path: optional TOML file with ``[model]``, ``[train]``, ... tables.
+        overrides: CLI values as ``{"train.lr": 3e-4}``; ``None`` values are ignored (flag not given).
+        env: the environment to read ``SWARMTRAIN_*`` from (``os.environ`` by default).
+        base: a lowest layer below the file, e.g. the config saved in a checkpoint being resumed.
+
+    Raises:
+        ConfigError: one line naming the problem.
+    """
+    data: dict[str, Any] = _deep_merge({}, base) if base is not None else {}
+    if path is not None:
+        data = _deep_merge(data, _file_layer(path))
+    data = _deep_merge(data, _env_layer(os.environ if env is None else env))
+    data = _deep_merge(data, _dotted_layer(overrides or {}))
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
