@@ -154,20 +154,14 @@ def ensure_signing_identity(peers_cfg: Any) -> None:
         peers_cfg.identity_path = str(Path(folder) / "identity.key")
 
 
-def build_guard(node: Any, peers_cfg: Any, *, malicious_owner: bool = False, seed: int = 0) -> ByzantineGuard:
+def build_guard(node: Any, peers_cfg: Any, *, owner_attack: Any = None) -> ByzantineGuard:
     """The guard a peer runs from its ``PeersConfig`` (``owner_check``, ``byzantine_f``,
-    ``ban_strikes``); ``malicious_owner`` makes it corrupt its aggregates (simulations)."""
-    attack = None
-    if malicious_owner:
-        from swarmtrain.simulation.attacks import MaliciousOwner
-
-        opts = {k: v for k, v in peers_cfg.attack_options.items() if k in ("mode", "scale")}
-        attack = MaliciousOwner(seed=seed, **opts)
+    ``ban_strikes``); ``owner_attack`` (simulations only) corrupts the aggregates it returns."""
     return ByzantineGuard(
         node,
         peers_cfg.identity_path,
         f=peers_cfg.byzantine_f,
         owner_check=peers_cfg.owner_check,
         strikes=peers_cfg.ban_strikes,
-        owner_attack=attack,
+        owner_attack=owner_attack,
     )

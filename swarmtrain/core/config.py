@@ -31,6 +31,7 @@ __all__ = [
     "StrategyConfig",
     "CompressionConfig",
     "PeersConfig",
+    "SimulationConfig",
     "Config",
     "load_config",
     "ENV_PREFIX",
@@ -183,18 +184,23 @@ class PeersConfig(_Section):
     reducer_options: dict[str, float | int] = Field(
         default_factory=dict, description="options of the reducer, e.g. {tau = 1.0, max_iters = 20}"
     )
-    attack: str = Field(default="none", description="simulate: the name of the attack attackers run")
-    attackers: int = Field(default=0, ge=0, description="simulate: how many peers attack (--byzantine K)")
-    attack_options: dict[str, float | int | str] = Field(
-        default_factory=dict, description="options of the attack, e.g. {scale = 4.0}"
-    )
     owner_check: bool = Field(
         default=False,
         description="replicated-owner check, signed suspicion records and bans (issue 6)",
     )
     ban_strikes: int = Field(default=3, ge=1, description="outlier rounds an accuser needs before it counts")
+
+
+class SimulationConfig(_Section):
+    """Faults and adversaries that ``swarmtrain simulate`` makes on purpose (never read by a volunteer)."""
+
+    attack: str = Field(default="none", description="the name of the attack attackers run")
+    attackers: int = Field(default=0, ge=0, description="how many peers attack (--byzantine K)")
+    attack_options: dict[str, float | int | str] = Field(
+        default_factory=dict, description="options of the attack, e.g. {scale = 4.0}"
+    )
     malicious_owners: int = Field(
-        default=0, ge=0, description="simulate: ranks after the attackers that return wrong aggregates"
+        default=0, ge=0, description="ranks after the attackers that return wrong aggregates"
     )
 
 
@@ -207,6 +213,24 @@ class Config(_Section):
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     peers: PeersConfig = Field(default_factory=PeersConfig)
+    simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+
+
+# keys that moved to another section: (old section, old key) -> new "section.key"
+MOVED: dict[tuple[str, str], str] = {
+    ("peers", "attack"): "simulation.attack",
+    ("peers", "attackers"): "simulation.attackers",
+    ("peers", "attack_options"): "simulation.attack_options",
+    ("peers", "malicious_owners"): "simulation.malicious_owners",
+}
+
+
+def _check_moved(data: Mapping[str, Any]) -> None:
+    """One clear line for a key that an older config wrote in another section."""
+    for (section, key), new in MOVED.items():
+        table = data.get(section)
+        if isinstance(table, Mapping) and key in table:
+            raise ConfigError(f"{section}.{key} has moved: write it as {new}")
 
 
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -299,6 +323,7 @@ def load_config(
         data = _deep_merge(data, _file_layer(path))
     data = _deep_merge(data, _env_layer(os.environ if env is None else env))
     data = _deep_merge(data, _dotted_layer(overrides or {}))
+    _check_moved(data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -150,9 +150,11 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
 
     cfg = Config.model_validate_json(cfg_json)
     # malicious owners: ranks K..K+M-1 after K update attackers (ranks < K with --attack malicious_owner)
-    first_owner_attacker = cfg.peers.attackers if cfg.peers.attack not in ("none", "malicious_owner") else 0
-    bad_owner = first_owner_attacker <= rank < first_owner_attacker + cfg.peers.malicious_owners
-    bad_owner |= cfg.peers.attack == "malicious_owner" and rank < cfg.peers.attackers
+    first_owner_attacker = (
+        cfg.simulation.attackers if cfg.simulation.attack not in ("none", "malicious_owner") else 0
+    )
+    bad_owner = first_owner_attacker <= rank < first_owner_attacker + cfg.simulation.malicious_owners
+    bad_owner |= cfg.simulation.attack == "malicious_owner" and rank < cfg.simulation.attackers
     if cfg.peers.owner_check or bad_owner:  # issue 6: the guard signs with the node's identity file
         from peers.guard import ensure_signing_identity
 
@@ -163,7 +165,13 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
             if cfg.peers.owner_check or bad_owner:
                 from peers.guard import build_guard
 
-                guard = build_guard(node, cfg.peers, malicious_owner=bad_owner, seed=rank)
+                owner_attack = None
+                if bad_owner:
+                    from swarmtrain.simulation.attacks import MaliciousOwner
+
+                    opts = {k: v for k, v in cfg.simulation.attack_options.items() if k in ("mode", "scale")}
+                    owner_attack = MaliciousOwner(seed=rank, **opts)
+                guard = build_guard(node, cfg.peers, owner_attack=owner_attack)
             collective = p2p = P2PCollective(
                 node,
                 min_peers=cfg.peers.min_peers,
@@ -172,9 +180,12 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 guard=guard,
             )
             reducer = build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
-            attacking = rank < cfg.peers.attackers and cfg.peers.attack not in ("none", "malicious_owner")
+            attacking = rank < cfg.simulation.attackers and cfg.simulation.attack not in (
+                "none",
+                "malicious_owner",
+            )
             options = attack_options(cfg, n_peers)
-            data_attack = attacking and _is_data_attack(cfg.peers.attack, options)
+            data_attack = attacking and _is_data_attack(cfg.simulation.attack, options)
             if attacking and not data_attack:  # issue 6: forge the updates this peer sends
                 collective = _attacking_collective(cfg, node, collective, options, rank)
             trainer = Trainer(cfg, collective=collective, peer_index=rank, num_peers=n_peers, reducer=reducer)
@@ -183,7 +194,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 from swarmtrain.simulation.attacks import PoisonedBatches, build_attack
 
                 options.setdefault("vocab_size", trainer.model.vocab_size)
-                poisoned = PoisonedBatches(trainer.sampler, build_attack(cfg.peers.attack, **options))
+                poisoned = PoisonedBatches(trainer.sampler, build_attack(cfg.simulation.attack, **options))
                 trainer.sampler = cast("BatchSampler", poisoned)  # same interface, delegates the rest
             digests: dict[int, str] = {}
             counts = {"committed": 0, "failed": 0, "peak": 0, "late": 0}
@@ -249,10 +260,10 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
 
 def attack_options(cfg: Config, n_peers: int) -> dict[str, Any]:
     """The attack's options as configured, plus what a real run knows: ALIE's ``n`` and ``f``."""
-    options: dict[str, Any] = dict(cfg.peers.attack_options)
-    if cfg.peers.attack == "alie" and "z" not in options:
+    options: dict[str, Any] = dict(cfg.simulation.attack_options)
+    if cfg.simulation.attack == "alie" and "z" not in options:
         options.setdefault("n_peers", n_peers)
-        options.setdefault("n_byzantine", max(1, cfg.peers.attackers))
+        options.setdefault("n_byzantine", max(1, cfg.simulation.attackers))
     return options
 
 
@@ -272,16 +283,16 @@ def check_attack_fits_strategy(cfg: Config) -> None:
     """
     from swarmtrain.simulation.attacks import build_attack
 
-    if not cfg.peers.attackers and not cfg.peers.malicious_owners:
+    if not cfg.simulation.attackers and not cfg.simulation.malicious_owners:
         return
     if cfg.strategy.name not in _GATHER_STRATEGIES:
         return
-    owner = cfg.peers.malicious_owners > 0 or cfg.peers.attack == "malicious_owner"
-    update = cfg.peers.attackers > 0 and cfg.peers.attack not in ("none", "malicious_owner")
-    if update and build_attack(cfg.peers.attack, **dict(cfg.peers.attack_options)).data_level:
+    owner = cfg.simulation.malicious_owners > 0 or cfg.simulation.attack == "malicious_owner"
+    update = cfg.simulation.attackers > 0 and cfg.simulation.attack not in ("none", "malicious_owner")
+    if update and build_attack(cfg.simulation.attack, **dict(cfg.simulation.attack_options)).data_level:
         update = False
     if owner or update:
-        name = "malicious_owner" if owner else cfg.peers.attack
+        name = "malicious_owner" if owner else cfg.simulation.attack
         raise ConfigError(
             f"attack {name!r} cannot act on strategy {cfg.strategy.name!r}: it exchanges sparse "
             "components by all-gather, with no all-reduce contributions or partition owners "
@@ -316,8 +327,8 @@ def _attacking_collective(cfg: Config, node: Any, inner: Any, options: dict[str,
     from swarmtrain.simulation.attacks import AttackingCollective, Colluders, build_attack
 
     channel = None
-    k = cfg.peers.attackers
-    if build_attack(cfg.peers.attack, **options).omniscient and k >= 2:
+    k = cfg.simulation.attackers
+    if build_attack(cfg.simulation.attack, **options).omniscient and k >= 2:
         channel = P2PCollective(
             node,
             run_id=f"{node.run_id}.colluders",
@@ -326,7 +337,7 @@ def _attacking_collective(cfg: Config, node: Any, inner: Any, options: dict[str,
             join_window=cfg.peers.join_window,
         )
     colluders = Colluders(channel, timeout=min(10.0, cfg.peers.round_timeout))
-    return AttackingCollective(inner, cfg.peers.attack, options, seed=rank, colluders=colluders)
+    return AttackingCollective(inner, cfg.simulation.attack, options, seed=rank, colluders=colluders)
 
 
 # ------------------------------------------------------------------------------------- parent

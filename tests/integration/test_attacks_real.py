@@ -30,8 +30,8 @@ def _cfg(attack: str, attackers: int) -> Any:
         "strategy.inner_steps": H,
         "compression.codec": "none",
         "peers.min_peers": 2,
-        "peers.attack": attack,
-        "peers.attackers": attackers,
+        "simulation.attack": attack,
+        "simulation.attackers": attackers,
         "peers.round_timeout": 60.0,
     }
     return load_config(None, ov, env={})

@@ -39,8 +39,8 @@ def test_simulate_accepts_every_attack(name: str) -> None:
     cfg = load_config(
         None,
         {
-            "peers.attack": name,
-            "peers.attackers": 2,
+            "simulation.attack": name,
+            "simulation.attackers": 2,
             "peers.reducer": "centered_clip",
             "peers.byzantine_f": 2,
         },
@@ -56,7 +56,9 @@ def test_demo_refuses_attacks_that_would_do_nothing(name: str) -> None:
     from swarmtrain.app.commands.simulate import _validate_names
     from swarmtrain.simulation.runner import run_simulation
 
-    cfg = load_config(None, {"strategy.name": "demo", "peers.attack": name, "peers.attackers": 1}, env={})
+    cfg = load_config(
+        None, {"strategy.name": "demo", "simulation.attack": name, "simulation.attackers": 1}, env={}
+    )
     if name == "label_flip":
         _validate_names(cfg, 4)
         return
@@ -64,7 +66,7 @@ def test_demo_refuses_attacks_that_would_do_nothing(name: str) -> None:
         _validate_names(cfg, 4)
     with pytest.raises(ConfigError, match="cannot act on strategy 'demo'"):
         run_simulation(cfg, 4)  # refused before any process starts
-    owners = load_config(None, {"strategy.name": "demo", "peers.malicious_owners": 1}, env={})
+    owners = load_config(None, {"strategy.name": "demo", "simulation.malicious_owners": 1}, env={})
     with pytest.raises(ConfigError, match="malicious_owner"):
         _validate_names(owners, 4)
 

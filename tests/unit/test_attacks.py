@@ -278,7 +278,7 @@ def test_simulate_refuses_bad_attack_settings_in_one_line_before_starting(
     from swarmtrain.app.cli import run
 
     toml = tmp_path / "run.toml"
-    toml.write_text(f"[peers]\nattack_options = {{{options}}}\n")
+    toml.write_text(f"[simulation]\nattack_options = {{{options}}}\n")
     base = ["simulate", "-n", "3", "--byzantine", "1", "--reducer", "coordinate_median", "--tolerate", "1"]
     code = run([*base, *args, "--steps", "1", "--config", str(toml)])
     assert code == 2

@@ -84,3 +84,12 @@ def test_file_errors(tmp_path: Path) -> None:
 def test_model_overrides_validated() -> None:
     with pytest.raises(ConfigError, match="model.n_layer"):
         load_config(None, {"model.n_layer": 0}, env={})
+
+
+def test_a_key_that_moved_section_is_one_line_naming_its_new_place(tmp_path: Path) -> None:
+    toml = tmp_path / "old.toml"
+    toml.write_text("[peers]\nattack = 'sign_flip'\n")
+    with pytest.raises(ConfigError, match=r"^peers.attack has moved: write it as simulation.attack$"):
+        load_config(toml, env={})
+    cfg = load_config(None, {"simulation.attack": "sign_flip"}, env={})
+    assert cfg.simulation.attack == "sign_flip"

@@ -102,10 +102,10 @@ def register(app: typer.Typer) -> None:
             "strategy.mixing": mixing,
             "compression.error_feedback": error_feedback,
             "peers.reducer": reducer,
-            "peers.attackers": byzantine,
-            "peers.attack": attack,
+            "simulation.attackers": byzantine,
+            "simulation.attack": attack,
             "peers.byzantine_f": tolerate,
-            "peers.malicious_owners": malicious_owners,
+            "simulation.malicious_owners": malicious_owners,
             "peers.owner_check": owner_check,
             "model.preset": preset,
             "train.batch_size": batch_size,
@@ -181,17 +181,17 @@ def _validate_names(cfg: Any, n_peers: int) -> None:
     optimizers.STRATEGIES.get(cfg.strategy.name)
     build_compressor(cfg.compression)
     REDUCERS.get(cfg.peers.reducer)
-    if cfg.peers.attackers and cfg.peers.attack != "none":
+    if cfg.simulation.attackers and cfg.simulation.attack != "none":
         from peers.reducers import build_reducer
         from swarmtrain.core.errors import ConfigError
         from swarmtrain.simulation.attacks import build_attack
         from swarmtrain.simulation.runner import attack_options
 
-        if cfg.peers.attackers >= n_peers:
-            raise ConfigError(f"--byzantine {cfg.peers.attackers} leaves no honest peer among {n_peers}")
+        if cfg.simulation.attackers >= n_peers:
+            raise ConfigError(f"--byzantine {cfg.simulation.attackers} leaves no honest peer among {n_peers}")
         build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
         # every registered attack runs with real peers; this rejects an unknown name or bad options
-        build_attack(cfg.peers.attack, **attack_options(cfg, n_peers))
+        build_attack(cfg.simulation.attack, **attack_options(cfg, n_peers))
     from swarmtrain.simulation.runner import check_attack_fits_strategy
 
     check_attack_fits_strategy(cfg)
