@@ -169,7 +169,9 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 if bad_owner:
                     from swarmtrain.simulation.attacks import MaliciousOwner
 
-                    opts = {k: v for k, v in cfg.simulation.attack_options.items() if k in ("mode", "scale")}
+                    opts: dict[str, Any] = {
+                        k: v for k, v in cfg.simulation.attack_options.items() if k in ("mode", "scale")
+                    }
                     owner_attack = MaliciousOwner(seed=rank, **opts)
                 guard = build_guard(node, cfg.peers, owner_attack=owner_attack)
             collective = p2p = P2PCollective(
