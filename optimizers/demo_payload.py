@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
     "VALUE_MODES",
@@ -141,19 +142,15 @@ def decode_payload(
     limit = max_payload_bytes(specs, mode)
     if not isinstance(data, bytes | bytearray) or len(data) > limit:
         raise ProtocolError(f"DeMo payload of {len(data)} bytes exceeds the bound of {limit}")
-    try:
-        obj = msgpack.unpackb(
-            bytes(data),
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=limit,
-            max_str_len=16,
-            max_array_len=max(3, len(specs)),
-            max_map_len=3,
-            max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(f"DeMo payload is not valid msgpack: {type(e).__name__}") from None
+    obj = unpack(
+        data,
+        what="DeMo payload",
+        max_bytes=limit,
+        max_str=16,
+        max_bin=limit,
+        max_array=max(3, len(specs)),
+        max_map=3,
+    )
     if not isinstance(obj, dict) or set(obj) != {"v", "vals", "t"}:
         raise ProtocolError("DeMo payload: expected a map with keys v, vals, t")
     if obj["v"] != VERSION:

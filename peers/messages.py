@@ -20,6 +20,8 @@ import msgpack
 
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
+from swarmtrain.core.safe_msgpack import unpack
+from swarmtrain.core.wire import decode_packet, encode_packet
 
 __all__ = [
     "Envelope",
@@ -123,22 +125,17 @@ def encode_envelope(env: Envelope) -> bytes:
     return bytes(body)
 
 
-def _unpack(data: bytes, limit: int) -> Any:
-    if len(data) > limit:
-        raise ProtocolError(f"header of {len(data)} bytes exceeds {limit}")
-    try:
-        return msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            max_str_len=limit,
-            max_bin_len=limit,
-            max_array_len=1024,
-            max_map_len=64,
-            max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(f"malformed msgpack header: {type(e).__name__}") from None
+def _unpack(data: bytes, limit: int, what: str) -> Any:
+    # Headers and acks are small flat maps; strings and byte strings are bounded only by ``limit``.
+    return unpack(
+        data,
+        what=what,
+        max_bytes=limit,
+        max_str=limit,
+        max_bin=limit,
+        max_array=1024,
+        max_map=64,
+    )
 
 
 def decode_envelope(data: bytes, max_note: int = 4096) -> Envelope:
@@ -147,7 +144,7 @@ def decode_envelope(data: bytes, max_note: int = 4096) -> Envelope:
     Raises:
         ProtocolError: not a map, unknown/missing/ill-typed field, or a value out of range.
     """
-    obj = _unpack(data, MAX_HEADER)
+    obj = _unpack(data, MAX_HEADER, "message header")
     if not isinstance(obj, dict):
         raise ProtocolError("message header is not a map")
     unknown = set(obj) - set(_FIELDS)
@@ -186,7 +183,7 @@ def encode_ack(ok: bool, error: str = "") -> bytes:
 
 def decode_ack(data: bytes) -> tuple[bool, str]:
     """Parse an ack frame: ``(ok, error)``."""
-    obj = _unpack(data, 1024)
+    obj = _unpack(data, 1024, "ack")
     if (
         not isinstance(obj, dict)
         or not isinstance(obj.get("ok"), bool)
@@ -197,73 +194,17 @@ def decode_ack(data: bytes) -> tuple[bool, str]:
 
 
 # --- packets on the wire -----------------------------------------------------------------------------
-# ``swarmtrain.core.wire`` is the project's safe packet codec. Until it is importable, a minimal msgpack form
-# with the same validation duties is used so the network layer can be built and tested on its own.
-
-_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64"})
-
-
-def _wire() -> Any:
-    try:
-        from swarmtrain import wire
-    except ImportError:
-        return None
-    return wire
 
 
 def encode_packet_bytes(p: Packet) -> bytes:
-    """Serialise a codec packet (``swarmtrain.core.wire.encode_packet`` when available)."""
-    wire = _wire()
-    if wire is not None:
-        return bytes(wire.encode_packet(p))
-    body = {
-        "c": p.codec,
-        "s": list(p.shape),
-        "d": p.dtype,
-        "b": list(p.buffers),
-        "p": [[k, v] for k, v in p.params],
-    }
-    return bytes(msgpack.packb(body, use_bin_type=True))
+    """Serialise a codec packet (:func:`swarmtrain.core.wire.encode_packet`)."""
+    return encode_packet(p)
 
 
 def decode_packet_bytes(data: bytes, *, max_bytes: int = MAX_FRAME) -> Packet:
-    """Parse a packet from a peer (bounded; ``swarmtrain.core.wire.decode_packet`` when available).
+    """Parse a packet from a peer, at most ``max_bytes`` long (:func:`swarmtrain.core.wire.decode_packet`).
 
     Raises:
         ProtocolError: oversized or malformed bytes.
     """
-    if len(data) > max_bytes:
-        raise ProtocolError(f"packet of {len(data)} bytes exceeds {max_bytes}")
-    wire = _wire()
-    if wire is not None:
-        try:
-            return wire.decode_packet(data, max_bytes=max_bytes)  # type: ignore[no-any-return]
-        except ProtocolError:
-            raise
-        except Exception as e:  # a decoder bug must still surface as a typed protocol error
-            raise ProtocolError(f"undecodable packet: {type(e).__name__}: {e}") from None
-    obj = _unpack(data, max_bytes)
-    try:
-        codec, shape, dtype, bufs, params = obj["c"], obj["s"], obj["d"], obj["b"], obj["p"]
-    except (KeyError, TypeError):
-        raise ProtocolError("malformed packet") from None
-    if not isinstance(codec, str) or len(codec) > 64 or dtype not in _DTYPES:
-        raise ProtocolError("packet codec or dtype invalid")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > 8
-        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40 for s in shape)
-    ):
-        raise ProtocolError("packet shape invalid")
-    if not isinstance(bufs, list) or len(bufs) > 16 or not all(isinstance(b, bytes) for b in bufs):
-        raise ProtocolError("packet buffers invalid")
-    if not isinstance(params, list) or len(params) > 32:
-        raise ProtocolError("packet params invalid")
-    plist: list[tuple[str, int | float | str | bool]] = []
-    for kv in params:
-        if not (isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str)):
-            raise ProtocolError("packet params invalid")
-        if not isinstance(kv[1], int | float | str | bool):
-            raise ProtocolError("packet param value invalid")
-        plist.append((kv[0], kv[1]))
-    return Packet(codec=codec, shape=tuple(shape), dtype=dtype, buffers=tuple(bufs), params=tuple(plist))
+    return decode_packet(data, max_bytes=max_bytes)

@@ -4,7 +4,7 @@ A record lives under the DHT key ``"<run_id>.peers"`` with the peer ID as subkey
 expiration; the node's heartbeat re-stores it before it expires (a TTL heartbeat), so a peer that
 dies disappears after at most one TTL. A peer that leaves on purpose overwrites its record with a
 tombstone (``left=True``) so it disappears at once. Records come from other peers: they are decoded
-with bounded msgpack and validated field by field; a bad record is skipped, never trusted.
+with the core's bounded msgpack and validated field by field; a bad record is skipped, never trusted.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 
 from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = ["PeerRecord", "encode_record", "decode_record", "peers_key", "MAX_RECORD_BYTES"]
 
@@ -90,12 +91,7 @@ def decode_record(data: Any) -> PeerRecord:
     """
     if not isinstance(data, bytes) or len(data) > MAX_RECORD_BYTES:
         raise ProtocolError("peer record is not bytes or too large")
-    try:
-        obj = msgpack.unpackb(
-            data, raw=False, max_str_len=1024, max_bin_len=0, max_array_len=32, max_map_len=64
-        )
-    except Exception as e:
-        raise ProtocolError(f"malformed peer record: {type(e).__name__}") from None
+    obj = unpack(data, what="peer record", max_bytes=MAX_RECORD_BYTES, max_str=1024, max_array=32, max_map=64)
     if not isinstance(obj, dict):
         raise ProtocolError("peer record is not a map")
     known = {f for f in PeerRecord.__dataclass_fields__}

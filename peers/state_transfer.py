@@ -39,6 +39,7 @@ from peers.transport import (
     write_frame_drained,
 )
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = ["StateServer", "download_state", "StateProvider", "state_key", "META_KEY"]
 
@@ -242,10 +243,20 @@ def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[in
         if peer == node.peer_id or not isinstance(item.value, bytes) or len(item.value) > 1024:
             continue
         try:
-            obj = msgpack.unpackb(item.value, raw=False, max_bin_len=64, max_str_len=64, max_map_len=8)
-            h, n, r = obj["hash"], obj["nbytes"], obj["round"]
-        except Exception:
+            obj = unpack(
+                item.value,
+                what="state announcement",
+                max_bytes=1024,
+                max_str=64,
+                max_bin=64,
+                max_array=1024,  # the announcement has no arrays; its length bounds any
+                max_map=8,
+            )
+        except ProtocolError:
+            continue  # one bad announcement is skipped, the others still count
+        if not isinstance(obj, dict):
             continue
+        h, n, r = obj.get("hash"), obj.get("nbytes"), obj.get("round")
         if isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0:
             out.append((r, str(peer), h, n))
     return sorted(out, key=lambda a: (-a[0], a[1]))

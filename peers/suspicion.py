@@ -1,4 +1,4 @@
-"""Suspicion: signed accusation records and the ban rule (issue 6 point 4).
+"""Suspicion: signed accusation records and the ban rule.
 
 Each peer keeps an :class:`AccusationTable` of what *it* saw: owner-check failures (round, primary,
 verifier) and, per sender, in how many rounds its rows were outliers out of how many it was seen in.
@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 
 from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
     "AccusationTable",
@@ -202,12 +203,15 @@ def decode_signed(run_id: str, subkey: str, value: Any) -> AccusationTable:
 
     if not isinstance(value, bytes) or len(value) > MAX_SUSPICION_BYTES:
         raise ProtocolError("suspicion record is not bytes or too large")
-    try:
-        obj = msgpack.unpackb(
-            value, raw=False, max_str_len=256, max_bin_len=MAX_SUSPICION_BYTES, max_map_len=8
-        )
-    except Exception as e:
-        raise ProtocolError(f"malformed suspicion record: {type(e).__name__}") from None
+    obj = unpack(
+        value,
+        what="suspicion record",
+        max_bytes=MAX_SUSPICION_BYTES,
+        max_str=256,
+        max_bin=MAX_SUSPICION_BYTES,
+        max_array=MAX_SUSPICION_BYTES,  # the record has no arrays; its length bounds any
+        max_map=8,
+    )
     if not isinstance(obj, dict) or not all(
         isinstance(obj.get(k), t) for k, t in (("a", str), ("k", bytes), ("b", bytes), ("s", bytes))
     ):
@@ -227,12 +231,15 @@ def decode_signed(run_id: str, subkey: str, value: Any) -> AccusationTable:
         raise
     except Exception as e:
         raise ProtocolError(f"suspicion record key unusable: {type(e).__name__}") from None
-    try:
-        body = msgpack.unpackb(
-            obj["b"], raw=False, max_str_len=256, max_array_len=_MAX_PEERS, max_map_len=_MAX_PEERS
-        )
-    except Exception as e:
-        raise ProtocolError(f"malformed suspicion body: {type(e).__name__}") from None
+    body = unpack(
+        obj["b"],
+        what="suspicion body",
+        max_bytes=MAX_SUSPICION_BYTES,
+        max_str=256,
+        max_bin=MAX_SUSPICION_BYTES,  # the table has no byte strings; its length bounds any
+        max_array=_MAX_PEERS,
+        max_map=_MAX_PEERS,
+    )
     return AccusationTable.from_obj(body)
 
 

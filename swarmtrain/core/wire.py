@@ -4,13 +4,13 @@ Layout (format version 1), one msgpack array of six items::
 
     [1, codec: str, dtype: str, shape: [int, ...], params: [[key: str, value], ...], buffers: [bin, ...]]
 
-The decoder trusts nothing. Before parsing it bounds the input size; msgpack itself is bounded
-(string, binary, array and map lengths, no ext types, no nesting beyond what the layout needs); then
-every field is checked: version, codec and dtype allow-lists, shape rank and element count, parameter
-names and scalar types, buffer count and total size. Any violation raises ``ProtocolError`` saying
-what was wrong, never another exception. ``pickle`` is never involved. Checking that the buffers
-agree with the shape *for the codec* is the codec's job: ``compression`` decoders raise
-``ProtocolError`` on inconsistent packets too.
+The decoder trusts nothing. It parses with the core's bounded msgpack decoder
+(:func:`swarmtrain.core.safe_msgpack.unpack`: input size, string, binary, array and map lengths,
+nesting depth, no ext types), then checks every field: version, codec and dtype allow-lists, shape
+rank and element count, parameter names and scalar types, buffer count and total size. Any violation
+raises ``ProtocolError`` saying what was wrong, never another exception. ``pickle`` is never
+involved. Checking that the buffers agree with the shape *for the codec* is the codec's job:
+``compression`` decoders raise ``ProtocolError`` on inconsistent packets too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import msgpack
 
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet, ParamValue
+from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
     "WIRE_VERSION",
@@ -93,10 +94,6 @@ def packet_nbytes(p: Packet) -> int:
     return head + sum(len(b) + _bin_overhead(len(b)) - _bin_overhead(0) for b in p.buffers)
 
 
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ProtocolError(f"msgpack ext type {code} is not allowed")
-
-
 def _check_name(v: Any, what: str) -> str:
     if not isinstance(v, str) or not 0 < len(v) <= _MAX_NAME:
         raise ProtocolError(f"{what} must be a non-empty string of at most {_MAX_NAME} characters")
@@ -135,27 +132,16 @@ def decode_packet(
     Raises:
         ProtocolError: for every malformed, oversized or inconsistent input, naming the problem.
     """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ProtocolError(f"packet must be bytes, got {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise ProtocolError(f"packet of {len(data)} bytes exceeds the cap of {max_bytes}")
-    try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            ext_hook=_no_ext,
-            max_str_len=_MAX_NAME * 4,
-            max_bin_len=max_bytes,
-            max_array_len=max(MAX_NDIM, MAX_PARAMS, MAX_BUFFERS, 6),
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except ProtocolError:
-        raise
-    except Exception as e:  # msgpack raises many types (ValueError, FormatError, StackError, ...)
-        raise ProtocolError(f"packet is not valid msgpack: {type(e).__name__}: {str(e)[:100]}") from None
+    # The layout needs no maps and no nesting beyond [.., shape, [[key, value], ...], [bin, ...]].
+    obj = unpack(
+        data,
+        what="packet",
+        max_bytes=max_bytes,
+        max_str=_MAX_NAME * 4,
+        max_bin=max_bytes,
+        max_array=max(MAX_NDIM, MAX_PARAMS, MAX_BUFFERS, 6),
+        max_map=0,
+    )
     if not isinstance(obj, list) or len(obj) != 6:
         raise ProtocolError("packet must be a 6-item msgpack array")
     version, codec, dtype, shape, params, buffers = obj

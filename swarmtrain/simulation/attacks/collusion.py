@@ -30,6 +30,7 @@ import torch
 from swarmtrain.core.errors import ProtocolError, SwarmError
 from swarmtrain.core.packet import Packet
 from swarmtrain.core.protocols import Collective
+from swarmtrain.core.safe_msgpack import unpack
 from swarmtrain.core.wire import decode_packet, encode_packet
 
 __all__ = ["Colluders", "encode_rows", "decode_rows"]
@@ -59,19 +60,15 @@ def decode_rows(data: bytes, expect: Mapping[str, int]) -> dict[str, torch.Tenso
     limit = sum(4 * m + _OVERHEAD + len(n) for n, m in expect.items()) + 64
     if not isinstance(data, bytes | bytearray) or len(data) > limit:
         raise ProtocolError(f"collusion payload exceeds the bound of {limit} bytes")
-    try:
-        obj = msgpack.unpackb(
-            bytes(data),
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=limit,
-            max_str_len=1024,
-            max_array_len=max(2, len(expect)),
-            max_map_len=2,
-            max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(f"collusion payload is not valid msgpack: {type(e).__name__}") from None
+    obj = unpack(
+        data,
+        what="collusion payload",
+        max_bytes=limit,
+        max_str=1024,
+        max_bin=limit,
+        max_array=max(2, len(expect)),
+        max_map=2,
+    )
     if not isinstance(obj, dict) or set(obj) != {"v", "t"} or obj["v"] != VERSION:
         raise ProtocolError("collusion payload: expected {v: 1, t: [...]}")
     entries = obj["t"]
