@@ -13,8 +13,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from swarmtrain.app.models import GPT, build_model
 from swarmtrain.app.progress import TrainProgress
 from swarmtrain.core import __version__
 from swarmtrain.core.config import Config
-from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.errors import ConfigError, SwarmError
 from swarmtrain.core.protocols import Collective, Reducer, StepReport
 
 __all__ = ["Trainer", "StepInfo", "TrainResult", "resolve_device", "build_optimizer"]
@@ -90,6 +90,21 @@ class TrainResult:
     train_s: float = 0.0  # wall_s without evaluation and checkpoint saving
 
 
+@dataclass
+class _FitRun:
+    """The running figures of one ``fit`` call, shared by its step helpers."""
+
+    t0: float  # perf_counter at the start of the call
+    tokens0: int  # tokens trained on before the call
+    end: int  # the step the call stops at
+    paused: float = 0.0  # evaluation and checkpoint time, left out of tokens/s
+    last_loss: torch.Tensor = field(default_factory=lambda: torch.full((), math.nan))
+    window: list[torch.Tensor] = field(default_factory=list)  # step losses since the last train record
+    val_loss: float | None = None
+    val_step: int = -1  # the step of the last evaluation
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; anything else must be a device torch knows.
 
@@ -121,6 +136,18 @@ def build_optimizer(model: torch.nn.Module, config: Config, device: torch.device
     if tc.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.beta1)
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=device.type == "cuda")
+
+
+def _check_fits(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, Any]) -> None:
+    """Raise CheckpointError unless ``theirs`` has exactly ``ours``' names, each a tensor of the same
+    shape and dtype (checked before anything is copied, so a bad state changes nothing)."""
+    if set(theirs) != set(ours):
+        missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+        raise CheckpointError(f"model tensors differ (missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, t in ours.items():
+        src = theirs[name]
+        if not isinstance(src, torch.Tensor) or src.shape != t.shape or src.dtype != t.dtype:
+            raise CheckpointError(f"tensor {name} does not fit this model ({tuple(t.shape)} {t.dtype})")
 
 
 class Trainer:
@@ -296,76 +323,90 @@ class Trainer:
         tc = self.config.train
         end = tc.steps if max_steps is None else min(tc.steps, self.step + max_steps)
         deadline = None if tc.max_time is None else time.monotonic() + tc.max_time
-        history: list[dict[str, Any]] = []
+        run = _FitRun(t0=time.perf_counter(), tokens0=self.tokens, end=end)
         self.model.train()
-        t0 = time.perf_counter()
-        tokens0 = self.tokens
-        paused = 0.0  # evaluation and checkpoint time, left out of tokens/s
-        last_loss = torch.full((), math.nan)
-        window: list[torch.Tensor] = []
-        val_loss: float | None = None
-        val_step = -1
         with (
             MetricsWriter(self.out_dir, filename=self.metrics_path.name) as metrics,
             TrainProgress(tc.steps, self.step, enabled=tc.progress) as bar,
         ):
             while self.step < end and (deadline is None or time.monotonic() < deadline):
-                last_loss, grad_norm, report, lr = self.train_step()
-                window.append(last_loss)
-                elapsed = time.perf_counter() - t0
-                tps = (self.tokens - tokens0) / max(elapsed - paused, 1e-9)
+                run.last_loss, grad_norm, report, lr = self.train_step()
+                run.window.append(run.last_loss)
+                elapsed = time.perf_counter() - run.t0
+                tps = (self.tokens - run.tokens0) / max(elapsed - run.paused, 1e-9)
                 if report.synced:
                     metrics.write(self._sync_record(report))
-                step_val: float | None = None
-                if self.step % tc.eval_interval == 0 and self.step < end:
-                    t_pause = time.perf_counter()
-                    step_val = val_loss = self._logged_eval(metrics, history)
-                    val_step = self.step
-                    paused += time.perf_counter() - t_pause
-                if self.step % tc.log_interval == 0 or self.step == end:
-                    rec = self._train_record(window, grad_norm, lr, tps, elapsed)
-                    window = []
-                    metrics.write(rec)
-                    metrics.flush()
-                    history.append(rec)
-                    bar.update(self.step, float(rec["loss"]), tps)
-                    logger.info("step %d loss %.4f lr %.2e %.0f tok/s", self.step, rec["loss"], lr, tps)
-                else:
-                    bar.update(self.step)
-                if tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0:
-                    t_pause = time.perf_counter()
-                    self._fit_elapsed = t_pause - t0
-                    self.save_checkpoint(self.checkpoint_dir)
-                    paused += time.perf_counter() - t_pause
+                step_val = self._step_records(run, metrics, bar, grad_norm, lr, tps, elapsed)
                 if on_step is not None:
-                    on_step(
-                        StepInfo(
-                            self.step, self.tokens, lr, elapsed, tps, report, last_loss, grad_norm, step_val
-                        )
+                    info = StepInfo(
+                        self.step, self.tokens, lr, elapsed, tps, report, run.last_loss, grad_norm
                     )
-            wall = time.perf_counter() - t0
-            if window:
-                tps = (self.tokens - tokens0) / max(wall - paused, 1e-9)
-                rec = self._train_record(window, None, lr_at(max(self.step - 1, 0), tc), tps, wall)
-                metrics.write(rec)
-                history.append(rec)
-            if val_step != self.step:
-                val_loss = self._logged_eval(metrics, history)
+                    on_step(info if step_val is None else replace(info, val_loss=step_val))
+            wall = time.perf_counter() - run.t0
+            self._finish_records(run, metrics, wall)
         self.wall_s += wall
         self._fit_elapsed = 0.0
         return TrainResult(
             steps=self.step,
             tokens=self.tokens,
-            final_train_loss=float(last_loss.item()),
-            final_val_loss=val_loss,
+            final_train_loss=float(run.last_loss.item()),
+            final_val_loss=run.val_loss,
             wall_s=wall,
-            history=history,
+            history=run.history,
             metrics_path=str(self.metrics_path),
             checkpoint_dir=str(self.checkpoint_dir) if tc.checkpoint_interval else None,
             bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received,
-            train_s=wall - paused,
+            train_s=wall - run.paused,
         )
+
+    def _step_records(
+        self,
+        run: _FitRun,
+        metrics: MetricsWriter,
+        bar: TrainProgress,
+        grad_norm: torch.Tensor | None,
+        lr: float,
+        tps: float,
+        elapsed: float,
+    ) -> float | None:
+        """After a step: the due evaluation, train record, progress bar and checkpoint. Evaluation and
+        checkpoint time go to ``run.paused``, out of tokens/s. Returns this step's val loss, if any."""
+        tc = self.config.train
+        step_val: float | None = None
+        if self.step % tc.eval_interval == 0 and self.step < run.end:
+            t_pause = time.perf_counter()
+            step_val = run.val_loss = self._logged_eval(metrics, run.history)
+            run.val_step = self.step
+            run.paused += time.perf_counter() - t_pause
+        if self.step % tc.log_interval == 0 or self.step == run.end:
+            rec = self._train_record(run.window, grad_norm, lr, tps, elapsed)
+            run.window = []
+            metrics.write(rec)
+            metrics.flush()
+            run.history.append(rec)
+            bar.update(self.step, float(rec["loss"]), tps)
+            logger.info("step %d loss %.4f lr %.2e %.0f tok/s", self.step, rec["loss"], lr, tps)
+        else:
+            bar.update(self.step)
+        if tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0:
+            t_pause = time.perf_counter()
+            self._fit_elapsed = t_pause - run.t0
+            self.save_checkpoint(self.checkpoint_dir)
+            run.paused += time.perf_counter() - t_pause
+        return step_val
+
+    def _finish_records(self, run: _FitRun, metrics: MetricsWriter, wall: float) -> None:
+        """At the end of ``fit``: a train record for steps not logged yet, and the final evaluation
+        unless the last step already had one."""
+        if run.window:
+            tps = (self.tokens - run.tokens0) / max(wall - run.paused, 1e-9)
+            lr = lr_at(max(self.step - 1, 0), self.config.train)
+            rec = self._train_record(run.window, None, lr, tps, wall)
+            metrics.write(rec)
+            run.history.append(rec)
+        if run.val_step != self.step:
+            run.val_loss = self._logged_eval(metrics, run.history)
 
     def _logged_eval(self, metrics: MetricsWriter, history: list[dict[str, Any]]) -> float:
         val_loss = self.evaluate()
@@ -461,27 +502,20 @@ class Trainer:
             opt_state, strat, data = state["optimizer"], state["strategy"], state["data"]
         except KeyError as e:
             raise CheckpointError(f"{directory}: checkpoint lacks {e}") from None
-        ours = dict(self._named_state())
-        if set(model_state) != set(ours):
-            missing, extra = sorted(set(ours) - set(model_state)), sorted(set(model_state) - set(ours))
-            raise CheckpointError(
-                f"{directory}: model tensors differ (missing {missing[:3]}, unexpected {extra[:3]})"
-            )
-        for name, t in ours.items():
-            src = model_state[name]
-            if not isinstance(src, torch.Tensor) or src.shape != t.shape or src.dtype != t.dtype:
-                raise CheckpointError(
-                    f"{directory}: tensor {name} does not fit this model ({tuple(t.shape)})"
-                )
-        with torch.no_grad():
-            for name, t in ours.items():
-                t.copy_(model_state[name])
+        try:
+            _check_fits(dict(self._named_state()), model_state)
+        except CheckpointError as e:
+            raise CheckpointError(f"{directory}: {e}") from None
+        self._copy_into_model(self._named_state(), model_state)
         try:
             self.optimizer.load_state_dict(opt_state)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise CheckpointError(f"{directory}: optimizer state does not fit: {e}") from None
         if strat.get("name") == self.strategy.name:
-            self.strategy.load_state_dict(strat["state"])
+            try:
+                self._load_strategy_state(strat["state"])
+            except CheckpointError as e:
+                raise CheckpointError(f"{directory}: {e}") from None
         else:
             logger.warning(
                 "checkpoint strategy %r differs from %r: its strategy state is not restored",
@@ -499,6 +533,36 @@ class Trainer:
         self.bytes_sent = int(progress["bytes_sent"])
         self.bytes_received = int(progress["bytes_received"])
         logger.info("resumed from %s at step %d", directory, self.step)
+
+    def load_peer_state(self, parameters: Mapping[str, torch.Tensor], strategy_state: Any, step: int) -> None:
+        """Adopt another peer's parameters, strategy state and step count (a newcomer's download, a
+        late peer's catch-up). The inner optimizer, RNG and data stream stay this peer's own.
+
+        Raises:
+            CheckpointError: the parameters or the strategy state do not fit this trainer; nothing
+                changed then.
+        """
+        _check_fits(dict(self.model.named_parameters()), parameters)
+        self._load_strategy_state(strategy_state)
+        self._copy_into_model(self.model.named_parameters(), parameters)
+        self.step = step
+
+    def _load_strategy_state(self, state: Any) -> None:
+        """Load ``state`` into the strategy, or leave the strategy as it was and raise CheckpointError."""
+        backup = self.strategy.state_dict()
+        try:
+            self.strategy.load_state_dict(state)
+        except (SwarmError, KeyError, TypeError, ValueError) as e:
+            self.strategy.load_state_dict(backup)
+            raise CheckpointError(f"strategy state does not fit: {e}") from None
+
+    @staticmethod
+    @torch.no_grad()
+    def _copy_into_model(
+        ours: Iterable[tuple[str, torch.Tensor]], theirs: Mapping[str, torch.Tensor]
+    ) -> None:
+        for name, t in ours:
+            t.copy_(theirs[name])
 
     def close(self) -> None:
         """Release the strategy (and its network resources)."""

@@ -1,0 +1,123 @@
+"""A peer's shareable state: what a donor serves, how a newcomer or a late peer adopts it, and its digest.
+
+The state is the model's parameters, the strategy's state (outer optimizer, anchors, residuals...),
+the step count and the round number, as safetensors tensors plus a JSON skeleton
+(``swarmtrain.app.checkpoint.pack_state``), so neither side ever unpickles peer bytes. Loading goes
+through ``Trainer.load_peer_state``, the same checks a checkpoint resume runs; this module adds only
+what belongs to the exchange: the donor's strategy name, its step and round fields, and the round
+number that never goes back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from swarmtrain.app.checkpoint import CheckpointError, pack_state, unpack_state
+from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
+
+if TYPE_CHECKING:
+    from swarmtrain.app.trainer import Trainer
+
+__all__ = ["param_digest", "shared_parameters", "state_snapshot", "apply_state", "adopt_swarm_state"]
+
+logger = logging.getLogger(__name__)
+
+_MODEL = "model."  # name prefix of the model's tensors in a snapshot; the strategy's use "strategy"
+
+
+def param_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's bytes, in name order: equal digests mean bit-identical tensors."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def shared_parameters(strategy: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters every peer must agree on: the strategy's global (anchor) parameters when it
+    keeps them apart from the local model (DiLoCo, StreamingDiLoCo), else the model's own."""
+    glob = getattr(strategy, "global_parameters", None)
+    if callable(glob):
+        return dict(glob())
+    return dict(model.named_parameters())
+
+
+def shared_digest(trainer: Trainer) -> str:
+    """``param_digest`` of the parameters ``trainer``'s peers must agree on."""
+    return param_digest(shared_parameters(trainer.strategy, trainer.model))
+
+
+def state_snapshot(trainer: Trainer, round_id: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What a donor serves: model parameters, the strategy's state, step and round number."""
+    tensors = {_MODEL + n: p.detach().to("cpu", copy=True) for n, p in trainer.model.named_parameters()}
+    strat_tensors, skeleton = pack_state(trainer.strategy.state_dict(), prefix="strategy")
+    tensors.update(strat_tensors)
+    meta = {
+        "round": int(round_id),
+        "step": int(trainer.step),
+        "strategy_name": trainer.strategy.name,
+        "strategy": skeleton,
+    }
+    return tensors, meta
+
+
+def apply_state(trainer: Trainer, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> int:
+    """Load a downloaded state into ``trainer``; returns the round number to adopt.
+
+    Raises:
+        ProtocolError: the state does not fit this peer (another strategy, a bad step or round, tensors
+            of another model, a strategy state that does not load); the trainer is left as it was.
+    """
+    if meta.get("strategy_name") != trainer.strategy.name:
+        raise ProtocolError(
+            f"donor runs strategy {meta.get('strategy_name')!r}, this peer {trainer.strategy.name!r}"
+        )
+    step, rnd = meta.get("step"), meta.get("round")
+    if not isinstance(step, int) or not isinstance(rnd, int) or step < 0 or rnd < 0:
+        raise ProtocolError("state meta lacks a valid step and round")
+    parameters = {n[len(_MODEL) :]: t for n, t in tensors.items() if n.startswith(_MODEL)}
+    try:
+        strategy_state = unpack_state(meta.get("strategy"), tensors)
+        trainer.load_peer_state(parameters, strategy_state, step)
+    except CheckpointError as e:
+        raise ProtocolError(f"downloaded state: {e}") from None
+    return rnd
+
+
+def adopt_swarm_state(
+    node: Any,
+    trainer: Trainer,
+    collective: Any,
+    timeout: float,
+    *,
+    wait_for_donor: float = 0.0,
+    min_round: int = 0,
+    fresh_wait: float = 0.0,
+) -> bool:
+    """Download the run's state from a donor this peer has not banned and load it into ``trainer``
+    (``peers.download_state`` says what ``min_round``/``fresh_wait`` do). The collective's round number
+    never goes back: a donor's snapshot can name a round whose group has formed since, and re-joining
+    it would only be late again. Returns False (logged) when no usable state came; nothing changed then.
+    """
+    from peers import download_state
+
+    try:
+        tensors, meta = download_state(
+            node,
+            timeout,
+            wait_for_donor=wait_for_donor,
+            min_round=min_round,
+            fresh_wait=fresh_wait,
+            exclude=collective.banned,
+        )
+        collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
+    except (PeerTimeoutError, ProtocolError) as e:
+        logger.warning("no usable state from the swarm (%s)", e)
+        return False
+    return True
