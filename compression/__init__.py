@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from compression.base import CODECS, DTYPES, Codec
 from compression.blockwise import BlockwiseCodec, Int4Compressor, Int8Compressor
-from compression.cast import BF16Compressor, FP16Compressor, Identity, NoneCompressor
+from compression.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from compression.factory import VALUE_CODECS, build_compressor, codec_names, decompress_any, make_codec
 from compression.feedback import EF21, ErrorFeedback
 from compression.kernels import compile_mode
@@ -25,7 +25,6 @@ __all__ = [
     "Codec",
     "BlockwiseCodec",
     "NoneCompressor",
-    "Identity",
     "FP16Compressor",
     "BF16Compressor",
     "Int8Compressor",

@@ -26,14 +26,13 @@ from typing import Any
 
 import torch
 
-from compression import native
 from compression.factory import codec_names, make_codec
 from compression.kernels import compile_mode, min_numel
+from compression.native import available as native_available
 from swarmtrain.core.errors import ConfigError
 
 __all__ = [
     "CodecResult",
-    "measure_copy",
     "benchmark_codecs",
     "environment",
     "report",
@@ -106,7 +105,7 @@ _QUANTISERS = ("int8", "int4", "ternary")
 def _encoder_path(name: str, x: torch.Tensor) -> str:
     if name not in _QUANTISERS:
         return "torch"
-    if x.device.type == "cpu" and x.dtype == torch.float32 and native.available():
+    if x.device.type == "cpu" and x.dtype == torch.float32 and native_available():
         return "native"
     return "compiled" if _compiled_path(x.numel()) else "eager"
 
@@ -125,14 +124,6 @@ def _best(fn: Callable[[], object], reps: int, device: torch.device) -> float:
         _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def measure_copy(x: torch.Tensor, reps: int = 5) -> float:
-    """Read + write bytes per second of ``y.copy_(x)`` (best of ``reps``)."""
-    y = torch.empty_like(x)
-    y.copy_(x)
-    t = _best(lambda: y.copy_(x), reps, x.device)
-    return 2 * x.numel() * x.element_size() / t
 
 
 def _time_interleaved(
@@ -173,76 +164,87 @@ def benchmark_codecs(
     copy, one compress, one decompress per repetition; best of each), so a codec and its roofline
     see the same background load on a shared machine; ``copy_rw_gbps`` of each result is that copy.
     """
+    for name in codecs:
+        if name not in codec_names():
+            raise ConfigError(f"unknown codec {name!r}; choose from {', '.join(codec_names())}")
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(numel, generator=gen).to(dev)
-    in_bytes = 4 * numel
     dst = torch.empty_like(x)  # the copy's destination, warm like a reused buffer
     dst.copy_(x)
     made: dict[str, tuple[Any, Any, float]] = {}
     fresh: dict[str, tuple[float, float, float]] = {}
     steady: dict[str, tuple[float, float, float]] = {}
     for name in codecs:
-        if name not in codec_names():
-            raise ConfigError(f"unknown codec {name!r}; choose from {', '.join(codec_names())}")
-    for name in codecs:
         codec = make_codec(name, block=block, fraction=topk_fraction, seed=seed, device=dev)
         if progress is not None:
             progress(f"{name}: warming up")
-        p = codec.compress(x, key="bench")  # warm-up (compiles once when enabled)
-        y = codec.decompress(p)
-        err = float((y.float() - x).norm() / x.norm())
-        del y
-        made[name] = (codec, p, err)
-        fresh[name] = _time_interleaved(codec, x, p, dst, reps, dev)
-        if progress is not None:
-            tc, td, _ = fresh[name]
-            progress(
-                f"{name} (fresh pages): compress {in_bytes / tc / 1e9:.2f} GB/s, "
-                f"decompress {in_bytes / td / 1e9:.2f} GB/s"
-            )
+        made[name] = _warm_up(codec, x)
+        fresh[name] = _time_interleaved(codec, x, made[name][1], dst, reps, dev)
+        _progress(progress, f"{name} (fresh pages)", fresh[name], x)
     if steady_state and keep_freed_memory():
         for name in codecs:
             codec, p, _ = made[name]
             codec.decompress(codec.compress(x, key="bench"))  # untimed: fills the reusable heap
             steady[name] = _time_interleaved(codec, x, p, dst, reps, dev)
-            if progress is not None:
-                tc, td, _ = steady[name]
-                progress(
-                    f"{name} (steady state): compress {in_bytes / tc / 1e9:.2f} GB/s, "
-                    f"decompress {in_bytes / td / 1e9:.2f} GB/s"
-                )
-    out = []
-    for name in codecs:
-        _, p, err = made[name]
-        payload = p.payload_nbytes
-        moved = in_bytes + payload
-        tcf, tdf, tkf = fresh[name]
-        tc, td, tk = steady.get(name, fresh[name])
-        copy_bw, copy_bw_fresh = 2 * in_bytes / tk, 2 * in_bytes / tkf
-        out.append(
-            CodecResult(
-                codec=name,
-                numel=numel,
-                bits_per_element=8.0 * payload / numel,
-                rel_l2_error=err,
-                compress_s=tc,
-                decompress_s=td,
-                compress_gbps=in_bytes / tc / 1e9,
-                decompress_gbps=in_bytes / td / 1e9,
-                compress_roofline=moved / tc / copy_bw,
-                decompress_roofline=moved / td / copy_bw,
-                copy_rw_gbps=copy_bw / 1e9,
-                compiled=name in _QUANTISERS and _compiled_path(numel),
-                encoder=_encoder_path(name, x),
-                steady_state=name in steady,
-                fresh_compress_gbps=in_bytes / tcf / 1e9,
-                fresh_decompress_gbps=in_bytes / tdf / 1e9,
-                fresh_compress_roofline=moved / tcf / copy_bw_fresh,
-                fresh_decompress_roofline=moved / tdf / copy_bw_fresh,
-            )
+            _progress(progress, f"{name} (steady state)", steady[name], x)
+    return [_result(name, x, made[name], fresh[name], steady.get(name)) for name in codecs]
+
+
+def _warm_up(codec: Any, x: torch.Tensor) -> tuple[Any, Any, float]:
+    """``(codec, packet, relative L2 error)`` after one untimed round trip (compiles once when enabled)."""
+    p = codec.compress(x, key="bench")
+    y = codec.decompress(p)
+    return codec, p, float((y.float() - x).norm() / x.norm())
+
+
+def _progress(
+    progress: Callable[[str], None] | None, label: str, times: tuple[float, float, float], x: torch.Tensor
+) -> None:
+    if progress is not None:
+        tc, td, _ = times
+        in_bytes = 4 * x.numel()
+        progress(
+            f"{label}: compress {in_bytes / tc / 1e9:.2f} GB/s, decompress {in_bytes / td / 1e9:.2f} GB/s"
         )
-    return out
+
+
+def _result(
+    name: str,
+    x: torch.Tensor,
+    made: tuple[Any, Any, float],
+    fresh: tuple[float, float, float],
+    steady: tuple[float, float, float] | None,
+) -> CodecResult:
+    """One codec's figures: the steady-state timings as headline when measured, else the fresh ones."""
+    _, p, err = made
+    numel = x.numel()
+    in_bytes = 4 * numel
+    # compress reads the input and writes the payload; decompress reads the payload and writes 4n
+    moved = in_bytes + p.payload_nbytes
+    tcf, tdf, tkf = fresh
+    tc, td, tk = fresh if steady is None else steady
+    copy_bw, copy_bw_fresh = 2 * in_bytes / tk, 2 * in_bytes / tkf
+    return CodecResult(
+        codec=name,
+        numel=numel,
+        bits_per_element=8.0 * p.payload_nbytes / numel,
+        rel_l2_error=err,
+        compress_s=tc,
+        decompress_s=td,
+        compress_gbps=in_bytes / tc / 1e9,
+        decompress_gbps=in_bytes / td / 1e9,
+        compress_roofline=moved / tc / copy_bw,
+        decompress_roofline=moved / td / copy_bw,
+        copy_rw_gbps=copy_bw / 1e9,
+        compiled=name in _QUANTISERS and _compiled_path(numel),
+        encoder=_encoder_path(name, x),
+        steady_state=steady is not None,
+        fresh_compress_gbps=in_bytes / tcf / 1e9,
+        fresh_decompress_gbps=in_bytes / tdf / 1e9,
+        fresh_compress_roofline=moved / tcf / copy_bw_fresh,
+        fresh_decompress_roofline=moved / tdf / copy_bw_fresh,
+    )
 
 
 def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
@@ -258,7 +260,7 @@ def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": str(dev),
         "compile_mode": compile_mode(),
-        "native_codecs": native.available() if dev.type == "cpu" else False,
+        "native_codecs": native_available() if dev.type == "cpu" else False,
     }
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from compression import native
 from compression.base import (
     CODECS,
     Codec,
@@ -31,6 +30,7 @@ from compression.base import (
     tensor_bytes,
 )
 from compression.kernels import Kernel
+from compression.native import encode_blockwise
 from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.packet import Packet
 
@@ -156,7 +156,7 @@ class BlockwiseCodec(Codec):
         """Quantise ``t`` blockwise (see the class docstring for the error bound)."""
         dtype = dtype_name(t, self.name)
         x = t.detach().reshape(-1)
-        fast = native.encode_blockwise(x, self.block, self.bits)
+        fast = encode_blockwise(x, self.block, self.bits)
         if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
             codes_b, scales_b, top = fast
             check_absmax_top(top, dtype, self.name)

@@ -12,7 +12,7 @@ from compression.base import CODECS, Codec, buffer_tensor, check_packet, dtype_n
 from swarmtrain.core.errors import UpdateRejected
 from swarmtrain.core.packet import Packet
 
-__all__ = ["NoneCompressor", "Identity", "FP16Compressor", "BF16Compressor"]
+__all__ = ["NoneCompressor", "FP16Compressor", "BF16Compressor"]
 
 
 @CODECS.register("none")
@@ -38,9 +38,6 @@ class NoneCompressor(Codec):
         dtype = check_packet(p, self.name, 1)
         flat = buffer_tensor(p.buffers[0], dtype, p.numel, "none payload").clone()
         return self._out(flat, p)
-
-
-Identity = NoneCompressor
 
 
 class _CastCodec(Codec):

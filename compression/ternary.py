@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from compression import native
 from compression.base import (
     CODECS,
     Codec,
@@ -40,6 +39,7 @@ from compression.base import (
 )
 from compression.blockwise import MAX_BLOCK, MIN_BLOCK, tiny_rescale
 from compression.kernels import Kernel
+from compression.native import encode_ternary
 from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.packet import Packet
 
@@ -174,7 +174,7 @@ class TernaryCompressor(Codec):
         x = t.detach().reshape(-1)
         n = x.numel()
         base = self._base(key)
-        fast = native.encode_ternary(x, self.block, base)
+        fast = encode_ternary(x, self.block, base)
         if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
             codes_b, scales_b, top = fast
             check_absmax_top(top, dtype, self.name)

@@ -46,16 +46,6 @@ def become_group_leader() -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _group_members(pgid: int) -> list[int]:
     import psutil
 

@@ -48,7 +48,6 @@ StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]
 META_KEY = "swarmtrain"
 KIND = "state"
 _FRAME_TIMEOUT = 30.0
-_MAX_META = 1 << 20
 
 
 def state_key(run_id: str) -> str:
