@@ -2,8 +2,8 @@
 
 Eager torch runs a blockwise quantizer as many separate passes over memory; ``torch.compile``
 (Inductor: C++/OpenMP on CPU, Triton on GPU) fuses the per-block reduction and the quantisation into
-one pass, which is what brings the codecs near the memory roofline. Compiling costs seconds to tens
-of seconds per kernel, so:
+one pass, which is what brings the codecs near the memory roofline. Compiling is slow (paid per
+kernel, once per process), so:
 
 * only tensors with at least ``min_numel()`` elements (default 2**22) take the compiled path, so
   small runs (and the many short-lived peer processes of the tests) never pay for compilation;

@@ -1,7 +1,7 @@
 """A small C kernel for the blockwise and ternary encoders on CPU, built at first use and cached.
 
-``torch.compile`` fuses each encoder into one Inductor loop nest, but on CPU that nest still reaches
-only about a third of the memory roofline: the codes land in a tensor that is then copied into the
+``torch.compile`` fuses each encoder into one Inductor loop nest, but on CPU that nest still stays
+well below the memory roofline: the codes land in a tensor that is then copied into the
 packet's ``bytes``, the per-block reduction and the quantisation are laid out as two loops, and the
 ternary hash runs on 64-bit index lanes. This module compiles a few dozen lines of C (OpenMP over
 blocks, vectorisable inner loops) into a shared library and calls it through ``ctypes``:
@@ -20,10 +20,10 @@ torch kernels (``round`` half to even via ``rintf``, ``127 / absmax`` as torch e
 packets are byte-for-byte those of the eager path; the tests check it on random and edge-case inputs.
 The absmax is an integer maximum over the bit patterns of ``|x|`` (for non-negative floats the integer
 order is the float order, and any NaN sorts above infinity), so a NaN anywhere makes the maximum NaN
-and the codec rejects the input exactly as before.
+and the codec rejects the input as the torch path does.
 
 Build and fallback. The library is compiled once per source/flags/CPU-capability combination with the
-system C compiler (``cc``, about a second) into ``$SWARMTRAIN_NATIVE_DIR`` or
+system C compiler (``cc``) into ``$SWARMTRAIN_NATIVE_DIR`` or
 ``~/.cache/swarmtrain/native`` (an atomic rename makes concurrent builds by several processes safe)
 and links the OpenMP runtime torch already loaded, so both share one thread pool. If anything fails
 (no compiler, no OpenMP, read-only cache) one warning is logged and the codecs keep their

@@ -94,8 +94,8 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
         up = tiny_rescale(am)  # exact power-of-2 rescale of tiny blocks
         idx = torch.arange(xb.numel(), device=x.device, dtype=base.dtype).reshape(xb.shape)
         u = _hash_uniform32(idx, base) if base.dtype == torch.int32 else hash_uniform(idx, base)
-        # keep with probability |x| / s, as u * s < |x|: a multiply, not a division (the division
-        # was the costliest operation of the encoder); the rescale keeps u * s out of subnormals
+        # keep with probability |x| / s, as u * s < |x|: a multiply, not a division (a division per
+        # element dominates the encoder's cost); the rescale keeps u * s out of subnormals
         keep = u * (s * up) < xb.abs() * up
         # codes 0, 1 (+1) or 2 (-1), in int32 lanes like the floats (8-bit lanes vectorise badly)
         code = keep.to(torch.int32) + (keep & (xb < 0)).to(torch.int32)

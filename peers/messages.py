@@ -3,7 +3,7 @@
 Every stream carries one *message*: a header frame (a msgpack map validated into an :class:`Envelope`)
 followed by ``Envelope.frames`` data frames, each a 4-byte big-endian length and that many bytes. The
 receiver answers with one small ack frame. Bulk data thus travels in parts of at most
-:data:`MAX_FRAME` bytes over streams (hivemind's unary RPC is capped at 4 MiB and is ~8x slower).
+:data:`MAX_FRAME` bytes over streams (hivemind's unary RPC is capped at 4 MiB and is much slower).
 
 Everything here parses bytes that came from another peer, so every field is type- and range-checked
 and every failure raises :class:`swarmtrain.core.errors.ProtocolError`.

@@ -1,7 +1,7 @@
 """Reducers: combine one flat row per peer into one aggregate (pure functions of the stack).
 
 Registered by name in ``REDUCERS``; the partition owner in the all-reduce applies one. Robust ones
-(Byzantine-tolerant averaging, issue 6): ``coordinate_median``, ``trimmed_mean`` (Yin et al. 2018),
+(Byzantine-tolerant averaging): ``coordinate_median``, ``trimmed_mean`` (Yin et al. 2018),
 ``centered_clip`` (Karimireddy et al. 2021; BTARD, Gorbunov et al. 2022), ``krum``/``multi_krum``
 (Blanchard et al. 2017) and ``geometric_median`` (Weiszfeld; RFA, Pillutla et al. 2022). Each states
 its breakdown point and refuses an ``(n, f)`` beyond it with ``ConfigError``.
