@@ -3,8 +3,7 @@
 Each all-reduce round allocates about three times the reduced tensor's bytes in buffers of a few MiB
 (received frames, encoded parts, decoded chunks). glibc's allocator serves such sizes with ``mmap``
 and returns them to the kernel on ``free`` (or trims the heap top), so every round touches fresh
-pages: one page fault and one page clear per 4 KiB, on top of the round's own
-memory traffic.
+pages: one page fault and one page clear per 4 KiB, on top of the round's own memory traffic.
 
 :func:`retain_freed_buffers` raises glibc's mmap threshold to its 32 MiB maximum and its trim
 threshold to 1 GiB for the calling process (``mallopt``), so those buffers come from the heap and are
