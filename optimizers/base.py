@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from compression import build_compressor
-from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import BaseStrategyConfig, CompressionConfig, StrategyConfig
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import Collective, Compressor, Reducer, RoundResult, StepReport, Strategy
 from swarmtrain.core.registry import Registry
@@ -18,6 +18,7 @@ __all__ = [
     "STRATEGIES",
     "StrategyContext",
     "build_strategy",
+    "options_of",
     "make_compressor",
     "require_collective",
     "round_report",
@@ -32,6 +33,8 @@ __all__ = [
 class StrategyContext:
     """Everything a strategy needs: the model, its inner optimizer, and how to talk to peers.
 
+    ``config`` is the strategy's own validated options (``swarmtrain.core.config.DiLoCoConfig``, ...;
+    ``strategy_config(name, **options)`` builds one by name); strategies trust its bounds.
     ``collective`` is ``None`` for a single-peer run; networked strategies refuse to start without one.
     ``reducer`` is applied by partition owners (``None``: token-weighted mean).
     ``compressor`` overrides the codec built from ``compression`` (tests, benchmarks); ``None``: build
@@ -62,6 +65,24 @@ def build_strategy(ctx: StrategyContext) -> Strategy:
     if strategy is None:  # pragma: no cover - a factory bug
         raise ConfigError(f"strategy {ctx.config.name!r} factory returned nothing")
     return strategy
+
+
+C = TypeVar("C", bound=BaseStrategyConfig)
+
+
+def options_of(ctx: StrategyContext, model: type[C]) -> C:
+    """``ctx.config`` as the options model ``model`` of the strategy being built.
+
+    Raises:
+        ConfigError: ``ctx.config`` holds another strategy's options.
+    """
+    cfg = ctx.config
+    if not isinstance(cfg, model):
+        raise ConfigError(
+            f"strategy options {type(cfg).__name__} (strategy {cfg.name!r}) given where "
+            f"{model.__name__} is needed"
+        )
+    return cfg
 
 
 def make_compressor(ctx: StrategyContext) -> Compressor:

@@ -25,10 +25,12 @@ from optimizers.base import (
     compressor_state,
     load_compressor_state,
     make_compressor,
+    options_of,
     require_collective,
     round_report,
     trainable_parameters,
 )
+from swarmtrain.core.config import DataParallelConfig
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import StepReport
 
@@ -75,17 +77,19 @@ class DataParallel:
     """Gradient all-reduce every step (the baseline).
 
     Args:
-        ctx: model, inner optimizer, configs and the collective (required).
+        ctx: model, inner optimizer, configs (``ctx.config`` a ``DataParallelConfig``) and the
+            collective (required).
         bucket_numel: elements per gradient bucket.
 
     Raises:
-        ConfigError: without a collective.
+        ConfigError: without a collective, or with another strategy's options.
     """
 
     name = "data_parallel"
 
     def __init__(self, ctx: StrategyContext, bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> None:
         self.ctx = ctx
+        self.config = options_of(ctx, DataParallelConfig)
         self.collective = require_collective(ctx, self.name)
         if bucket_numel < 1:
             raise ConfigError(f"bucket_numel must be >= 1, got {bucket_numel}")
@@ -109,7 +113,7 @@ class DataParallel:
             compressor=self.compressor,
             reducer=self.ctx.reducer,
             weight=float(tokens),
-            timeout=self.ctx.config.sync_timeout,
+            timeout=self.config.sync_timeout,
         )
         wait = time.perf_counter() - t0
         report = round_report(res, {"comm_wait_s": wait})

@@ -21,7 +21,7 @@ Payloads are packed by ``optimizers.demo_payload``; a peer whose payload fails v
 of that step's average (logged), and a gather that does not commit leaves parameters unchanged (the
 gradient stays in the local momentum and is sent later).
 
-Byzantine-tolerant aggregation (issue 6): with a robust reducer in ``ctx.reducer`` (anything but
+Byzantine-tolerant aggregation: with a robust reducer in ``ctx.reducer`` (anything but
 ``None`` or the reducer named ``mean``), each tensor's gathered components are combined by that
 reducer (``demo_reduce``): every peer's payload becomes one dense row of DCT coefficients in which
 the coefficients it did not send are 0, and the reducer maps the ``[n_peers, n_chunks * chunk_numel]``
@@ -40,11 +40,18 @@ from typing import Any
 
 import torch
 
-from optimizers.base import STRATEGIES, StrategyContext, require_collective, trainable_parameters
+from optimizers.base import (
+    STRATEGIES,
+    StrategyContext,
+    options_of,
+    require_collective,
+    trainable_parameters,
+)
 from optimizers.dct import ChunkedDCT
-from optimizers.demo_payload import VALUE_MODES, TensorSpec, decode_payload, encode_payload
+from optimizers.demo_payload import TensorSpec, decode_payload, encode_payload
+from swarmtrain.core.config import DeMoConfig
 from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
-from swarmtrain.core.protocols import Reducer, StepReport
+from swarmtrain.core.protocols import GatherResult, Reducer, StepReport
 
 __all__ = ["DeMo", "demo_extract", "demo_aggregate", "demo_reduce", "is_robust"]
 
@@ -118,38 +125,36 @@ def demo_reduce(
     return out.view(n_chunks, chunk_numel)
 
 
+# one decoded payload: per tensor, the (indices, values) it sent, each [n_chunks, k]
+_Contribution = list[tuple[torch.Tensor, torch.Tensor]]
+
+
 @STRATEGIES.register("demo")
 class DeMo:
     """DeMo over an all-gather of sparse DCT payloads.
 
-    Options come from ``ctx.config``: ``demo_chunk``, ``demo_topk``, ``demo_decay``, ``demo_sign``,
-    ``demo_values``, ``sync_timeout``. A robust ``ctx.reducer`` combines the peers' components
-    (``demo_reduce``); ``None`` or ``mean`` keeps the paper's per-coefficient mean over senders.
+    Options come from ``ctx.config``, a ``DeMoConfig``: ``demo_chunk``, ``demo_topk``, ``demo_decay``,
+    ``demo_sign``, ``demo_values``, ``sync_timeout``. A robust ``ctx.reducer`` combines the peers'
+    components (``demo_reduce``); ``None`` or ``mean`` keeps the paper's per-coefficient mean over
+    senders.
 
     Raises:
-        ConfigError: without a collective, or with invalid options.
+        ConfigError: without a collective, with another strategy's options, or with parameters the
+            inner optimizer does not hold.
     """
 
     name = "demo"
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self.config = cfg = options_of(ctx, DeMoConfig)
         self.collective = require_collective(ctx, self.name)
-        cfg = ctx.config
-        if cfg.demo_chunk < 2:
-            raise ConfigError(f"strategy.demo_chunk must be >= 2, got {cfg.demo_chunk}")
-        if cfg.demo_topk < 1:
-            raise ConfigError(f"strategy.demo_topk must be >= 1, got {cfg.demo_topk}")
-        if not 0 <= cfg.demo_decay < 1:
-            raise ConfigError(f"strategy.demo_decay must be in [0, 1), got {cfg.demo_decay}")
-        mode = getattr(cfg, "demo_values", "fp32")
-        if mode not in VALUE_MODES:
-            raise ConfigError(f"strategy.demo_values {mode!r}; choose one of {', '.join(VALUE_MODES)}")
-        self.mode = str(mode)
+        self.mode: str = cfg.demo_values
         self.decay = float(cfg.demo_decay)
         self.sign = bool(cfg.demo_sign)
         self.params = trainable_parameters(ctx.model)
         self.transforms = {n: ChunkedDCT(tuple(p.shape), cfg.demo_chunk) for n, p in self.params.items()}
+        # a tensor smaller than a chunk has fewer than demo_topk coefficients to pick from
         self.specs = [
             TensorSpec(t.n_chunks, min(cfg.demo_topk, t.chunk_numel), t.chunk_numel)
             for t in self.transforms.values()
@@ -175,94 +180,110 @@ class DeMo:
     def step(self, tokens: int) -> StepReport:
         """Accumulate momentum, send its top DCT components, apply the peers' average (sign-SGD).
 
-        ``extra["comm_wait_s"]``: seconds spent inside the blocking all-gather.
+        ``extra["comm_wait_s"]``: seconds spent inside the blocking all-gather;
+        ``extra["dropped_payloads"]``: peers' payloads left out this step because they failed
+        validation.
         """
-        items: list[tuple[torch.Tensor, torch.Tensor]] = []
+        payload, sent = self._extract()
+        t0 = time.perf_counter()
+        res = self.collective.all_gather(payload, timeout=self.config.sync_timeout)
+        wait = time.perf_counter() - t0
+        if not res.committed:
+            self.failed_rounds += 1
+            return self._report(res, committed=False, extra={"comm_wait_s": wait})
+        decoded = self._decode_peers(res)
+        extra = {"dropped_payloads": float(len(res.payloads) - len(decoded)), "comm_wait_s": wait}
+        try:
+            averages = self._average(decoded)
+        except (ConfigError, UpdateRejected) as e:
+            # every member holds the same payloads, so every member refuses alike
+            self.failed_rounds += 1
+            name = self.reducer.name if self.reducer is not None else "mean"
+            log.warning("DeMo: reducer %s refused round %s: %s", name, res.round_id, e)
+            return self._report(res, committed=False, extra=extra, late=False)
+        self._apply(sent, averages)
+        self.steps += 1
+        return self._report(res, committed=True, extra=extra, late=False)
+
+    def _extract(self) -> tuple[bytes, _Contribution]:
+        """Fold the gradients into the momentum; encode its top-k DCT components.
+
+        Returns:
+            The payload for the peers and its decoded form: exactly what the peers will see, which
+            ``_apply`` removes from the momentum (so value-encoding error stays local).
+        """
+        items: _Contribution = []
         for (n, p), spec in zip(self.params.items(), self.specs, strict=True):
             lr, _ = self._hyper(p)
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             self.delta[n].mul_(self.decay).add_(g.to(torch.float32), alpha=lr)
             items.append(demo_extract(self.transforms[n].encode(self.delta[n]), spec.k))
         payload = encode_payload(items, self.specs, self.mode)
-        sent = decode_payload(payload, self.specs, self.mode)  # exactly what the peers will see
-        t0 = time.perf_counter()
-        res = self.collective.all_gather(payload, timeout=self.ctx.config.sync_timeout)
-        wait = time.perf_counter() - t0
-        if not res.committed:
-            self.failed_rounds += 1
-            return StepReport(
-                True,
-                False,
-                res.round_id,
-                len(res.participants),
-                res.bytes_sent,
-                res.bytes_received,
-                extra={"comm_wait_s": wait},
-                late=res.late,
-            )
-        decoded: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        dropped = 0
+        return payload, decode_payload(payload, self.specs, self.mode)
+
+    def _decode_peers(self, res: GatherResult) -> list[_Contribution]:
+        """Every valid payload of the round, in peer order (the same order on every peer)."""
+        decoded: list[_Contribution] = []
         for peer in sorted(res.payloads):
             try:
                 decoded.append(decode_payload(res.payloads[peer], self.specs, self.mode))
             except ProtocolError as e:
-                dropped += 1
+                self.dropped_payloads += 1
                 log.warning("DeMo: dropping payload of peer %s this step: %s", peer, e)
-        self.dropped_payloads += dropped
-        robust: list[torch.Tensor] | None = None
-        if self.reducer is not None and decoded:
-            # every tensor is reduced before anything changes, so a refusal leaves the step undone
-            try:
-                robust = [
-                    demo_reduce(
-                        [d[i] for d in decoded],
-                        spec.n_chunks,
-                        spec.chunk_numel,
-                        self.reducer,
-                        self.delta[n].device,
-                    )
-                    for i, (n, spec) in enumerate(zip(self.params, self.specs, strict=True))
-                ]
-            except (ConfigError, UpdateRejected) as e:
-                # every member holds the same payloads, so every member refuses alike
-                self.failed_rounds += 1
-                log.warning("DeMo: reducer %s refused round %s: %s", self.reducer.name, res.round_id, e)
-                return StepReport(
-                    True,
-                    False,
-                    res.round_id,
-                    len(res.participants),
-                    res.bytes_sent,
-                    res.bytes_received,
-                    extra={"dropped_payloads": float(dropped), "comm_wait_s": wait},
-                )
+        return decoded
+
+    def _average(self, decoded: list[_Contribution]) -> list[torch.Tensor] | None:
+        """Per tensor, the dense ``[n_chunks, chunk_numel]`` combination of the peers' coefficients.
+
+        Every tensor is combined before anything changes, so a reducer's refusal leaves the step
+        undone. ``None`` when no payload was valid.
+
+        Raises:
+            ConfigError: the robust reducer refuses this many payloads for its ``f``.
+            UpdateRejected: the robust reducer found too many non-finite rows.
+        """
+        if not decoded:
+            return None
+        out = []
+        for i, (n, spec) in enumerate(zip(self.params, self.specs, strict=True)):
+            rows, dev = [d[i] for d in decoded], self.delta[n].device
+            if self.reducer is not None:
+                out.append(demo_reduce(rows, spec.n_chunks, spec.chunk_numel, self.reducer, dev))
+            else:
+                out.append(demo_aggregate(rows, spec.n_chunks, spec.chunk_numel, dev))
+        return out
+
+    def _apply(self, sent: _Contribution, averages: list[torch.Tensor] | None) -> None:
+        """Remove what was sent from the momentum; step every parameter by the peers' update."""
         for i, ((n, p), spec) in enumerate(zip(self.params.items(), self.specs, strict=True)):
             tr, dev = self.transforms[n], self.delta[n].device
             own = torch.zeros(spec.n_chunks, spec.chunk_numel, device=dev)
             own.scatter_(1, sent[i][0].to(dev), sent[i][1].to(dev))
             self.delta[n].sub_(tr.decode(own))
-            if not decoded:
+            if averages is None:
                 continue
-            if robust is not None:
-                avg = robust[i]
-            else:
-                avg = demo_aggregate([d[i] for d in decoded], spec.n_chunks, spec.chunk_numel, dev)
-            update = tr.decode(avg)
+            update = tr.decode(averages[i])
             if self.sign:
                 update.sign_()
             lr, wd = self._hyper(p)
             if wd:
-                p.mul_(1.0 - lr * wd)
+                p.mul_(1.0 - lr * wd)  # decoupled weight decay, as in the reference optimizer
             p.add_(update.to(p.dtype), alpha=-lr)
-        self.steps += 1
+
+    @staticmethod
+    def _report(
+        res: GatherResult, *, committed: bool, extra: dict[str, float], late: bool | None = None
+    ) -> StepReport:
+        """The ``StepReport`` of a step that gathered through ``res``."""
         return StepReport(
             synced=True,
-            committed=True,
+            committed=committed,
             round_id=res.round_id,
             participants=len(res.participants),
             bytes_sent=res.bytes_sent,
             bytes_received=res.bytes_received,
-            extra={"dropped_payloads": float(dropped), "comm_wait_s": wait},
+            extra=extra,
+            late=res.late if late is None else late,
         )
 
     def state_dict(self) -> dict[str, Any]:

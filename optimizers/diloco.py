@@ -31,11 +31,13 @@ from optimizers.base import (
     compressor_state,
     load_compressor_state,
     make_compressor,
+    options_of,
     require_collective,
     round_report,
     trainable_parameters,
 )
 from optimizers.outer import OuterSGD
+from swarmtrain.core.config import DiLoCoConfig
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import StepReport
 
@@ -46,21 +48,19 @@ __all__ = ["DiLoCo"]
 class DiLoCo(AnchoredStrategy):
     """DiLoCo with a configurable codec (and error feedback, through the codec) for the pseudo-gradient.
 
-    Options come from ``ctx.config``: ``inner_steps`` (H), ``outer_lr``, ``outer_momentum``,
-    ``nesterov``, ``sync_timeout``.
+    Options come from ``ctx.config``, a ``DiLoCoConfig``: ``inner_steps`` (H), ``outer_lr``,
+    ``outer_momentum``, ``nesterov``, ``sync_timeout``.
 
     Raises:
-        ConfigError: without a collective.
+        ConfigError: without a collective, or with another strategy's options.
     """
 
     name = "diloco"
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self.config = cfg = options_of(ctx, DiLoCoConfig)
         self.collective = require_collective(ctx, self.name)
-        cfg = ctx.config
-        if cfg.inner_steps < 1:
-            raise ConfigError(f"strategy.inner_steps must be >= 1, got {cfg.inner_steps}")
         self.inner_steps = cfg.inner_steps
         self.compressor = make_compressor(ctx)
         self.params = trainable_parameters(ctx.model)
@@ -94,7 +94,7 @@ class DiLoCo(AnchoredStrategy):
             compressor=self.compressor,
             reducer=self.ctx.reducer,
             weight=float(self.tokens_since_sync),
-            timeout=self.ctx.config.sync_timeout,
+            timeout=self.config.sync_timeout,
         )
         wait = time.perf_counter() - t0
         report = round_report(res, {"comm_wait_s": wait})

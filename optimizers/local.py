@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from optimizers.base import STRATEGIES, StrategyContext
+from optimizers.base import STRATEGIES, StrategyContext, options_of
+from swarmtrain.core.config import LocalConfig
 from swarmtrain.core.protocols import StepReport
 
 __all__ = ["Local"]
@@ -19,6 +20,7 @@ class Local:
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self.config = options_of(ctx, LocalConfig)
         self.steps = 0
 
     def step(self, tokens: int) -> StepReport:

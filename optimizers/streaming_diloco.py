@@ -38,12 +38,14 @@ from optimizers.base import (
     compressor_state,
     load_compressor_state,
     make_compressor,
+    options_of,
     require_collective,
     round_report,
     trainable_parameters,
 )
 from optimizers.fragments import fragment_offsets, split_fragments
 from optimizers.outer import OuterSGD
+from swarmtrain.core.config import StreamingDiLoCoConfig
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import RoundResult, StepReport
 
@@ -70,20 +72,22 @@ class _Pending:
 class StreamingDiLoCo(AnchoredStrategy):
     """Streaming DiLoCo (fragments, overlap tau, mixing alpha) over any codec.
 
-    Options come from ``ctx.config``: ``inner_steps`` (H), ``fragments`` (F), ``overlap`` (tau),
-    ``mixing`` (alpha), ``outer_lr``, ``outer_momentum``, ``nesterov``, ``sync_timeout``.
+    Options come from ``ctx.config``, a ``StreamingDiLoCoConfig``: ``inner_steps`` (H),
+    ``fragments`` (F), ``overlap`` (tau), ``mixing`` (alpha), ``outer_lr``, ``outer_momentum``,
+    ``nesterov``, ``sync_timeout``. The config already holds F <= H and an overlap that leaves at
+    most one fragment in flight; only the model can say whether it has F blocks to split.
 
     Raises:
-        ConfigError: without a collective, more fragments than blocks or than H, or an overlap that
-            would put two fragments in flight.
+        ConfigError: without a collective, with another strategy's options, or with more fragments
+            than the model has blocks.
     """
 
     name = "streaming_diloco"
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self.config = cfg = options_of(ctx, StreamingDiLoCoConfig)
         self.collective = require_collective(ctx, self.name)
-        cfg = ctx.config
         self.inner_steps = cfg.inner_steps
         self.overlap = cfg.overlap
         self.mixing = float(cfg.mixing)
@@ -157,7 +161,7 @@ class StreamingDiLoCo(AnchoredStrategy):
             compressor=self.compressor,
             reducer=self.ctx.reducer,
             weight=weight,
-            timeout=self.ctx.config.sync_timeout,
+            timeout=self.config.sync_timeout,
         )
 
     def _apply(self, pending: _Pending) -> StepReport:

@@ -5,17 +5,23 @@ name a field by its section and field joined with a double underscore, e.g.
 ``SWARMTRAIN_TRAIN__LR=3e-4`` or ``SWARMTRAIN_STRATEGY__NAME=diloco``; values are parsed as TOML
 scalars/arrays when they parse, else taken as strings. Every validation failure becomes one
 ``ConfigError`` line naming the field.
+
+``[strategy]`` is a discriminated union on ``name``: each strategy has its own frozen model
+(``DiLoCoConfig``, ``DeMoConfig``, ...) holding only its options, validated once here, so the
+strategies in ``optimizers`` trust what they are given. An option of another strategy is one line
+naming the strategies it belongs to.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarmtrain.core.errors import ConfigError
 
@@ -29,13 +35,26 @@ __all__ = [
     "DataConfig",
     "TrainConfig",
     "StrategyConfig",
+    "BaseStrategyConfig",
+    "SyncedStrategyConfig",
+    "OuterLoopConfig",
+    "LocalConfig",
+    "DataParallelConfig",
+    "DiLoCoConfig",
+    "StreamingDiLoCoConfig",
+    "DeMoConfig",
+    "STRATEGY_CONFIGS",
+    "strategy_config",
     "CompressionConfig",
     "PeersConfig",
     "SimulationConfig",
     "Config",
     "load_config",
+    "format_validation_error",
     "ENV_PREFIX",
 ]
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "SWARMTRAIN_"
 # SWARMTRAIN_* variables that are switches of their own, not config fields. Any other variable with
@@ -122,47 +141,170 @@ class CompressionConfig(_Section):
     error_feedback: Literal["none", "ef", "ef21"] = "none"
 
 
-class StrategyConfig(_Section):
-    """The distributed algorithm (``optimizers`` registry names) and its options."""
+class BaseStrategyConfig(BaseModel):
+    """What every strategy's options share: the registry name that selects the strategy.
 
-    name: str = "local"
+    Each strategy has its own frozen subclass holding only its options, so a run's options are
+    validated once, here, and cannot change under a strategy that already read them. An option that
+    belongs to another strategy is refused with one line naming the strategies it belongs to.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_other_strategies_options(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            own = str(cls.model_fields["name"].default)
+            for key in data:
+                msg = foreign_option_message(own, str(key))
+                if msg is not None:
+                    raise ValueError(msg)
+        return data
+
+
+class LocalConfig(BaseStrategyConfig):
+    """``local``: train alone; nothing travels, so there is nothing to configure."""
+
+    name: Literal["local"] = "local"
+
+
+class SyncedStrategyConfig(BaseStrategyConfig):
+    """Options of every strategy that talks to peers."""
+
+    sync_timeout: float = Field(default=60.0, gt=0, description="seconds a sync round may take")
+
+
+class DataParallelConfig(SyncedStrategyConfig):
+    """``data_parallel``: gradient all-reduce every step (the baseline)."""
+
+    name: Literal["data_parallel"] = "data_parallel"
+
+
+class OuterLoopConfig(SyncedStrategyConfig):
+    """Options of the strategies with an inner loop of H local steps and an outer Nesterov step."""
+
     inner_steps: int = Field(default=50, ge=1, description="H: local steps between syncs")
     outer_lr: float = Field(default=0.7, gt=0)
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     nesterov: bool = True
-    fragments: int = Field(default=4, ge=1, description="StreamingDiLoCo: F")
-    overlap: int = Field(default=1, ge=0, description="StreamingDiLoCo: tau steps")
-    mixing: float = Field(default=0.5, ge=0, le=1, description="StreamingDiLoCo: alpha")
-    demo_chunk: int = Field(default=64, ge=2)
-    demo_topk: int = Field(default=4, ge=1)
-    demo_decay: float = Field(default=0.999, ge=0, lt=1)
-    demo_sign: bool = True
-    demo_values: Literal["fp32", "fp16", "bf16", "sign"] = Field(
-        default="fp16", description="DeMo: how the top-k DCT values travel"
-    )
-    sync_timeout: float = Field(default=60.0, gt=0)
+
+
+class DiLoCoConfig(OuterLoopConfig):
+    """``diloco``: H local steps, then an outer step on the averaged pseudo-gradient."""
+
+    name: Literal["diloco"] = "diloco"
+
+
+class StreamingDiLoCoConfig(OuterLoopConfig):
+    """``streaming_diloco``: DiLoCo that syncs one of F fragments at a time, overlapped with training."""
+
+    name: Literal["streaming_diloco"] = "streaming_diloco"
+    fragments: int = Field(default=4, ge=1, description="F: how many fragments the model is cut into")
+    overlap: int = Field(default=1, ge=0, description="tau: steps a fragment's sync overlaps training")
+    mixing: float = Field(default=0.5, ge=0, le=1, description="alpha: weight of the local parameters")
 
     @model_validator(mode="after")
-    def _check_strategy_options(self) -> StrategyConfig:
-        """Cross-field checks of the options of the strategy that is selected (clear messages)."""
-        if self.name == "streaming_diloco":
-            if self.fragments > self.inner_steps:
-                raise ValueError(
-                    f"fragments ({self.fragments}) must be <= inner_steps ({self.inner_steps}): "
-                    "each fragment syncs at its own step of every H-step cycle"
-                )
-            gap = self.inner_steps // self.fragments
-            if self.overlap > gap:
-                raise ValueError(
-                    f"overlap ({self.overlap}) must be <= inner_steps // fragments ({gap}) so that at "
-                    "most one fragment is in flight"
-                )
-        if self.name == "demo" and self.demo_topk > self.demo_chunk * self.demo_chunk:
+    def _check_schedule(self) -> StreamingDiLoCoConfig:
+        """Every fragment needs its own step of the H-step cycle, and at most one may be in flight."""
+        if self.fragments > self.inner_steps:
+            raise ValueError(
+                f"fragments ({self.fragments}) must be <= inner_steps ({self.inner_steps}): "
+                "each fragment syncs at its own step of every H-step cycle"
+            )
+        gap = self.inner_steps // self.fragments
+        if self.overlap > gap:
+            raise ValueError(
+                f"overlap ({self.overlap}) must be <= inner_steps // fragments ({gap}) so that at "
+                "most one fragment is in flight"
+            )
+        return self
+
+
+class DeMoConfig(SyncedStrategyConfig):
+    """``demo``: all-gather of each peer's top DCT components of its local momentum."""
+
+    name: Literal["demo"] = "demo"
+    demo_chunk: int = Field(default=64, ge=2, description="side of the square DCT chunks")
+    demo_topk: int = Field(default=4, ge=1, description="coefficients sent per chunk")
+    demo_decay: float = Field(default=0.999, ge=0, lt=1, description="momentum decay beta")
+    demo_sign: bool = True
+    demo_values: Literal["fp32", "fp16", "bf16", "sign"] = Field(
+        default="fp16", description="how the top-k DCT values travel"
+    )
+
+    @model_validator(mode="after")
+    def _check_topk(self) -> DeMoConfig:
+        """A chunk has ``demo_chunk ** 2`` coefficients to pick from."""
+        if self.demo_topk > self.demo_chunk * self.demo_chunk:
             raise ValueError(
                 f"demo_topk ({self.demo_topk}) exceeds the {self.demo_chunk}x{self.demo_chunk} "
                 "coefficients of a chunk"
             )
         return self
+
+
+# the config model of each strategy (``optimizers.STRATEGIES`` registers the same names)
+STRATEGY_CONFIGS: dict[str, type[BaseStrategyConfig]] = {
+    "local": LocalConfig,
+    "data_parallel": DataParallelConfig,
+    "diloco": DiLoCoConfig,
+    "streaming_diloco": StreamingDiLoCoConfig,
+    "demo": DeMoConfig,
+}
+
+StrategyConfig: TypeAlias = Annotated[
+    LocalConfig | DataParallelConfig | DiLoCoConfig | StreamingDiLoCoConfig | DeMoConfig,
+    Field(discriminator="name"),
+]
+"""The options of one strategy: the model whose ``name`` matches, chosen by pydantic."""
+
+
+def strategies_with_option(key: str) -> list[str]:
+    """Names of the strategies that have option ``key`` (in ``STRATEGY_CONFIGS`` order)."""
+    return [name for name, model in STRATEGY_CONFIGS.items() if key in model.model_fields]
+
+
+def foreign_option_message(name: str, key: str) -> str | None:
+    """The error line for option ``key`` under strategy ``name`` when it belongs only to others.
+
+    ``None`` when strategy ``name`` has the option, or when no strategy has it (a typo, which the
+    model reports as an unknown field).
+    """
+    model = STRATEGY_CONFIGS.get(name)
+    if model is None or key in model.model_fields:
+        return None
+    owners = strategies_with_option(key)
+    if not owners:
+        return None
+    return f"strategy.{key} is not an option of strategy {name!r} (it belongs to: {', '.join(owners)})"
+
+
+def unknown_strategy_message(name: object) -> str:
+    """The error line for a strategy name that has no config model."""
+    return f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_CONFIGS)}"
+
+
+def strategy_config(name: str, **options: Any) -> StrategyConfig:
+    """Build and validate the config of strategy ``name`` from keyword options.
+
+    Raises:
+        ConfigError: unknown name, an option the strategy does not have, or a bad value (one line).
+    """
+    model = STRATEGY_CONFIGS.get(name)
+    if model is None:
+        raise ConfigError(unknown_strategy_message(name))
+    for key in options:
+        msg = foreign_option_message(name, key)
+        if msg is not None:
+            raise ConfigError(msg)
+    try:
+        # every STRATEGY_CONFIGS value is one member of the StrategyConfig union
+        return cast(StrategyConfig, model.model_validate(options))
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, prefix="strategy")) from None
 
 
 class PeersConfig(_Section):
@@ -186,7 +328,7 @@ class PeersConfig(_Section):
     )
     owner_check: bool = Field(
         default=False,
-        description="replicated-owner check, signed suspicion records and bans (issue 6)",
+        description="replicated-owner check, signed suspicion records and bans",
     )
     ban_strikes: int = Field(default=3, ge=1, description="outlier rounds an accuser needs before it counts")
 
@@ -210,10 +352,21 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    strategy: StrategyConfig = Field(default_factory=LocalConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     peers: PeersConfig = Field(default_factory=PeersConfig)
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _default_strategy_name(cls, value: Any) -> Any:
+        """A ``[strategy]`` table without ``name`` means ``local``; an unknown name is one clear line."""
+        if isinstance(value, Mapping):
+            name = value.get("name", "local")
+            if name not in STRATEGY_CONFIGS:
+                raise ValueError(unknown_strategy_message(name))
+            return {**value, "name": name}
+        return value
 
 
 # keys that moved to another section: (old section, old key) -> new "section.key"
@@ -288,17 +441,75 @@ def _file_layer(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
 
 
-def format_validation_error(e: ValidationError) -> str:
-    """One line naming the first bad field (and how many more there are)."""
+def _error_loc(loc: tuple[int | str, ...], prefix: str) -> str:
+    """Dotted field path; the strategy-name tag pydantic puts after ``strategy`` is left out."""
+    parts = [str(x) for x in loc]
+    if parts[:1] == ["strategy"] and len(parts) > 1 and parts[1] in STRATEGY_CONFIGS:
+        del parts[1]
+    if prefix:
+        parts.insert(0, prefix)
+    return ".".join(parts) or "config"
+
+
+def format_validation_error(e: ValidationError, prefix: str = "") -> str:
+    """One line naming the first bad field (and how many more there are).
+
+    Args:
+        e: the pydantic error.
+        prefix: section name to put before the field when ``e`` comes from a section model alone.
+    """
     errs = e.errors()
     first = errs[0]
-    loc = ".".join(str(x) for x in first["loc"]) or "config"
-    msg = f"{loc}: {first['msg']}"
+    # a validator's ValueError reads as its own message, without pydantic's "Value error, "
+    msg = f"{_error_loc(first['loc'], prefix)}: {first['msg'].removeprefix('Value error, ')}"
     if "input" in first and not isinstance(first["input"], dict):
         msg += f" (got {first['input']!r})"
     if len(errs) > 1:
         msg += f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})"
     return msg
+
+
+# where each layer of ``load_config`` comes from, lowest first (named in messages)
+_BASE, _FILE, _ENV, _CLI = "base", "the config file", "the environment", "the command line"
+
+
+def _resolve_strategy(layers: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any] | None:
+    """Merge the ``[strategy]`` tables of ``layers`` (lowest first) for the strategy they select.
+
+    The highest layer that sets ``strategy.name`` selects the strategy. An option of another
+    strategy set in that layer or above is an error: the user asked for both. One set below it is
+    dropped (logged): a lower layer configured the strategy it selected, and a higher one switched
+    strategy, e.g. ``--strategy demo`` over a file written for ``diloco``. The ``base`` layer (program
+    defaults, a checkpoint's saved config) never causes an error. Options no strategy has are kept,
+    so the model reports them as unknown fields.
+
+    Returns:
+        The merged table, or ``None`` when no layer has one (or one is not a table: the model
+        reports it).
+
+    Raises:
+        ConfigError: an unknown strategy name, or another strategy's option (one line).
+    """
+    tables = [(src, layer.get("strategy")) for src, layer in layers]
+    if not any(isinstance(t, Mapping) for _, t in tables) or any(
+        t is not None and not isinstance(t, Mapping) for _, t in tables
+    ):
+        return None
+    named = [(i, t["name"]) for i, (_, t) in enumerate(tables) if isinstance(t, Mapping) and "name" in t]
+    at, name = named[-1] if named else (-1, "local")
+    if name not in STRATEGY_CONFIGS:
+        raise ConfigError(f"strategy.name: {unknown_strategy_message(name)}")
+    merged: dict[str, Any] = {}
+    for i, (src, table) in enumerate(tables):
+        for key, value in dict(table or {}).items():
+            msg = foreign_option_message(name, str(key))
+            if msg is None:
+                merged[key] = value
+            elif i >= at and src != _BASE:
+                raise ConfigError(msg)
+            elif src != _BASE:
+                log.warning("%s; ignoring the value from %s", msg, src)
+    return {**merged, "name": name}
 
 
 def load_config(
@@ -309,6 +520,10 @@ def load_config(
 ) -> Config:
     """Build a validated ``Config``.
 
+    Layers, lowest first: ``base``, the file, the environment, ``overrides``. The ``[strategy]``
+    table holds the options of the strategy its ``name`` selects; see ``_resolve_strategy`` for
+    what happens to another strategy's options.
+
     Args:
         path: optional TOML file with ``[model]``, ``[train]``, ... tables.
         overrides: CLI values as ``{"train.lr": 3e-4}``; ``None`` values are ignored (flag not given).
@@ -318,12 +533,18 @@ def load_config(
     Raises:
         ConfigError: one line naming the problem.
     """
-    data: dict[str, Any] = _deep_merge({}, base) if base is not None else {}
+    layers: list[tuple[str, Mapping[str, Any]]] = [(_BASE, base or {})]
     if path is not None:
-        data = _deep_merge(data, _file_layer(path))
-    data = _deep_merge(data, _env_layer(os.environ if env is None else env))
-    data = _deep_merge(data, _dotted_layer(overrides or {}))
+        layers.append((_FILE, _file_layer(path)))
+    layers.append((_ENV, _env_layer(os.environ if env is None else env)))
+    layers.append((_CLI, _dotted_layer(overrides or {})))
+    data: dict[str, Any] = {}
+    for _, layer in layers:
+        data = _deep_merge(data, layer)
     _check_moved(data)
+    strategy = _resolve_strategy(layers)
+    if strategy is not None:
+        data["strategy"] = strategy
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -58,7 +58,7 @@ def _loss(model: torch.nn.Module, rank: int, step: int) -> float:
 def worker(rank: int, initial: list[str], q: Any, n: int) -> None:
     from optimizers import StrategyContext, build_strategy
     from peers import P2PCollective, PeerNode
-    from swarmtrain.core.config import CompressionConfig, StrategyConfig
+    from swarmtrain.core.config import CompressionConfig, DeMoConfig, StreamingDiLoCoConfig
 
     with reporting_errors(q, rank), PeerNode(loopback_config("t-strat", initial)) as node:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
@@ -67,7 +67,7 @@ def worker(rank: int, initial: list[str], q: Any, n: int) -> None:
         torch.manual_seed(0)
         model = Tiny()
         opt = torch.optim.SGD(model.parameters(), lr=2e-3)
-        cfg = StrategyConfig(name="demo", demo_chunk=8, demo_topk=4, demo_values="fp16", sync_timeout=60)
+        cfg = DeMoConfig(demo_chunk=8, demo_topk=4, demo_values="fp16", sync_timeout=60)
         demo = build_strategy(
             StrategyContext(model, opt, cfg, CompressionConfig(), coll, None, Fp32Identity())
         )
@@ -89,7 +89,7 @@ def worker(rank: int, initial: list[str], q: Any, n: int) -> None:
         torch.manual_seed(1)
         model = Tiny()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        cfg = StrategyConfig(name="streaming_diloco", inner_steps=4, fragments=2, overlap=1, mixing=0.0)
+        cfg = StreamingDiLoCoConfig(inner_steps=4, fragments=2, overlap=1, mixing=0.0)
         strat = build_strategy(
             StrategyContext(model, opt, cfg, CompressionConfig(), coll, None, Fp32Identity())
         )

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from optimizers import InProcessGroup, StrategyContext, build_strategy
-from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import CompressionConfig, strategy_config
 from swarmtrain.core.packet import Packet
 from swarmtrain.core.protocols import Collective, Compressor, Strategy
 
@@ -87,7 +87,7 @@ def make_strategy(
     compressor: Compressor | None = None,
     **options: Any,
 ) -> Strategy:
-    cfg = StrategyConfig(name=name, **options)
+    cfg = strategy_config(name, **options)
     ctx = StrategyContext(
         model=model,
         optimizer=optimizer,

@@ -27,7 +27,7 @@ from strategy_helpers import (
 
 from optimizers import StrategyContext, build_strategy
 from optimizers.dct import ChunkedDCT
-from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import CompressionConfig, DeMoConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "demo_golden.json"
 SHAPES = {"w": (6, 8), "b": (10,), "c": (2, 3, 4)}
@@ -138,8 +138,7 @@ class Params(torch.nn.Module):
 
 def _demo(model: torch.nn.Module, coll: Any, sign: bool, values: str = "fp32") -> Any:
     opt = torch.optim.SGD(model.parameters(), lr=HYPER["lr"], weight_decay=HYPER["wd"])
-    cfg = StrategyConfig(
-        name="demo",
+    cfg = DeMoConfig(
         demo_chunk=HYPER["chunk"],
         demo_topk=HYPER["topk"],
         demo_decay=HYPER["decay"],
@@ -224,7 +223,7 @@ def test_demo_trains_a_model_with_identical_replicas() -> None:
     def peer(i: int) -> tuple[float, float, dict[str, torch.Tensor]]:
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=3e-3)
-        cfg = StrategyConfig(name="demo", demo_chunk=8, demo_topk=4, demo_values="fp16")
+        cfg = DeMoConfig(demo_chunk=8, demo_topk=4, demo_values="fp16")
         strat = build_strategy(
             StrategyContext(model, opt, cfg, CompressionConfig(), group[i], None, IdentityCompressor())
         )
@@ -249,7 +248,7 @@ if __name__ == "__main__":
 def _tiny_demo(coll: Any, seed: int = 0) -> tuple[torch.nn.Module, Any]:
     model = make_model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=3e-3, weight_decay=0.01)
-    cfg = StrategyConfig(name="demo", demo_chunk=8, demo_topk=3, demo_values="bf16")
+    cfg = DeMoConfig(demo_chunk=8, demo_topk=3, demo_values="bf16")
     return model, build_strategy(
         StrategyContext(model, opt, cfg, CompressionConfig(), coll, None, IdentityCompressor())
     )

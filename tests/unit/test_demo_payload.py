@@ -14,7 +14,7 @@ from strategy_helpers import IdentityCompressor, InProcessGroup, backward, batch
 
 from optimizers import StrategyContext, build_strategy
 from optimizers.demo_payload import TensorSpec, decode_payload, encode_payload, index_dtype, max_payload_bytes
-from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import CompressionConfig, DeMoConfig
 from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.protocols import GatherResult
 
@@ -157,7 +157,7 @@ def test_bad_peer_is_dropped_and_honest_peers_stay_identical() -> None:
         model = make_model()
         coll = Corrupting(group[i]) if i == 2 else group[i]
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        cfg = StrategyConfig(name="demo", demo_chunk=8, demo_topk=2)
+        cfg = DeMoConfig(demo_chunk=8, demo_topk=2)
         strat = build_strategy(
             StrategyContext(model, opt, cfg, CompressionConfig(), coll, None, IdentityCompressor())
         )

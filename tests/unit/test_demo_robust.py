@@ -17,7 +17,7 @@ from strategy_helpers import IdentityCompressor, InProcessGroup, run_threads
 from optimizers import StrategyContext, build_strategy
 from optimizers.demo import demo_aggregate, demo_extract, demo_reduce, is_robust
 from peers.reducers import build_reducer
-from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import CompressionConfig, DeMoConfig
 from swarmtrain.core.protocols import Reducer
 
 SHAPES = {"w": (8, 12), "b": (16,)}
@@ -96,7 +96,7 @@ def _run(
     def peer(i: int) -> tuple[dict[str, torch.Tensor], Any]:
         model = Params()
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        cfg = StrategyConfig(name="demo", demo_chunk=4, demo_topk=3, demo_decay=0.9, demo_sign=sign)
+        cfg = DeMoConfig(demo_chunk=4, demo_topk=3, demo_decay=0.9, demo_sign=sign)
         red = build_reducer(*reducer) if reducer is not None else None
         strat = build_strategy(
             StrategyContext(model, opt, cfg, CompressionConfig(), group[i], red, IdentityCompressor())

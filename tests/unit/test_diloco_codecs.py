@@ -17,7 +17,7 @@ from strategy_helpers import (
 )
 
 from optimizers import StrategyContext, build_strategy
-from swarmtrain.core.config import CompressionConfig, StrategyConfig
+from swarmtrain.core.config import CompressionConfig, DiLoCoConfig, strategy_config
 from swarmtrain.core.protocols import Collective, Strategy
 
 
@@ -27,7 +27,7 @@ def _build(
     ctx = StrategyContext(
         model=model,
         optimizer=make_optimizer(model),
-        config=StrategyConfig(name=name, **opts),  # type: ignore[arg-type]
+        config=strategy_config(name, **opts),
         compression=CompressionConfig(codec=codec, error_feedback=ef),  # type: ignore[arg-type]
         collective=coll,
     )
@@ -104,7 +104,7 @@ def test_ef21_is_refused_by_strategies_with_a_clear_error() -> None:
     ctx = StrategyContext(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        config=StrategyConfig(name="diloco"),
+        config=DiLoCoConfig(),
         compression=CompressionConfig(codec="int8", error_feedback="ef21"),
     )
     with pytest.raises(ConfigError, match="ef21"):

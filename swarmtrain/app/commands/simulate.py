@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from swarmtrain.core.config import load_config
+        from swarmtrain.core.config import load_config, strategy_config
         from swarmtrain.simulation.runner import run_simulation
 
         overrides: dict[str, Any] = {
@@ -142,7 +142,10 @@ def register(app: typer.Typer) -> None:
         base = None
         if baseline:
             bcfg = cfg.model_copy(deep=True)
-            bcfg.strategy.name = _BASELINE_STRATEGY
+            # strategy options are frozen and per strategy: the baseline keeps only the sync timeout
+            bcfg.strategy = strategy_config(
+                _BASELINE_STRATEGY, **cfg.strategy.model_dump(include={"sync_timeout"})
+            )
             bcfg.compression.codec = "none"
             bcfg.compression.error_feedback = "none"
             base = one("data_parallel+fp32", bcfg)
@@ -150,7 +153,7 @@ def register(app: typer.Typer) -> None:
         Console().print(_table(runs))
         out: dict[str, Any] = {
             **main.summary(),
-            "inner_steps": cfg.strategy.inner_steps,
+            "inner_steps": getattr(cfg.strategy, "inner_steps", None),  # None: no H in this strategy
             "baseline_val_loss": base.final_val_loss if base else None,
             "baseline_bytes_sent_per_peer": base.bytes_sent_per_peer if base else None,
             "baseline_params_identical": base.params_identical if base else None,
