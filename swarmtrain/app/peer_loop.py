@@ -1,0 +1,328 @@
+"""The loop of one training peer, shared by ``swarmtrain join`` volunteers and ``swarmtrain simulate`` peers.
+
+One place builds the peer: its DHT node, the Byzantine guard (when ``peers.owner_check`` is on), the
+``P2PCollective``, the robust reducer, and the ``Trainer`` with its strategy. The peer serves its state
+to newcomers (``peers.StateServer``) after every committed sync and adopts the swarm's state when it
+fell behind (``swarmtrain.app.peer_state``); it counts committed, late and failed rounds and the
+parameter digest after each committed one, so every peer of a run can be checked for agreement.
+
+What differs between a volunteer and a simulated peer is data, ``Membership``: a fixed rank among a
+known number of peers, or open membership with a download at start. Everything a caller adds is a
+hook, ``PeerHooks``: wrap the collective, the reducer or the batches (the simulation's attacks do),
+build the guard, and report status and the final result. The loop knows nothing of attacks.
+
+If a round formed without this peer (it arrived late), the others committed an outer step it did not
+take: it downloads the state that round committed before training on, so it never drifts from the
+swarm. SIGTERM or Ctrl-C finishes the current step and leaves cleanly (the node deregisters); a second
+signal aborts at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from swarmtrain.app.peer_state import adopt_swarm_state, shared_digest, state_snapshot
+from swarmtrain.core.config import Config, PeersConfig
+
+if TYPE_CHECKING:
+    from swarmtrain.app.data import BatchSampler
+    from swarmtrain.app.trainer import StepInfo
+    from swarmtrain.core.protocols import Collective, Reducer, StepReport
+
+__all__ = ["Membership", "PeerHooks", "PeerStatus", "PeerRun", "run_peer"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """How a peer takes part in its run.
+
+    Attributes:
+        rank: this peer's rank among ``n_peers`` (its data shard), or ``None`` for open membership:
+            the data stream is then seeded from the peer ID and rounds wait for no fixed count.
+        n_peers: peers of a fixed-size run (``None``: open).
+        catch_up_on_join: download the swarm's state before the first step (a volunteer joining a
+            run in progress; when nobody answers, this peer starts the run).
+        catch_up_after_failure: after a round that failed for other reasons than lateness, adopt the
+            freshest state announced.
+        catch_up_timeout: seconds for one state download.
+        linger_s: seconds to stay reachable after the last step, so that a peer finishing its last
+            round can still sync with this one.
+    """
+
+    rank: int | None
+    n_peers: int | None
+    catch_up_on_join: bool
+    catch_up_after_failure: bool
+    catch_up_timeout: float
+    linger_s: float
+
+    @classmethod
+    def fixed(cls, rank: int, n_peers: int, peers: PeersConfig) -> Membership:
+        """Rank ``rank`` of ``n_peers`` started together (``simulate``): all present from the start,
+        a late peer waits up to a round's timeout for the state the others committed; it lingers a
+        round's timeout, until the parent has every peer's outcome."""
+        return cls(rank, n_peers, False, False, 2 * peers.round_timeout, peers.round_timeout)
+
+    @classmethod
+    def open(cls, peers: PeersConfig, download_timeout: float) -> Membership:
+        """A volunteer (``join``): downloads the state at start and after any failed round."""
+        return cls(None, None, True, True, download_timeout, min(peers.join_window, 5.0))
+
+
+@dataclass
+class PeerStatus:
+    """The live status of a peer (every ``log_interval`` steps and after every sync)."""
+
+    step: int
+    round_id: int
+    loss: float
+    peers: int  # participants of the last sync
+    bytes_up: int
+    bytes_down: int
+    tokens_per_s: float
+    note: str = ""
+
+
+@dataclass
+class PeerRun:
+    """What one peer did, as the loop counted it."""
+
+    peer_id: str
+    steps: int = 0
+    tokens: int = 0
+    final_train_loss: float = float("nan")
+    final_val_loss: float | None = None
+    final_digest: str = ""
+    sync_digests: dict[int, str] = field(default_factory=dict)  # round id -> digest after that commit
+    downloads: list[dict[str, Any]] = field(default_factory=list)  # states adopted: round, step, digest
+    committed_rounds: int = 0
+    late_rounds: int = 0  # rounds formed without this peer
+    late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
+    failed_rounds: int = 0  # rounds that failed for other reasons
+    peak_sync_bytes_sent: int = 0  # the most bytes sent in any single sync
+    comm_wait_s: float = 0.0  # time the training loop waited on communication (StepReport.extra)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    ledger: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0  # wall time of training (the download at start excluded)
+    banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
+    stopped_by_signal: bool = False
+
+
+@dataclass(frozen=True)
+class PeerHooks:
+    """Optional callables the loop calls at fixed points; ``None`` keeps the honest default.
+
+    Attributes:
+        build_guard: ``(node) -> guard`` replaces the default guard (built only with
+            ``peers.owner_check``); the node's signing identity is ensured when this is set.
+        wrap_collective: ``(node, collective) -> collective`` the strategy talks through.
+        wrap_reducer: ``(reducer) -> reducer`` the strategy hands to ``all_reduce``.
+        wrap_batches: ``(sampler, vocab_size) -> sampler`` the trainer draws batches from (same
+            interface as ``BatchSampler``).
+        on_status: called every ``train.log_interval`` steps and after every sync.
+        on_finished: called with the result right after the last step, before the peer lingers.
+    """
+
+    build_guard: Callable[[Any], Any] | None = None
+    wrap_collective: Callable[[Any, Collective], Collective] | None = None
+    wrap_reducer: Callable[[Reducer], Reducer] | None = None
+    wrap_batches: Callable[[BatchSampler, int], BatchSampler] | None = None
+    on_status: Callable[[PeerStatus], None] | None = None
+    on_finished: Callable[[PeerRun], None] | None = None
+
+
+def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None) -> PeerRun:
+    """Run one peer of the run named by ``cfg.peers`` until ``cfg.train.steps`` or a stop signal.
+
+    Raises:
+        SwarmError: the node could not start, or a configuration problem.
+    """
+    from peers import GracefulExit, PeerNode
+
+    hooks = hooks or PeerHooks()
+    if cfg.peers.owner_check or hooks.build_guard is not None:
+        from peers.guard import ensure_signing_identity
+
+        ensure_signing_identity(cfg.peers)  # the guard signs with the node's key, read from its file
+    with GracefulExit() as stop, PeerNode(cfg.peers, role="trainer") as node:
+        peer = _Peer(cfg, node, membership, hooks, stop)
+        try:
+            return peer.run()
+        finally:
+            peer.close()
+
+
+class _Stop(Exception):
+    """Raised from the step callback when a stop signal arrived (caught in ``_Peer.run``)."""
+
+
+class _Peer:
+    """One peer's parts and counters while the loop runs."""
+
+    def __init__(self, cfg: Config, node: Any, membership: Membership, hooks: PeerHooks, stop: Any) -> None:
+        from peers import P2PCollective, StateServer
+        from peers.reducers import build_reducer
+        from swarmtrain.app.trainer import Trainer
+
+        self.cfg, self.node, self.membership, self.hooks, self.stop = cfg, node, membership, hooks, stop
+        self.guard = self._build_guard()
+        # p2p keeps the round number and bans; the trainer may talk through a wrapper of it
+        self.p2p = P2PCollective(
+            node,
+            min_peers=cfg.peers.min_peers,
+            expected_peers=membership.n_peers,
+            join_window=cfg.peers.join_window,
+            guard=self.guard,
+        )
+        self.collective: Collective = self.p2p
+        if hooks.wrap_collective is not None:
+            self.collective = hooks.wrap_collective(node, self.p2p)
+        reducer: Reducer = build_reducer(
+            cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options
+        )
+        if hooks.wrap_reducer is not None:
+            reducer = hooks.wrap_reducer(reducer)
+        if membership.rank is None:
+            self.trainer = Trainer(
+                cfg, collective=self.collective, reducer=reducer, data_seed=_data_seed(node.peer_id, cfg)
+            )
+        else:
+            rank, n = membership.rank, membership.n_peers or 1
+            self.trainer = Trainer(
+                cfg, collective=self.collective, peer_index=rank, num_peers=n, reducer=reducer
+            )
+        if hooks.wrap_batches is not None:
+            self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
+        self.server = StateServer(node, lambda: state_snapshot(self.trainer, self.p2p.round_id))
+        self.result = PeerRun(peer_id=node.peer_id)
+        self._peers_seen = 1
+
+    def _build_guard(self) -> Any:
+        if self.hooks.build_guard is not None:
+            return self.hooks.build_guard(self.node)
+        if not self.cfg.peers.owner_check:
+            return None
+        from peers.guard import build_guard
+
+        return build_guard(self.node, self.cfg.peers)
+
+    def run(self) -> PeerRun:
+        """Catch up if asked, train, fill in the result, report it, then linger as a donor."""
+        res, trainer = self.result, self.trainer
+        if self.membership.catch_up_on_join:
+            # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
+            # start the run)
+            self.catch_up(wait_for_donor=self.cfg.peers.join_window)
+            self.server.refresh()
+        t0 = time.perf_counter()
+        try:
+            fit = trainer.fit(self.on_step)
+            res.steps, res.final_train_loss, res.final_val_loss = (
+                fit.steps,
+                fit.final_train_loss,
+                fit.final_val_loss,
+            )
+        except _Stop:
+            res.stopped_by_signal = True
+            res.steps = trainer.step
+        res.wall_s = time.perf_counter() - t0
+        res.tokens = trainer.tokens
+        res.final_digest = shared_digest(trainer)
+        ledger = self.node.ledger
+        res.bytes_sent, res.bytes_received, res.ledger = ledger.sent, ledger.received, ledger.totals()
+        res.banned = dict(self.guard.refresh()) if self.guard is not None else {}
+        if self.hooks.on_finished is not None:
+            self.hooks.on_finished(res)
+        if not self.stop.requested:
+            self.stop.wait(self.membership.linger_s)
+        return res
+
+    def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
+        """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
+        fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
+        if not adopt_swarm_state(
+            self.node,
+            self.trainer,
+            self.p2p,
+            self.membership.catch_up_timeout,
+            wait_for_donor=wait_for_donor,
+            min_round=min_round,
+            fresh_wait=fresh_wait,
+        ):
+            return False
+        step, rnd = self.trainer.step, self.p2p.round_id
+        self.result.downloads.append({"round": rnd, "step": step, "digest": shared_digest(self.trainer)})
+        logger.info("adopted the swarm's state: step %d, round %d", step, rnd)
+        return True
+
+    def on_step(self, info: StepInfo) -> None:
+        """The trainer's step callback: count the sync, catch up when behind, report, obey a stop."""
+        r = info.report
+        self.result.comm_wait_s += float(r.extra.get("comm_wait_s", 0.0))
+        note = ""
+        if r.synced:
+            note = self._after_sync(r)
+            self.node.publish(
+                step=self.trainer.step, round=self.p2p.round_id, throughput=info.tokens_per_s, loss=info.loss
+            )
+        if self.hooks.on_status is not None and (r.synced or info.step % self.cfg.train.log_interval == 0):
+            ledger = self.node.ledger
+            self.hooks.on_status(
+                PeerStatus(
+                    step=self.trainer.step,
+                    round_id=self.p2p.round_id,
+                    loss=info.loss,
+                    peers=self._peers_seen,
+                    bytes_up=ledger.sent,
+                    bytes_down=ledger.received,
+                    tokens_per_s=info.tokens_per_s,
+                    note=note,
+                )
+            )
+        if self.stop.requested:
+            raise _Stop
+
+    def _after_sync(self, r: StepReport) -> str:
+        """Count one sync and adopt the swarm's state when this peer missed a step; returns a note."""
+        res = self.result
+        self._peers_seen = r.participants
+        res.peak_sync_bytes_sent = max(res.peak_sync_bytes_sent, r.bytes_sent)
+        if r.committed:
+            res.committed_rounds += 1
+            res.sync_digests[r.round_id] = shared_digest(self.trainer)
+            self.server.refresh()
+            return ""
+        if r.late:
+            # the others commit the round we missed: wait for the state it produces (the donors
+            # announce it as round ``p2p.round_id``), not the one before it
+            res.late_rounds += 1
+            if self.catch_up(min_round=self.p2p.round_id):
+                res.late_caught_up += 1
+                self.server.refresh()
+            return "round went on without us: catching up"
+        res.failed_rounds += 1
+        if not self.membership.catch_up_after_failure:
+            return "round failed"
+        if self.catch_up():
+            self.server.refresh()
+        return "round failed: catching up"
+
+    def close(self) -> None:
+        self.server.close()
+        close = getattr(self.collective, "close", None)  # a wrapper closes what it wraps
+        if callable(close):
+            close()
+        self.trainer.close()
+
+
+def _data_seed(peer_id: str, cfg: Config) -> int:
+    """A volunteer's data seed: it knows no rank, so its stream is seeded from its peer ID."""
+    return int.from_bytes(hashlib.sha256(f"{cfg.train.seed}:{peer_id}".encode()).digest()[:4], "little")
