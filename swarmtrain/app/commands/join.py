@@ -10,85 +10,95 @@ from typing import Any
 
 import typer
 
-__all__ = ["register"]
+__all__ = ["register", "join", "run_join"]
+
+
+def join(
+    initial_peers: list[str] | None = typer.Option(
+        None, "--initial-peers", help="Multiaddrs of any live peer (e.g. printed by `swarmtrain dht`)."
+    ),
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file of the run."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run to join (default: the config's)."),
+    identity: str | None = typer.Option(
+        None, "--identity", help="Private key file (created if missing): keeps the peer ID on restarts."
+    ),
+    host_maddrs: list[str] | None = typer.Option(None, "--host-maddrs", help="Multiaddrs to listen on."),
+    announce_maddrs: list[str] | None = typer.Option(
+        None, "--announce-maddrs", help="Public multiaddrs to announce."
+    ),
+    region: str | None = typer.Option(None, "--region", help="A label shown in `swarmtrain status`."),
+    strategy: str | None = typer.Option(None, "--strategy", "-s", help="Strategy (must match the run)."),
+    compressor: str | None = typer.Option(None, "--compressor", help="Codec (must match the run)."),
+    inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Stop after this many steps."),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda, cuda:1..."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write a summary of the run here."),
+) -> None:
+    """Join a training run: download its current state from live peers, train, and sync.
+
+    Shows a live status line (round, loss, peers, bytes up/down). Ctrl-C or SIGTERM finishes the
+    current step and leaves cleanly; a second one aborts.
+    """
+    from swarmtrain.app.commands.peers import split_maddrs
+
+    overrides: dict[str, Any] = {
+        "peers.initial_peers": split_maddrs(initial_peers) or None,
+        "peers.run_id": run_id,
+        "peers.identity_path": identity,
+        "peers.host_maddrs": split_maddrs(host_maddrs) or None,
+        "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
+        "peers.region": region,
+        "strategy.name": strategy,
+        "compression.codec": compressor,
+        "strategy.inner_steps": inner_steps,
+        "train.steps": steps,
+        "train.device": device,
+    }
+    run_join(config, overrides, json_path)
+
+
+def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | None) -> None:
+    """Load the run's config, join it as a volunteer with a live status line, and print a summary."""
+    from rich.console import Console
+
+    from swarmtrain.app.commands.peers import human_bytes
+    from swarmtrain.app.volunteer import VolunteerStatus, run_volunteer
+    from swarmtrain.core.config import load_config
+    from swarmtrain.core.errors import ConfigError
+
+    cfg = load_config(config, overrides)
+    if cfg.strategy.name == "local":
+        raise ConfigError("strategy 'local' trains alone; choose a networked one, e.g. --strategy diloco")
+    if cfg.peers.min_peers < 2:
+        cfg.peers.min_peers = 2  # a round with only ourselves is no sync
+    cfg.train.progress = False
+    console = Console(stderr=True)
+    live = console.is_terminal
+
+    def show(s: VolunteerStatus) -> None:
+        line = (
+            f"step {s.step}  round {s.round_id}  loss {s.loss:.3f}  peers {s.peers}  "
+            f"up {human_bytes(s.bytes_up)}  down {human_bytes(s.bytes_down)}  {s.tokens_per_s:,.0f} tok/s"
+            + (f"  ({s.note})" if s.note else "")
+        )
+        if live:
+            status.update(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    with console.status("joining the swarm...") as status:
+        result = run_volunteer(cfg, on_status=show)
+    how = "stopped by signal" if result.stopped_by_signal else "done"
+    typer.echo(
+        f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
+        f"val loss {result.final_val_loss if result.final_val_loss is not None else float('nan'):.4f}, "
+        f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
+    )
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("join")
-    def join(
-        initial_peers: list[str] | None = typer.Option(
-            None, "--initial-peers", help="Multiaddrs of any live peer (e.g. printed by `swarmtrain dht`)."
-        ),
-        config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file of the run."),
-        run_id: str | None = typer.Option(None, "--run-id", help="Run to join (default: the config's)."),
-        identity: str | None = typer.Option(
-            None, "--identity", help="Private key file (created if missing): keeps the peer ID on restarts."
-        ),
-        host_maddrs: list[str] | None = typer.Option(None, "--host-maddrs", help="Multiaddrs to listen on."),
-        announce_maddrs: list[str] | None = typer.Option(
-            None, "--announce-maddrs", help="Public multiaddrs to announce."
-        ),
-        region: str | None = typer.Option(None, "--region", help="A label shown in `swarmtrain status`."),
-        strategy: str | None = typer.Option(None, "--strategy", "-s", help="Strategy (must match the run)."),
-        compressor: str | None = typer.Option(None, "--compressor", help="Codec (must match the run)."),
-        inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H."),
-        steps: int | None = typer.Option(None, "--steps", min=1, help="Stop after this many steps."),
-        device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda, cuda:1..."),
-        json_path: Path | None = typer.Option(None, "--json", help="Write a summary of the run here."),
-    ) -> None:
-        """Join a training run: download its current state from live peers, train, and sync.
-
-        Shows a live status line (round, loss, peers, bytes up/down). Ctrl-C or SIGTERM finishes the
-        current step and leaves cleanly; a second one aborts.
-        """
-        from rich.console import Console
-
-        from swarmtrain.app.commands.peers import human_bytes, split_maddrs
-        from swarmtrain.app.volunteer import VolunteerStatus, run_volunteer
-        from swarmtrain.core.config import load_config
-        from swarmtrain.core.errors import ConfigError
-
-        overrides: dict[str, Any] = {
-            "peers.initial_peers": split_maddrs(initial_peers) or None,
-            "peers.run_id": run_id,
-            "peers.identity_path": identity,
-            "peers.host_maddrs": split_maddrs(host_maddrs) or None,
-            "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
-            "peers.region": region,
-            "strategy.name": strategy,
-            "compression.codec": compressor,
-            "strategy.inner_steps": inner_steps,
-            "train.steps": steps,
-            "train.device": device,
-        }
-        cfg = load_config(config, overrides)
-        if cfg.strategy.name == "local":
-            raise ConfigError("strategy 'local' trains alone; choose a networked one, e.g. --strategy diloco")
-        if cfg.peers.min_peers < 2:
-            cfg.peers.min_peers = 2  # a round with only ourselves is no sync
-        cfg.train.progress = False
-        console = Console(stderr=True)
-        live = console.is_terminal
-
-        def show(s: VolunteerStatus) -> None:
-            line = (
-                f"step {s.step}  round {s.round_id}  loss {s.loss:.3f}  peers {s.peers}  "
-                f"up {human_bytes(s.bytes_up)}  down {human_bytes(s.bytes_down)}  {s.tokens_per_s:,.0f} tok/s"
-                + (f"  ({s.note})" if s.note else "")
-            )
-            if live:
-                status.update(line)
-            else:
-                print(line, file=sys.stderr, flush=True)
-
-        with console.status("joining the swarm...") as status:
-            result = run_volunteer(cfg, on_status=show)
-        how = "stopped by signal" if result.stopped_by_signal else "done"
-        typer.echo(
-            f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
-            f"val loss {result.final_val_loss if result.final_val_loss is not None else float('nan'):.4f}, "
-            f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
-        )
-        if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
+    """Add ``join`` to the CLI."""
+    app.command("join")(join)
