@@ -21,9 +21,11 @@ process trees (peer, DHT helper, p2pd, hivemind's averager): on a shared machine
 figures move with the load (``loadavg_before``/``loadavg_after`` in the JSON), the CPU cost much less.
 
 Every result is checked against the exact mean (max abs error in the table), and our bytes come from
-the byte ledger. Prints a table and writes ``benchmarks/results/allreduce.json``.
+the byte ledger. Prints a table and writes ``benchmarks/results/allreduce.json``; ``--append`` also
+appends the run to ``allreduce_runs.json`` and rewrites that file's ``summary`` (the ranges over all
+runs that the README quotes); ``--summarize`` only rewrites and prints that summary.
 
-    python benchmarks/allreduce.py [--sizes 4M,16M] [--rounds 5] [--peers 4]
+    python benchmarks/allreduce.py [--sizes 4M,16M] [--rounds 5] [--peers 4] [--append]
 """
 
 from __future__ import annotations
@@ -43,8 +45,16 @@ import torch
 
 from peers.process import find_orphans, spawn_function
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import append_run, load_runs  # noqa: E402
+
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = RESULTS / "allreduce_runs.json"
+RUNS_NOTE = (
+    "runs of python benchmarks/allreduce.py --append (each: that run's allreduce.json plus when, load "
+    "and commit); summary: ranges over all runs, rewritten by the script on every append"
+)
 
 
 def _vector(rank: int, numel: int) -> torch.Tensor:
@@ -321,7 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-elems", type=int, default=1 << 20, help="our elements per packet/frame")
     ap.add_argument("--only-ours", action="store_true", help="skip hivemind (quick experiments)")
     ap.add_argument("--json", default=str(RESULTS / "allreduce.json"))
+    ap.add_argument(
+        "--append", action="store_true", help=f"also append this run to {RUNS.name} and update its summary"
+    )
+    ap.add_argument("--runs-json", default=str(RUNS), help="the run series --append extends")
+    ap.add_argument("--summarize", action="store_true", help="only rewrite and print the series summary")
     args = ap.parse_args(argv)
+    if args.summarize:
+        summary = write_summary(Path(args.runs_json))
+        print(format_summary(summary))
+        return 0
     sizes = [_parse_size(s) for s in args.sizes.split(",")]
     codecs = args.codecs.split(",")
     t0 = time.time()
@@ -369,7 +388,71 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")
+    if args.append:
+        entry = append_run(Path(args.runs_json), "allreduce", out, note=RUNS_NOTE)
+        summary = write_summary(Path(args.runs_json))
+        print(f"appended run {entry['run']} to {args.runs_json}")
+        print(format_summary(summary))
     return 0
+
+
+def _span(values: list[float]) -> list[float] | None:
+    vals = [float(v) for v in values if v is not None]
+    return [round(min(vals), 3), round(max(vals), 3)] if vals else None
+
+
+def series_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ranges over ``runs`` (each an ``allreduce.json`` payload) per (elements, implementation, codec):
+    round time median, like-for-like data phase, ratios to hivemind fp32, CPU seconds per round."""
+    cells: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        for r in run.get("rows", []):
+            key = f"{r['impl']} {r['codec']} {r['numel'] // 2**20}M"
+            c = cells.setdefault(key, {})
+            for field in (
+                "round_s_median",
+                "data_phase_s_median",
+                "ratio_vs_hivemind_fp32",
+                "data_ratio_vs_hivemind_fp32",
+                "cpu_s_all_peers_median",
+            ):
+                c.setdefault(field, []).append(r.get(field))
+    load = [run["loadavg_before"][0] for run in runs if run.get("loadavg_before")]
+    load += [run["loadavg_after"][0] for run in runs if run.get("loadavg_after")]
+    return {
+        "runs": len(runs),
+        "run_numbers": [run.get("run") for run in runs],
+        "loadavg_1min_range": _span(load),
+        "ranges": {k: {f: _span(v) for f, v in c.items()} for k, c in sorted(cells.items())},
+    }
+
+
+def write_summary(path: Path) -> dict[str, Any]:
+    """Recompute the summary of the series at ``path`` from its runs and store it in the file."""
+    data = load_runs(path, "allreduce", RUNS_NOTE)
+    data["summary"] = series_summary(data["runs"])
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    summary: dict[str, Any] = data["summary"]
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary as a table: ``lo-hi`` over the runs for each figure."""
+
+    def cell(v: list[float] | None) -> str:
+        return "-" if not v else f"{v[0]:.2f}-{v[1]:.2f}"
+
+    lines = [
+        f"over {summary['runs']} runs (load 1 min {cell(summary['loadavg_1min_range'])}):",
+        f"{'cell':<22} {'round s':>11} {'data s':>11} {'x hm fp32':>11} {'data x hm':>11} {'cpu s':>11}",
+    ]
+    for key, f in summary["ranges"].items():
+        lines.append(
+            f"{key:<22} {cell(f.get('round_s_median')):>11} {cell(f.get('data_phase_s_median')):>11} "
+            f"{cell(f.get('ratio_vs_hivemind_fp32')):>11} {cell(f.get('data_ratio_vs_hivemind_fp32')):>11} "
+            f"{cell(f.get('cpu_s_all_peers_median')):>11}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

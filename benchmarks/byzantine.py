@@ -1,12 +1,13 @@
 """Byzantine-tolerant averaging benchmark (issue 6): final loss under attack vs the clean run.
 
 Grid: n = 8 peers with f = 3 attackers and n = 16 with f = 7; every attack of
-``swarmtrain.simulation.attacks`` x
-every reducer of ``peers.reducers``; DataParallel (peers send gradients, with worker momentum as in
-Karimireddy et al. 2021) and DiLoCo (peers send pseudo-gradients after H local AdamW steps). Each cell
-is one run of a tiny byte-level model on the stdlib's sources through the vectorised in-process
-collective of ``benchmarks/byzantine_sim.py``; its final validation loss is compared with the clean
-run (plain mean, no attackers) of the same strategy, n, seed and data: ``ratio = loss / clean``.
+``swarmtrain.simulation.attacks`` x every reducer of ``peers.reducers``; DataParallel (peers send
+gradients every step) and DiLoCo (peers send pseudo-gradients after H local Adam steps, outer
+Nesterov). Each cell is one run of a tiny byte-level model on the stdlib's sources: ``n`` threads,
+each running the real strategy (``optimizers.build_strategy``) on one member of an
+``optimizers.inprocess.InProcessGroup``, with the real reducer and attacks
+(``benchmarks/byzantine_sim.py``); its final validation loss is compared with the clean run (plain
+mean, no attackers) of the same strategy, n, seed and data: ``ratio = loss / clean``.
 
 A second, smaller "goal" grid repeats mean vs centered_clip with 7 of 16 attackers at a larger batch
 (honest updates with a better signal-to-noise ratio, the regime of BTARD's experiments) and checks
@@ -24,7 +25,9 @@ colluding attackers for ALIE and IPM, which estimate the honest updates from the
 ``--real-groups`` picks the groups to (re)run.
 
 Run: ``python benchmarks/byzantine.py`` (writes ``benchmarks/results/byzantine.{json,png}``);
-``--quick`` runs a small smoke grid (written under ``byzantine_quick.*``).
+``--quick`` runs a small smoke grid (written under ``byzantine_quick.*``); ``--sizes 16`` runs only
+the n = 16 part of the main grid (the rest is then listed as not re-measured).
+``--readme-table JSON`` prints the README's table (7 of 16, mean vs centered_clip) from a results JSON.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from byzantine_sim import SimConfig, load_corpus, run_sim  # noqa: E402
+from runlog import recorded  # noqa: E402
 
 from peers.reducers import build_reducer  # noqa: E402
 from swarmtrain.core.errors import ConfigError  # noqa: E402
@@ -72,7 +76,7 @@ GOAL_TOLERANCE = 0.05
 MEAN_FAILS = 1.20
 
 STRATEGIES: dict[str, dict[str, Any]] = {
-    "data_parallel": {"rounds": 60, "inner_steps": 1, "worker_momentum": 0.9, "lr": 3e-3},
+    "data_parallel": {"rounds": 60, "inner_steps": 1, "lr": 3e-3},
     "diloco": {"rounds": 10, "inner_steps": 10, "lr": 3e-3, "outer_lr": 0.7, "outer_momentum": 0.9},
 }
 # Stale: replay updates from about a quarter of the run ago.
@@ -196,6 +200,50 @@ def _goal_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if per:
             out[strategy] = per
     return out
+
+
+README_LABELS = {
+    "sign_flip": "sign flip (x4)",
+    "random_direction": "random direction",
+    "gaussian_noise": "Gaussian noise",
+    "label_flip": "label flip",
+    "alie": "ALIE",
+    "ipm": "IPM (eps=2)",
+    "stale": "stale",
+    "malicious_owner": "malicious owner",
+}
+README_COLUMNS = [
+    ("diloco", "mean", "mean (DiLoCo)"),
+    ("diloco", "centered_clip", "centered_clip (DiLoCo)"),
+    ("data_parallel", "mean", "mean (DataParallel)"),
+    ("data_parallel", "centered_clip", "centered_clip (DataParallel)"),
+]
+
+
+def readme_table(saved: dict[str, Any], n: int = 16) -> str:
+    """The README's markdown table: final loss / clean loss at ``n`` peers in the main grid, mean vs
+    centered_clip for both strategies, plus a line with the clean losses (the denominators)."""
+    rows = [r for r in saved["grid"] if r["n"] == n]
+    if not rows:
+        return f"(no main-grid rows with n={n} in this JSON: not re-measured)"
+    f = max(r["f"] for r in rows)
+    head = "| attack | " + " | ".join(c[2] for c in README_COLUMNS) + " |"
+    lines = [head, "|---" * (len(README_COLUMNS) + 1) + "|"]
+    for attack, label in README_LABELS.items():
+        cells = []
+        for strategy, reducer, _ in README_COLUMNS:
+            key = (strategy, reducer, attack)
+            hit = [r for r in rows if (r["strategy"], r["reducer"], r["attack"]) == key]
+            cells.append(_fmt(hit[0].get("ratio"), hit[0].get("status", "")) if hit else "-")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    clean = {r["strategy"]: r["loss"] for r in rows if r["attack"] == "none" and r["reducer"] == "mean"}
+    lines.append("")
+    nan = float("nan")
+    lines.append(
+        f"{f} of {n} attackers; clean loss (mean, no attackers): DiLoCo {clean.get('diloco', nan):.3f}, "
+        f"DataParallel {clean.get('data_parallel', nan):.3f} nats/byte."
+    )
+    return "\n".join(lines)
 
 
 def _finite(obj: Any) -> Any:
@@ -439,6 +487,14 @@ def _real_peers(out: Path, steps: int, groups: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small smoke grid (n=8 only, few rounds)")
+    ap.add_argument(
+        "--sizes",
+        default="8,16",
+        help="comma-separated n of the main grid (8: 3 attackers, 16: 7 attackers); the goal grid is 16",
+    )
+    ap.add_argument(
+        "--readme-table", metavar="JSON", help="only print the README's table (7 of 16) from a results JSON"
+    )
     ap.add_argument("--batch", type=int, default=128, help="per-peer batch of the main grid")
     ap.add_argument("--goal-batch", type=int, default=512, help="per-peer batch of the goal grid")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -455,13 +511,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.real_peers:
         return _real_peers(Path(args.out), args.real_steps, [g for g in args.real_groups.split(",") if g])
+    if args.readme_table:
+        print(readme_table(json.loads(Path(args.readme_table).read_text())))
+        return 0
     if args.replot:
         saved = json.loads(Path(args.replot).read_text())
         _plot(saved["grid"], saved["goal"], Path(args.replot).with_suffix(".png"))
         return 0
     torch.set_num_threads(args.threads)
     corpus = load_corpus()
-    nf = [(8, 3)] if args.quick else [(8, 3), (16, 7)]
+    attackers_of = {8: 3, 16: 7}
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    if any(x not in attackers_of for x in sizes):
+        ap.error(f"--sizes: each n must be one of {sorted(attackers_of)}")
+    nf = [(8, 3)] if args.quick else [(x, attackers_of[x]) for x in sorted(sizes)]
     rounds_override = {"data_parallel": 20, "diloco": 3} if args.quick else {}
     t0 = time.perf_counter()
     grid: list[dict[str, Any]] = []
@@ -521,7 +584,12 @@ def main(argv: list[str] | None = None) -> int:
         "goal_batch": args.goal_batch,
         "corpus_bytes": len(corpus),
         "model": "ByteMLP(context=8, embed=8, hidden=32)",
-        "collective": "vectorised in-process (benchmarks/byzantine_sim.py)",
+        "collective": "optimizers.InProcessGroup, one thread per peer (benchmarks/byzantine_sim.py)",
+        "strategy_code": "optimizers.build_strategy (DataParallel, DiLoCo), inner torch.optim.Adam",
+        "attacker_model": "omniscient: attacker rows forged on the stack the reducer sees (forge_rows)",
+        "sizes": [n for n, _ in nf],
+        "not_measured": [f"main grid n={x}" for x in sorted(attackers_of) if x not in {n for n, _ in nf}],
+        "recorded": recorded(),
         "real_peer_rows": "byzantine_real.json (python benchmarks/byzantine.py --real-peers)",
         "goal_tolerance": GOAL_TOLERANCE,
         "mean_fails_above": MEAN_FAILS,

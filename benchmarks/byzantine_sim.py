@@ -1,32 +1,49 @@
-"""Vectorised in-process simulation of ``n`` peers training one tiny byte-level model under attack.
+"""In-process simulation of ``n`` peers training one tiny byte-level model under attack.
 
-Used by ``benchmarks/byzantine.py``. Every simulated peer samples its own batches of real text (the
-Python standard library's sources), computes its own gradient (DataParallel) or pseudo-gradient after ``H``
-local AdamW steps (DiLoCo, Douillard et al. 2023) with ``torch.func.vmap`` over peers; attacking
-peers replace their row
-(``swarmtrain.simulation.attacks``), poison their batches (label flip) or, as partition
-owners, corrupt the aggregate of their partition; the reducer under test (``peers.reducers``)
-combines the rows. This is an honest in-process collective: the same rows reach the same reducer as
-in the network all-reduce, only without the network.
+Used by ``benchmarks/byzantine.py``. Each simulated peer is a thread with its own model, its own
+inner optimizer (``torch.optim.Adam``) and its own strategy built by ``optimizers.build_strategy``
+(``data_parallel`` or ``diloco``: the code real peers run) on one member of an
+``optimizers.inprocess.InProcessGroup``. Peers sample their own batches of real text (the Python
+standard library's sources). The reducer under test (``peers.reducers``) combines one row per peer,
+as the partition owner does in the network all-reduce.
+
+Attackers are peers ``0 .. f-1`` and use ``swarmtrain.simulation.attacks``:
+
+* update level (sign flip, random direction, noise, ALIE, IPM, stale): the attacker's row is replaced
+  by ``forge_rows`` on the stack the reducer receives. This is the papers' *omniscient* attacker (ALIE
+  and IPM see the honest rows of the same round); real peers, which cannot, run them through
+  ``AttackingCollective`` and estimate the honest rows from the colluders' own
+  (``benchmarks/byzantine.py --real-peers``);
+* data level (label flip): the attacker trains on ``attack.transform_batch`` of its batches;
+* owner level (malicious owner): each tensor is cut into ``n`` partitions as in the butterfly
+  all-reduce, partition ``j`` is reduced by peer ``j``, and a malicious owner returns
+  ``corrupt_aggregate`` of its partition.
+
+The forging and the partitioning live in ``AttackedReducer`` (a ``Reducer`` wrapper, benchmark
+code); the collective, the strategies, the reducers and the attacks are the library's.
 
 The model: the previous ``CONTEXT`` bytes -> embeddings -> one tanh hidden layer -> next-byte logits.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import sysconfig
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.func import functional_call, grad, vmap
 
+from optimizers import InProcessGroup, StrategyContext, build_strategy
 from peers.reducers import BaseReducer
+from swarmtrain.core.config import CompressionConfig, strategy_config
 from swarmtrain.core.errors import SwarmError
 from swarmtrain.simulation.attacks import Attack, build_attack, forge_rows
 
-__all__ = ["SimConfig", "load_corpus", "run_sim", "ByteMLP"]
+__all__ = ["SimConfig", "load_corpus", "run_sim", "ByteMLP", "AttackedReducer"]
 
 VOCAB = 256
 
@@ -42,10 +59,9 @@ class SimConfig:
     rounds: int
     inner_steps: int = 1  # DiLoCo H
     batch: int = 32
-    lr: float = 3e-3  # DataParallel Adam lr / DiLoCo inner AdamW lr
+    lr: float = 3e-3  # inner Adam lr (both strategies)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    worker_momentum: float = 0.0  # DataParallel: peers send m_i <- b*m_i + (1-b)*g_i (Karimireddy 2021)
     attack_options: tuple[tuple[str, float], ...] = ()
     seed: int = 0
 
@@ -80,148 +96,180 @@ def load_corpus(max_bytes: int = 1 << 21) -> torch.Tensor:
 
 
 class _Data:
-    """Peers sample i.i.d. windows of the training bytes, each with its own generator; the corpus tail
-    is a fixed validation set."""
+    """Peers sample i.i.d. windows of the training bytes, each with its own generator (so a run does
+    not depend on thread scheduling); the corpus tail is a fixed validation set."""
 
     def __init__(self, corpus: torch.Tensor, n: int, context: int, seed: int) -> None:
         val_len = len(corpus) // 20
         self.train, val = corpus[:-val_len].long(), corpus[-val_len:].long()
-        self.n, self.context = n, context
-        self.gen = torch.Generator().manual_seed(seed)
+        self.context = context
+        self.gens = [torch.Generator().manual_seed(seed * 100_003 + 1 + i) for i in range(n)]
         g = torch.Generator().manual_seed(12345)
         pos = torch.randint(0, len(val) - context - 1, (4096,), generator=g)
         offs = torch.arange(context)
         self.val_x, self.val_y = val[pos[:, None] + offs], val[pos + context]
 
-    def batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` ``[n, b, context]``, ``y`` ``[n, b]``: one batch per peer."""
-        pos = torch.randint(0, len(self.train) - self.context - 1, (self.n, b), generator=self.gen)
-        x = self.train[pos[:, :, None] + torch.arange(self.context)]
-        y = self.train[pos + self.context]
-        return x, y
+    def batch(self, peer: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``[b, context]``, ``y`` ``[b]``: peer ``peer``'s next batch."""
+        pos = torch.randint(0, len(self.train) - self.context - 1, (b,), generator=self.gens[peer])
+        return self.train[pos[:, None] + torch.arange(self.context)], self.train[pos + self.context]
 
 
-def _flat(tree: dict[str, torch.Tensor], lead: int | None = None) -> torch.Tensor:
-    if lead is None:
-        return torch.cat([t.reshape(-1) for t in tree.values()])
-    return torch.cat([t.reshape(lead, -1) for t in tree.values()], dim=1)
+class AttackedReducer:
+    """A ``Reducer`` that lets the simulated attackers act on the round, then applies ``inner``.
+
+    Args:
+        inner: the reducer under test.
+        n: peers (rows per stack, in member order).
+        attackers: row index -> a factory of that peer's ``Attack`` (one instance per tensor, so
+            stateful attacks such as ``stale`` keep a memory per tensor, as ``AttackingCollective``).
+        tensors_per_round: how many tensors each all-reduce carries; the collective reduces them in
+            the same order every round, so ``call index % tensors_per_round`` names the tensor.
+        seed: seed of the randomised attacks.
+    """
+
+    name = "attacked"
+
+    def __init__(
+        self,
+        inner: BaseReducer,
+        n: int,
+        attackers: dict[int, Attack],
+        tensors_per_round: int,
+        seed: int = 0,
+    ) -> None:
+        self.inner = inner
+        self.n = n
+        self.k = tensors_per_round
+        self.calls = 0
+        self.generator = torch.Generator().manual_seed(seed + 1)
+        self.update = {i: a for i, a in attackers.items() if not (a.data_level or a.owner_level)}
+        self.owners = {i: a for i, a in attackers.items() if a.owner_level}
+        # per tensor slot, per attacker: its own instance (stateful attacks)
+        self._per_tensor = [
+            {i: copy.deepcopy(a) for i, a in self.update.items()} for _ in range(tensors_per_round)
+        ]
+
+    def reduce(self, stack: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        slot = self.calls % self.k
+        self.calls += 1
+        if self.update:
+            stack = forge_rows(stack, self._per_tensor[slot], generator=self.generator)
+        if not self.owners:
+            return self.inner.reduce(stack, weights)
+        m = stack.shape[1]
+        out = torch.empty(m, dtype=stack.dtype)
+        bounds = torch.linspace(0, m, self.n + 1).long().tolist()
+        for j in range(self.n):
+            lo, hi = bounds[j], bounds[j + 1]
+            if lo == hi:
+                continue
+            part = self.inner.reduce(stack[:, lo:hi], weights)
+            if j in self.owners:
+                part = self.owners[j].corrupt_aggregate(part, stack[:, lo:hi], generator=self.generator)
+            out[lo:hi] = part
+        return out
 
 
-def _unflat(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out, i = {}, 0
-    for k, t in like.items():
-        out[k] = flat[i : i + t.numel()].view_as(t)
-        i += t.numel()
-    return out
+def _strategy_config(cfg: SimConfig) -> Any:
+    if cfg.strategy == "diloco":
+        return strategy_config(
+            "diloco",
+            inner_steps=cfg.inner_steps,
+            outer_lr=cfg.outer_lr,
+            outer_momentum=cfg.outer_momentum,
+            nesterov=True,
+            sync_timeout=120.0,
+        )
+    if cfg.strategy == "data_parallel":
+        return strategy_config("data_parallel", sync_timeout=120.0)
+    raise ValueError(f"unknown strategy {cfg.strategy!r}")
 
 
-class _Adam:
-    """Adam over a flat ``[..., P]`` tensor (vectorised over peers when it has a leading dim)."""
-
-    def __init__(self, like: torch.Tensor, lr: float, beta1: float = 0.9) -> None:
-        self.m, self.v, self.t = torch.zeros_like(like), torch.zeros_like(like), 0
-        self.lr, self.beta1 = lr, beta1
-
-    def step(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        self.t += 1
-        self.m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
-        self.v.mul_(0.999).addcmul_(g, g, value=0.001)
-        mhat = self.m / (1 - self.beta1**self.t)
-        vhat = self.v / (1 - 0.999**self.t)
-        return p - self.lr * mhat / (vhat.sqrt() + 1e-8)
-
-
-def _reduce_with_owners(
-    stack: torch.Tensor, reducer: BaseReducer, owners: dict[int, Attack], n: int
-) -> torch.Tensor:
-    """Butterfly-style: the flat vector is cut into ``n`` partitions; partition ``j`` is reduced by
-    peer ``j``, which (if it is a malicious owner) corrupts that partition's aggregate."""
-    w = torch.ones(stack.shape[0])
-    if not owners:
-        return reducer.reduce(stack, w)
-    out = torch.empty(stack.shape[1])
-    bounds = torch.linspace(0, stack.shape[1], n + 1).long().tolist()
-    for j in range(n):
-        part = reducer.reduce(stack[:, bounds[j] : bounds[j + 1]], w)
-        if j in owners:
-            part = owners[j].corrupt_aggregate(part, stack[:, bounds[j] : bounds[j + 1]])
-        out[bounds[j] : bounds[j + 1]] = part
-    return out
-
-
-def run_sim(cfg: SimConfig, reducer: BaseReducer, corpus: torch.Tensor) -> dict[str, float | str]:
+def run_sim(cfg: SimConfig, reducer: BaseReducer, corpus: torch.Tensor) -> dict[str, Any]:
     """Train under ``cfg`` with ``reducer``; return the final validation loss (nats/byte) and status.
 
-    Attackers are peers ``0 .. n_attackers-1``. A run whose parameters become non-finite, or whose
-    reducer rejects the round, ends as ``diverged`` with loss ``inf``.
+    Attackers are peers ``0 .. n_attackers-1``. A run whose parameters become non-finite ends as
+    ``diverged``, one whose reducer rejects a round (``SwarmError``) as ``rejected``; both with loss
+    ``inf``. ``params_identical``: every peer ended with the same parameters (bit for bit).
     """
-    torch.manual_seed(cfg.seed)
-    model = ByteMLP()
-    names_params = {k: v.detach() for k, v in model.named_parameters()}
-    theta = _flat(names_params).clone()  # [P] the shared (global) parameters
     n, f = cfg.n_peers, cfg.n_attackers
-    data = _Data(corpus, n, model.context, cfg.seed)
-    opts: dict[str, float] = {"n_peers": n, "n_byzantine": f} if cfg.attack == "alie" else {}
+    torch.manual_seed(cfg.seed)
+    proto = ByteMLP()
+    data = _Data(corpus, n, proto.context, cfg.seed)
+    opts: dict[str, Any] = {"n_peers": n, "n_byzantine": f} if cfg.attack == "alie" else {}
     opts.update(dict(cfg.attack_options))
+    if "delay" in opts:
+        opts["delay"] = int(opts["delay"])
     attackers = {i: build_attack(cfg.attack, **opts) for i in range(f)} if cfg.attack != "none" else {}
-    update_attackers = {i: a for i, a in attackers.items() if not (a.data_level or a.owner_level)}
-    owners = {i: a for i, a in attackers.items() if a.owner_level}
-    flip = [i for i, a in attackers.items() if a.data_level]
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    flip = {i: a for i, a in attackers.items() if a.data_level}
+    scfg = _strategy_config(cfg)
+    n_tensors = 1 if cfg.strategy == "data_parallel" else len(list(proto.parameters()))
+    wrapped = AttackedReducer(reducer, n, attackers, n_tensors, seed=cfg.seed)
+    group = InProcessGroup(n, timeout=300.0)
+    models = [copy.deepcopy(proto) for _ in range(n)]
+    steps = cfg.rounds * (cfg.inner_steps if cfg.strategy == "diloco" else 1)
+    status = ["ok"] * n
+    lock = threading.Lock()
 
-    def loss_fn(flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(model, _unflat(flat, names_params), (x,))
-        return torch.nn.functional.cross_entropy(logits, y)
-
-    per_peer_grad = vmap(grad(loss_fn))  # ([n,P], [n,B,k], [n,B]) -> [n,P]
-
-    def peer_batches() -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = data.batch(cfg.batch)
-        for i in flip:
-            x[i], y[i] = attackers[i].transform_batch(x[i], y[i])
-        return x, y
-
-    status = "ok"
-    try:
-        if cfg.strategy == "data_parallel":
-            # With worker momentum the rows already carry the first moment: the update is RMSprop-like.
-            opt = _Adam(theta, cfg.lr, beta1=0.0 if cfg.worker_momentum else 0.9)
-            worker_m = torch.zeros(n, theta.shape[0])
-            for _ in range(cfg.rounds):
-                x, y = peer_batches()
-                grads = per_peer_grad(theta.expand(n, -1), x, y)  # [n, P]
-                if cfg.worker_momentum:
-                    worker_m.mul_(cfg.worker_momentum).add_(grads, alpha=1 - cfg.worker_momentum)
-                    grads = worker_m
-                grads = forge_rows(grads, update_attackers, generator=gen)
-                theta = opt.step(theta, _reduce_with_owners(grads, reducer, owners, n))
-                if not bool(torch.isfinite(theta).all()):
-                    status = "diverged"
+    def peer(i: int) -> None:
+        torch.set_num_threads(1)
+        model = models[i]
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        ctx = StrategyContext(
+            model=model,
+            optimizer=opt,
+            config=scfg,
+            compression=CompressionConfig(codec="none"),
+            collective=group[i],
+            reducer=wrapped,
+        )
+        strategy = build_strategy(ctx)
+        try:
+            for _ in range(steps):
+                x, y = data.batch(i, cfg.batch)
+                if i in flip:
+                    x, y = flip[i].transform_batch(x, y)
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                report = strategy.step(tokens=int(y.numel()))
+                if not report.synced:
+                    continue
+                if not report.committed:
+                    with lock:
+                        if status[i] == "ok":
+                            status[i] = "rejected: round did not commit"
                     break
-        elif cfg.strategy == "diloco":
-            inner = _Adam(theta.expand(n, -1).clone(), cfg.lr)
-            momentum = torch.zeros_like(theta)
-            for _ in range(cfg.rounds):
-                local = theta.expand(n, -1).clone()  # [n, P]
-                for _ in range(cfg.inner_steps):
-                    x, y = peer_batches()
-                    local = inner.step(local, per_peer_grad(local, x, y))
-                pseudo = forge_rows(theta[None, :] - local, update_attackers, generator=gen)  # [n, P]
-                delta = _reduce_with_owners(pseudo, reducer, owners, n)
-                momentum = cfg.outer_momentum * momentum + delta
-                theta = theta - cfg.outer_lr * (delta + cfg.outer_momentum * momentum)  # Nesterov
-                if not bool(torch.isfinite(theta).all()):
-                    status = "diverged"
+                if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                    status[i] = "diverged"  # every peer holds the same parameters after a sync
                     break
-        else:
-            raise ValueError(f"unknown strategy {cfg.strategy!r}")
-    except SwarmError as e:
-        status = f"rejected: {e}"
-    if status != "ok":
-        return {"loss": math.inf, "status": status}
+        except SwarmError as e:
+            status[i] = f"rejected: {e}"
+            group._shared.barrier.abort()  # the others leave their round at once (benchmark only)
+        except BaseException as e:  # noqa: BLE001 - reported in the row, and the group released
+            status[i] = f"error: {type(e).__name__}: {e}"
+            group._shared.barrier.abort()
+        finally:
+            strategy.close()
+
+    threads = [threading.Thread(target=peer, args=(i,), name=f"peer{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = next((s for s in status if s.startswith(("rejected", "error"))), None)
+    if bad is None:
+        bad = "diverged" if "diverged" in status else None
+    if bad is not None:
+        return {"loss": math.inf, "status": bad, "params_identical": None}
+    ref = [p.detach() for p in models[0].parameters()]
+    identical = all(
+        all(torch.equal(a, b.detach()) for a, b in zip(ref, m.parameters(), strict=True)) for m in models[1:]
+    )
     with torch.no_grad():
-        loss = float(loss_fn(theta, data.val_x, data.val_y))
+        loss = float(torch.nn.functional.cross_entropy(models[0](data.val_x), data.val_y))
     return {
         "loss": loss if math.isfinite(loss) else math.inf,
         "status": "ok" if math.isfinite(loss) else "diverged",
+        "params_identical": identical,
     }
