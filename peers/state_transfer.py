@@ -41,13 +41,14 @@ from peers.transport import (
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
-__all__ = ["StateServer", "download_state", "StateProvider", "state_key", "META_KEY"]
+__all__ = ["StateServer", "download_state", "decode_announcement", "StateProvider", "state_key", "META_KEY"]
 
 logger = logging.getLogger(__name__)
 StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]]
 META_KEY = "swarmtrain"
 KIND = "state"
 _FRAME_TIMEOUT = 30.0
+_MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
 
 
 def state_key(run_id: str) -> str:
@@ -229,6 +230,31 @@ class StateServer:
         self.close()
 
 
+def decode_announcement(value: Any) -> tuple[bytes, int, int]:
+    """Parse a donor's DHT announcement ``{hash, nbytes, round}``: ``(sha256, nbytes, round)``.
+
+    Raises:
+        ProtocolError: not bytes, over 1 KiB, not bounded msgpack, or fields missing or ill-typed.
+    """
+    if not isinstance(value, bytes) or len(value) > _MAX_ANNOUNCEMENT:
+        raise ProtocolError("state announcement is not bytes or too large")
+    obj = unpack(
+        value,
+        what="state announcement",
+        max_bytes=_MAX_ANNOUNCEMENT,
+        max_str=64,
+        max_bin=64,
+        max_array=_MAX_ANNOUNCEMENT,  # the announcement has no arrays; its length bounds any
+        max_map=8,
+    )
+    if not isinstance(obj, dict):
+        raise ProtocolError("state announcement is not a map")
+    h, n, r = obj.get("hash"), obj.get("nbytes"), obj.get("round")
+    if not (isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0):
+        raise ProtocolError("state announcement fields missing or ill-typed")
+    return h, n, r
+
+
 def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[int, str, bytes, int]]:
     """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first."""
     try:
@@ -239,25 +265,13 @@ def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[in
         return []
     out = []
     for peer, item in found.value.items():
-        if peer == node.peer_id or not isinstance(item.value, bytes) or len(item.value) > 1024:
+        if peer == node.peer_id:
             continue
         try:
-            obj = unpack(
-                item.value,
-                what="state announcement",
-                max_bytes=1024,
-                max_str=64,
-                max_bin=64,
-                max_array=1024,  # the announcement has no arrays; its length bounds any
-                max_map=8,
-            )
+            h, n, r = decode_announcement(item.value)
         except ProtocolError:
             continue  # one bad announcement is skipped, the others still count
-        if not isinstance(obj, dict):
-            continue
-        h, n, r = obj.get("hash"), obj.get("nbytes"), obj.get("round")
-        if isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0:
-            out.append((r, str(peer), h, n))
+        out.append((r, str(peer), h, n))
     return sorted(out, key=lambda a: (-a[0], a[1]))
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "Signer",
     "encode_signed",
     "decode_signed",
+    "decode_table",
     "peer_id_from_public_der",
     "compute_bans",
     "suspicion_key",
@@ -231,8 +232,17 @@ def decode_signed(run_id: str, subkey: str, value: Any) -> AccusationTable:
         raise
     except Exception as e:
         raise ProtocolError(f"suspicion record key unusable: {type(e).__name__}") from None
-    body = unpack(
-        obj["b"],
+    return decode_table(obj["b"])
+
+
+def decode_table(body: bytes) -> AccusationTable:
+    """Parse the signed body of a suspicion record (after its signature was checked).
+
+    Raises:
+        ProtocolError: not bounded msgpack, or not a valid accusation table.
+    """
+    obj = unpack(
+        body,
         what="suspicion body",
         max_bytes=MAX_SUSPICION_BYTES,
         max_str=256,
@@ -240,7 +250,7 @@ def decode_signed(run_id: str, subkey: str, value: Any) -> AccusationTable:
         max_array=_MAX_PEERS,
         max_map=_MAX_PEERS,
     )
-    return AccusationTable.from_obj(body)
+    return AccusationTable.from_obj(obj)
 
 
 def compute_bans(

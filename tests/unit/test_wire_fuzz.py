@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 import torch
+from fuzz_helpers import EDIT, Edit, mutate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -92,40 +93,18 @@ def test_structured_packets(batch: list[tuple[object, ...]]) -> None:
         _decode_all_the_way(msgpack.packb(list(fields), use_bin_type=True))
 
 
-_EDIT = st.tuples(
-    st.sampled_from(["flip", "set", "insert", "delete", "cut"]), st.integers(0, 2**16), st.integers(0, 255)
-)
-
-
-def _mutate(seed: bytes, edits: list[tuple[str, int, int]]) -> bytes:
-    data = bytearray(seed)
-    for op, pos, val in edits:
-        i = pos % max(len(data), 1)
-        if op == "flip" and data:
-            data[i] ^= 1 << (val % 8)
-        elif op == "set" and data:
-            data[i] = val
-        elif op == "insert":
-            data[i:i] = bytes([val])
-        elif op == "delete" and data:
-            del data[i]
-        elif op == "cut":
-            del data[i:]
-    return bytes(data)
-
-
 @pytest.mark.timeout(120)
 @settings(FUZZ, max_examples=400)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(SEEDS), st.lists(_EDIT, min_size=1, max_size=4)),
+        st.tuples(st.sampled_from(SEEDS), st.lists(EDIT, min_size=1, max_size=4)),
         min_size=BATCH,
         max_size=BATCH,
     )
 )
-def test_mutated_valid_packets(batch: list[tuple[bytes, list[tuple[str, int, int]]]]) -> None:
+def test_mutated_valid_packets(batch: list[tuple[bytes, list[Edit]]]) -> None:
     for seed, edits in batch:
-        _decode_all_the_way(_mutate(seed, edits))
+        _decode_all_the_way(mutate(seed, edits))
 
 
 def test_seed_packets_decode() -> None:
