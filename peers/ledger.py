@@ -127,7 +127,7 @@ class ByteLedger:
         return out
 
     def reset(self) -> None:
-        """Forget everything (benchmarks call it between phases)."""
+        """Forget everything counted so far (for a caller that measures phases separately)."""
         with self._lock:
             self._kinds.clear()
             self._rounds.clear()
