@@ -44,7 +44,7 @@ from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.core.errors import SwarmError  # noqa: E402
 from swarmtrain.simulation.runner import PeerOutcome, params_identical  # noqa: E402
 
-__all__ = ["WanRun", "run_wan", "run_benchmark", "main"]
+__all__ = ["WanRun", "run_wan", "run_benchmark", "initial_val_loss", "main"]
 
 RESULTS = HERE / "results"
 
@@ -200,11 +200,29 @@ def settings(quick: bool) -> dict[str, Any]:
     }
 
 
+def initial_val_loss(s: dict[str, Any]) -> float:
+    """Validation loss of the peers' common starting point (step 0) under settings ``s``.
+
+    Every peer builds the model from ``train.seed`` and evaluates the same ``train.eval_batches``
+    batches, so this is the loss a run that learned nothing ends with (about ``ln 256 = 5.545`` for
+    bytes; a little above it at initialisation). Computed in this process, strategy ``local``.
+    """
+    from swarmtrain.app.trainer import Trainer
+
+    keep = {k: v for k, v in s["shared"].items() if k.startswith(("model.", "train.", "data."))}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(
+            None, {**keep, "strategy.name": "local", "train.progress": False, "train.out_dir": tmp}, env={}
+        )
+        return Trainer(cfg).evaluate()
+
+
 def run_benchmark(quick: bool = False, timeout: float = 900.0) -> dict[str, Any]:
     """Build the emulated WAN, check the cap with a raw TCP transfer, run both strategies."""
     s = settings(quick)
     n = s["peers"]
     rows = []
+    start_loss = initial_val_loss(s)
     with Wan(n + 1, s["rate_mbit"]) as wan:
         probe_bytes = 2_500_000
         probe_s = wan.transfer(1, 2, probe_bytes)
@@ -214,6 +232,7 @@ def run_benchmark(quick: bool = False, timeout: float = 900.0) -> dict[str, Any]
             run = run_wan(wan, cfg, n, timeout=timeout)
             row = run.summary()
             row["strategy_options"] = cfg.strategy.model_dump()
+            row["initial_val_loss"] = start_loss
             rows.append(row)
             print(f"  {name}: utilization {row['compute_utilization']:.1%}", flush=True)
     return {
