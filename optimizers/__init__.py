@@ -3,6 +3,8 @@
 Strategies register by name in ``STRATEGIES``; ``build_strategy`` makes one from a config:
 ``local``, ``data_parallel`` (gradient all-reduce every step), ``diloco`` (Douillard et al. 2023),
 ``streaming_diloco`` (Douillard et al. 2025) and ``demo`` (Peng, Quesnelle, Kingma 2024).
+Each strategy reads its own validated options model from ``ctx.config`` (``DiLoCoConfig``, ...,
+in ``swarmtrain.core.config``; ``strategy_config(name, **options)`` builds one by name).
 ``InProcessGroup`` is a thread-backed ``Collective`` for unit tests and single-process benchmarks.
 """
 
