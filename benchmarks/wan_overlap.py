@@ -14,7 +14,11 @@ deletes them in ``finally`` (and leftovers of a crashed run at start).
 Usage::
 
     sudo python benchmarks/wan_overlap.py              # writes benchmarks/results/wan_overlap.json
-    sudo python benchmarks/wan_overlap.py --quick      # 2 short runs, results not kept
+    sudo python benchmarks/wan_overlap.py --quick      # 2 short runs (wan_overlap_quick.json)
+    sudo python benchmarks/wan_overlap.py --append     # also append the run to wan_overlap_runs.json
+
+``--append`` adds the run (with date, load and commit) to ``wan_overlap_runs.json`` and rewrites that
+file's ``summary``: per strategy the range over all runs of the figures the README quotes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
     sys.path.insert(0, str(HERE))
 
+from runlog import append_run, load_runs  # noqa: E402
 from wan_netns import Wan, ip_of  # noqa: E402
 from wan_worker import MESSAGE_PREFIX  # noqa: E402
 
@@ -47,6 +52,35 @@ from swarmtrain.simulation.runner import PeerOutcome, params_identical  # noqa: 
 __all__ = ["WanRun", "run_wan", "run_benchmark", "initial_val_loss", "main"]
 
 RESULTS = HERE / "results"
+RUNS = RESULTS / "wan_overlap_runs.json"
+RUNS_NOTE = (
+    "runs of sudo python benchmarks/wan_overlap.py --append (each: that run's wan_overlap.json plus when, "
+    "load and commit); summary: per strategy, ranges over all runs, rewritten by the script"
+)
+SUMMARY_FIELDS = ("compute_utilization", "mean_wait_per_sync_s", "final_val_loss", "initial_val_loss")
+
+
+def series_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per strategy, ``[min, max]`` over ``runs`` of each of ``SUMMARY_FIELDS`` (absent ones skipped)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        for r in run.get("rows", []):
+            cell = out.setdefault(r["strategy"], {})
+            for f in SUMMARY_FIELDS:
+                v = r.get(f)
+                if isinstance(v, int | float):
+                    lo, hi = cell.get(f, [v, v])
+                    cell[f] = [round(min(lo, v), 4), round(max(hi, v), 4)]
+    return {"runs": [run.get("run") for run in runs], "ranges": out}
+
+
+def write_summary(path: Path) -> dict[str, Any]:
+    """Recompute the series' summary from its runs and store it in the file."""
+    data = load_runs(path, "wan_overlap", RUNS_NOTE)
+    data["summary"] = series_summary(data["runs"])
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    summary: dict[str, Any] = data["summary"]
+    return summary
 
 
 @dataclass
@@ -276,13 +310,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="H=10, F=2: a short smoke run (not kept)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per strategy run")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--append", action="store_true", help=f"also append the run to {RUNS.name}")
+    ap.add_argument("--summarize", action="store_true", help=f"only rewrite and print {RUNS.name}'s summary")
     args = ap.parse_args(argv)
+    if args.summarize:
+        print(json.dumps(write_summary(RUNS), indent=1))
+        return 0
+    if args.append and args.quick:
+        ap.error("--append keeps full runs only (drop --quick)")
     doc = run_benchmark(args.quick, args.timeout)
     print(_table(doc))
     out = args.out or RESULTS / ("wan_overlap_quick.json" if args.quick else "wan_overlap.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")
+    if args.append:
+        entry = append_run(RUNS, "wan_overlap", doc, note=RUNS_NOTE)
+        print(f"appended run {entry['run']} to {RUNS}")
+        print(json.dumps(write_summary(RUNS), indent=1))
     return 0
 
 
