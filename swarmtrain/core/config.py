@@ -520,9 +520,9 @@ def load_config(
 ) -> Config:
     """Build a validated ``Config``.
 
-    Layers, lowest first: ``base``, the file, the environment, ``overrides``. The ``[strategy]``
-    table holds the options of the strategy its ``name`` selects; see ``_resolve_strategy`` for
-    what happens to another strategy's options.
+    Layers, lowest first: ``base``, the file, the environment, ``overrides``. The highest layer
+    that sets ``strategy.name`` selects the strategy; another strategy's option set in that layer or
+    above is an error, one set below it is dropped with a warning (``base``: silently).
 
     Args:
         path: optional TOML file with ``[model]``, ``[train]``, ... tables.
