@@ -284,3 +284,26 @@ def test_simulate_refuses_bad_attack_settings_in_one_line_before_starting(
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("swarmtrain: error:") and needle in err and "\n" not in err, err
+
+
+def test_each_rank_gets_the_attack_hooks_its_place_calls_for() -> None:
+    """Ranks 0..K-1 run the attack, the next M ranks are bad owners, the rest are honest (no hooks)."""
+    from swarmtrain.core.config import load_config
+    from swarmtrain.simulation.wiring import RankWiring, is_bad_owner
+
+    cfg = load_config(
+        None,
+        {"simulation.attack": "sign_flip", "simulation.attackers": 2, "simulation.malicious_owners": 1},
+        env={},
+    )
+    assert [is_bad_owner(cfg, r) for r in range(5)] == [False, False, True, False, False]
+    hooks = [RankWiring(cfg, r, 5).hooks() for r in range(5)]
+    assert [h.wrap_collective is not None for h in hooks] == [True, True, False, False, False]
+    assert all(h.wrap_batches is None for h in hooks)
+    assert hooks[2].build_guard is not None or hooks[2].wrap_reducer is not None
+    assert all(h == type(h)() for h in hooks[3:])
+    flips = load_config(None, {"simulation.attack": "label_flip", "simulation.attackers": 1}, env={})
+    h0 = RankWiring(flips, 0, 3).hooks()
+    assert h0.wrap_batches is not None and h0.wrap_collective is None
+    owners = load_config(None, {"simulation.attack": "malicious_owner", "simulation.attackers": 2}, env={})
+    assert [is_bad_owner(owners, r) for r in range(4)] == [True, True, False, False]

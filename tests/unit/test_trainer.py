@@ -212,3 +212,24 @@ def test_peers_start_identical_and_read_disjoint_data(tmp_path: Path) -> None:
     assert starts_a.isdisjoint(starts_b)
     assert a.metrics_path != b.metrics_path and a.checkpoint_dir != b.checkpoint_dir
     assert a.evaluate() == b.evaluate()  # same parameters, same held-out batches
+
+
+def test_a_peer_state_round_trips_and_a_bad_one_changes_nothing(tmp_path: Path) -> None:
+    """What a donor serves loads into a newcomer bit-exactly; a state of another model, another
+    strategy or without a valid step is refused (``ProtocolError``) before anything changes."""
+    from swarmtrain.app.peer_state import apply_state, shared_digest, state_snapshot
+    from swarmtrain.core.errors import ProtocolError
+
+    donor = Trainer(small_config(tmp_path, **{"train.steps": 3}))
+    donor.fit()
+    tensors, meta = state_snapshot(donor, round_id=7)
+    newcomer = Trainer(small_config(tmp_path, **{"train.seed": 5}))
+    before = shared_digest(newcomer)
+    bad_meta = [{**meta, "strategy_name": "nosuch"}, {**meta, "step": -1}, {**meta, "round": "7"}]
+    other = Trainer(small_config(tmp_path, **{"model.n_embd": 48}))
+    for t, m in [(tensors, bm) for bm in bad_meta] + [(state_snapshot(other, 7)[0], meta)]:
+        with pytest.raises(ProtocolError):
+            apply_state(newcomer, t, m)
+        assert shared_digest(newcomer) == before and newcomer.step == 0
+    assert apply_state(newcomer, tensors, meta) == 7
+    assert shared_digest(newcomer) == shared_digest(donor) and newcomer.step == donor.step == 3
