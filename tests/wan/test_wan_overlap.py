@@ -3,8 +3,10 @@
 Four peers and a bootstrap node in network namespaces joined by veth pairs to a bridge, each link
 capped with ``tc tbf`` (``benchmarks/wan_netns.py``, ``benchmarks/wan_overlap.py``). Checked here:
 the cap is in place and enforced (a raw TCP transfer cannot beat it), both strategies train over the
-capped links with identical global parameters on every peer, DiLoCo's reported wait per sync is at
-least what the cap physically forces for the bytes it sent, and no namespace is left behind. The
+capped links with identical global parameters on every peer, both learned (the final validation loss
+is well below the same model's loss at step 0, measured here on the same validation batches), DiLoCo's
+reported wait per sync is at least what the cap physically forces for the bytes it sent, and no
+namespace is left behind. The
 utilization comparison itself is a speed claim: it lives in the benchmark's JSON, not in an assert.
 
 When the environment is broken (no ``ip netns``, no ``tbf``), these tests fail with the command's
@@ -34,6 +36,13 @@ pytestmark = [
 ]
 
 RATE_MBIT = 20.0
+# How far below its step-0 validation loss a run must end. An unchanged model scores exactly its
+# step-0 loss (fixed batches, no dropout), which for the tiny preset is already below uniform
+# (5.38 < ln 256 = 5.545), so the old "< 5.55" passed for a model that learned nothing. Measured with
+# these quick settings (20 steps, H=10; benchmarks/results/wan_overlap_quick.json): 5.38 -> 3.32
+# (DiLoCo) and 3.63 (StreamingDiLoCo), drops of 2.06 and 1.76 nats; the full benchmark (40 steps,
+# H=20) 5.38 -> 3.10. One nat is about half the smaller drop: only training gets there.
+LEARNED_MARGIN = 1.0
 
 
 def test_tbf_cap_is_enforced_and_namespaces_are_removed() -> None:
@@ -52,6 +61,8 @@ def test_tbf_cap_is_enforced_and_namespaces_are_removed() -> None:
 
 def test_diloco_and_streaming_train_over_capped_links() -> None:
     s = wan_overlap.settings(quick=True)
+    start = wan_overlap.initial_val_loss(s)
+    assert 5.0 < start < 6.0, start  # an untrained byte model: about ln 256
     rows = {}
     try:
         with wan_netns.Wan(s["peers"] + 1, s["rate_mbit"]) as wan:
@@ -68,7 +79,8 @@ def test_diloco_and_streaming_train_over_capped_links() -> None:
         assert all(o.steps == steps for o in run.outcomes), name
         assert all(f == 0 for f in summary["failed_rounds"]), name
         assert summary["bytes_sent_per_peer"] > 0
-        assert summary["final_val_loss"] < 5.55  # below uniform over 256 bytes (ln 256 = 5.545)
+        # learned: well below where the same model started (see LEARNED_MARGIN)
+        assert summary["final_val_loss"] < start - LEARNED_MARGIN, (name, summary["final_val_loss"], start)
     dl = rows["diloco"]
     assert all(o.committed_rounds == steps // h for o in dl.outcomes)
     # a DiLoCo sync cannot end before every owner has this peer's part (about half of what it sends;
