@@ -9,7 +9,7 @@ parameter digest after each committed one, so every peer of a run can be checked
 What differs between a volunteer and a simulated peer is data, ``Membership``: a fixed rank among a
 known number of peers, or open membership with a download at start. Everything a caller adds is a
 hook, ``PeerHooks``: wrap the collective, the reducer or the batches (the simulation's attacks do),
-build the guard, and report status and the final result. The loop knows nothing of attacks.
+and report status and the final result. The loop knows nothing of attacks.
 
 If a round formed without this peer (it arrived late), the others committed an outer step it did not
 take: it downloads the state that round committed before training on, so it never drifts from the
@@ -121,8 +121,6 @@ class PeerHooks:
     """Optional callables the loop calls at fixed points; ``None`` keeps the honest default.
 
     Attributes:
-        build_guard: ``(node) -> guard`` replaces the default guard (built only with
-            ``peers.owner_check``); the node's signing identity is ensured when this is set.
         wrap_collective: ``(node, collective) -> collective`` the strategy talks through.
         wrap_reducer: ``(reducer) -> reducer`` the strategy hands to ``all_reduce``.
         wrap_batches: ``(sampler, vocab_size) -> sampler`` the trainer draws batches from (same
@@ -131,7 +129,6 @@ class PeerHooks:
         on_finished: called with the result right after the last step, before the peer lingers.
     """
 
-    build_guard: Callable[[Any], Any] | None = None
     wrap_collective: Callable[[Any, Collective], Collective] | None = None
     wrap_reducer: Callable[[Reducer], Reducer] | None = None
     wrap_batches: Callable[[BatchSampler, int], BatchSampler] | None = None
@@ -148,7 +145,7 @@ def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None
     from peers import GracefulExit, PeerNode
 
     hooks = hooks or PeerHooks()
-    if cfg.peers.owner_check or hooks.build_guard is not None:
+    if cfg.peers.owner_check:
         from peers.guard import ensure_signing_identity
 
         ensure_signing_identity(cfg.peers)  # the guard signs with the node's key, read from its file
@@ -206,8 +203,6 @@ class _Peer:
         self._peers_seen = 1
 
     def _build_guard(self) -> Any:
-        if self.hooks.build_guard is not None:
-            return self.hooks.build_guard(self.node)
         if not self.cfg.peers.owner_check:
             return None
         from peers.guard import build_guard

@@ -4,8 +4,8 @@
 ``malicious_owners`` ranks return wrong aggregates as partition owners (with ``--attack
 malicious_owner`` the first ``K`` do). An update-level attack wraps the collective
 (``AttackingCollective``; ALIE and IPM attackers share their honest updates over a side channel,
-``Colluders``); a data-level one wraps the trainer's batches (``PoisonedBatches``); the owner attack
-is installed by ``install_malicious_owner``. The peer loop itself stays attack-free.
+``Colluders``); a data-level one wraps the trainer's batches (``PoisonedBatches``); a bad owner's
+reducer is wrapped by ``install_malicious_owner``. The peer loop itself stays attack-free.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from swarmtrain.app.peer_loop import PeerHooks
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.protocols import Reducer
 
 __all__ = [
     "RankWiring",
@@ -84,14 +85,20 @@ def check_attack_fits_strategy(cfg: Config) -> None:
 
 
 def install_malicious_owner(cfg: Config, rank: int, hooks: PeerHooks) -> PeerHooks:
-    """Make ``rank`` a partition owner that corrupts the aggregates it returns (``mode`` and ``scale``
-    from ``cfg.simulation.attack_options``): its guard applies a ``MaliciousOwner`` to them."""
-    from peers.guard import build_guard
-    from swarmtrain.simulation.attacks import MaliciousOwner
+    """Make ``rank`` a partition owner that corrupts the aggregates it returns: the reducer its
+    strategy hands to ``all_reduce`` is wrapped in a ``MaliciousOwnerReducer`` (``mode`` and ``scale``
+    from ``cfg.simulation.attack_options``)."""
+    from swarmtrain.simulation.attacks.owner import MaliciousOwnerReducer
 
-    opts: dict[str, Any] = {k: v for k, v in cfg.simulation.attack_options.items() if k in ("mode", "scale")}
-    attack = MaliciousOwner(seed=rank, **opts)
-    return replace(hooks, build_guard=lambda node: build_guard(node, cfg.peers, owner_attack=attack))
+    opts = cfg.simulation.attack_options
+    mode, scale = str(opts.get("mode", "sign_flip")), opts.get("scale", 1.0)
+    if isinstance(scale, str):
+        raise ConfigError(f"attack 'malicious_owner': scale must be a number, got {scale!r}")
+
+    def wrap(reducer: Reducer) -> Reducer:
+        return MaliciousOwnerReducer(reducer, seed=rank, mode=mode, scale=float(scale))
+
+    return replace(hooks, wrap_reducer=wrap)
 
 
 class RankWiring:

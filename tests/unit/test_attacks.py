@@ -300,7 +300,7 @@ def test_each_rank_gets_the_attack_hooks_its_place_calls_for() -> None:
     hooks = [RankWiring(cfg, r, 5).hooks() for r in range(5)]
     assert [h.wrap_collective is not None for h in hooks] == [True, True, False, False, False]
     assert all(h.wrap_batches is None for h in hooks)
-    assert hooks[2].build_guard is not None or hooks[2].wrap_reducer is not None
+    assert hooks[2].wrap_reducer is not None and hooks[2].wrap_collective is None
     assert all(h == type(h)() for h in hooks[3:])
     flips = load_config(None, {"simulation.attack": "label_flip", "simulation.attackers": 1}, env={})
     h0 = RankWiring(flips, 0, 3).hooks()
