@@ -1,4 +1,4 @@
-"""Issue 6 point 3 with real peer processes: label flip, ALIE and IPM run under ``run_simulation``.
+"""Attack paths with real peer processes: label flip, ALIE and IPM run under ``run_simulation``.
 
 Label flip: the attacker trains on flipped targets (``PoisonedBatches`` around its sampler). ALIE and
 IPM: two attackers share their honest updates over their own ``P2PCollective`` (rounds namespace

@@ -1,4 +1,4 @@
-"""Issue 6 point 6: six real peers, two sign-flipping and one malicious partition owner.
+"""Six real peers, two sign-flipping and one malicious partition owner, against the robust defences.
 
 ``centered_clip`` tolerating f = 2 (it needs n >= 2f + 1 = 5 of the 6; f = 3 would need 7), the
 replicated-owner check and the signed suspicion records on. Checks: the honest peers end bit-identical

@@ -1,4 +1,4 @@
-"""The attack paths of real peers (issue 6 point 3): every attack name runs under ``simulate``.
+"""The attack paths of real peers: every attack name runs under ``simulate``.
 
 ALIE and IPM estimate the honest updates from the colluding attackers' own honest updates, shared
 over a side channel (``Colluders``); label flip poisons the trainer's batches (``PoisonedBatches``).

@@ -1,4 +1,4 @@
-"""The attack interface and registry: Byzantine behaviours for research and tests (issue 6).
+"""The attack interface and registry: Byzantine behaviours for research and tests.
 
 An ``Attack`` is one attacking peer's behaviour. It has three hooks, called by the simulation or the
 collective at the points where a real attacker could act; each defaults to honest behaviour:

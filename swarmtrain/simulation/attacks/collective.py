@@ -7,13 +7,12 @@ passes through.
 
 ALIE and IPM are omniscient in their papers; a real peer never sees the honest updates, so here they
 run on what colluding attackers can know: before each round the attackers all-gather their own
-honest updates over a side channel
-(``swarmtrain.simulation.attacks.collusion.Colluders``) and the attack uses those
-rows as its estimate of the honest ones.
+honest updates over a side channel (``swarmtrain.simulation.attacks.collusion.Colluders``) and the
+attack uses those rows as its estimate of the honest ones.
 
 Out of its reach, on purpose: ``label_flip`` acts on the training batches (``PoisonedBatches`` around
-the trainer's sampler, wired by ``swarmtrain.simulation.runner``); ``malicious_owner`` acts inside the network
-collective (``corrupt_aggregate``, called by the partition owner).
+the trainer's sampler, wired by ``swarmtrain.simulation.wiring``); ``malicious_owner`` acts on the
+aggregates a partition owner returns (``MaliciousOwnerReducer`` around its reducer).
 """
 
 from __future__ import annotations
