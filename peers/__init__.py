@@ -1,6 +1,6 @@
 """Everything that crosses the network: DHT node, rounds, collectives, robust reducers, SWARM.
 
-Public API of the networking core (issue 4): :class:`PeerNode` (DHT + peer record heartbeat),
+Public API of the networking core: :class:`PeerNode` (DHT + peer record heartbeat),
 :class:`P2PCollective` (butterfly all-reduce / all-gather over P2P streams), :class:`ByteLedger`,
 state download (:class:`StateServer`, :func:`download_state`) and process lifecycle helpers.
 Names are imported lazily so that ``import peers.reducers`` stays light (no hivemind import).

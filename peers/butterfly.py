@@ -16,8 +16,12 @@ chunks flow while later parts are still arriving, and no phase waits for a whole
 Copies are kept to what the codecs require: a single fp32 input tensor is used in place (no
 concatenation), every decoded aggregate is copied once into one preallocated output whose views are
 returned, and the weighted mean (``MeanReducer``, the default) accumulates rows in place instead of
-stacking them into an ``[n, m]`` matrix first (any other reducer, or a round with a
-``ByzantineGuard``, gets the stack through the ``Reducer`` interface as before).
+stacking them into an ``[n, m]`` matrix first. Any other reducer, or a round with a verification
+step that needs the stack, gets the stack through the ``Reducer`` interface.
+
+A verification step (:class:`ReduceCheck`; the replicated-owner check of ``peers.owner_check``) is
+called at fixed points of the round and is :class:`NoCheck` when none is configured; the data phase
+itself has no branch for it.
 """
 
 from __future__ import annotations
@@ -25,28 +29,25 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
-from peers import owner_check as oc
 from peers.mailbox import Delivery, Key
 from peers.messages import Envelope, encode_packet_bytes
 from peers.reducers import MeanReducer
-from peers.rounds import Group, RoundFailed
-from peers.verify import verified_partition
+from peers.round_io import RoundIO, Slot
 from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
 from swarmtrain.core.protocols import Compressor, Reducer
 
-if TYPE_CHECKING:
-    from peers.collective import P2PCollective
-
-__all__ = ["bounds", "reduce_round", "wait_until"]
+__all__ = ["bounds", "Layout", "ReduceJob", "ReduceCheck", "NoCheck", "ButterflyRound", "reduce_round"]
 
 logger = logging.getLogger(__name__)
+
+Chunk = tuple[int, int]  # [a, b) in the flat vector
 
 
 def bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
@@ -58,41 +59,6 @@ def bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
         out.append((lo, hi))
         lo = hi
     return out
-
-
-def wait_until(
-    coll: P2PCollective,
-    group: Group,
-    kind: str,
-    ready: Callable[[dict[Key, Delivery]], bool],
-    missing: Callable[[dict[Key, Delivery]], list[str]],
-    deadline: float,
-    what: str,
-) -> dict[Key, Delivery]:
-    """Wait until ``ready(slot)`` holds for the round's messages, a member aborts, or the deadline.
-
-    Every 2 s without progress, a member in ``missing(slot)`` that disconnected fails the round early.
-
-    Raises:
-        RoundFailed: abort, timeout or a missing member gone.
-    """
-
-    def pred(slot: dict[Key, Delivery]) -> bool:
-        if any(k[0] == "abort" and slot[k].env.digest == group.digest for k in slot):
-            return True
-        return ready(slot)
-
-    slot = None
-    start = time.monotonic()
-    while slot is None and time.monotonic() < deadline:
-        slot = coll._mailbox.wait(kind, group.round_id, pred, min(deadline, time.monotonic() + 2.0))
-        if slot is None and time.monotonic() - start > 2.0:
-            coll._check_connected(missing(coll._mailbox.snapshot(kind, group.round_id)))
-    if slot is None:
-        gone = [m[:12] for m in missing(coll._mailbox.snapshot(kind, group.round_id))]
-        raise RoundFailed(f"timed out waiting for {what} from {gone}")
-    coll._check_aborts(group, slot)
-    return slot
 
 
 def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
@@ -115,166 +81,326 @@ def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]
     return acc
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How one all-reduce cuts its flat vector.
+
+    Attributes:
+        numel: elements of the flat vector.
+        chunks: ``chunks[i][c]`` is the ``[a, b)`` range of chunk ``c`` of partition ``i`` (owned by
+            member ``i``).
+        digest: the group digest followed by 8 bytes of the tensor names and shapes; every data message
+            of the round carries it, so a peer with another layout is refused.
+    """
+
+    numel: int
+    chunks: list[list[Chunk]]
+    digest: bytes
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, torch.Tensor], group_digest: bytes, n_parts: int, step: int) -> Layout:
+        """The layout of ``tensors`` cut into ``n_parts`` partitions of chunks of ``step`` elements."""
+        names = list(tensors)
+        numel = sum(t.numel() for t in tensors.values())
+        spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
+        chunks = [[(a, min(a + step, hi)) for a in range(lo, hi, step)] for lo, hi in bounds(numel, n_parts)]
+        return cls(numel, chunks, group_digest + spec)
+
+
+@dataclass(frozen=True)
+class ReduceJob:
+    """What one peer reduces in one round, as the butterfly and its verification step see it.
+
+    Attributes:
+        io: the round.
+        layout: partitions and chunks.
+        compressor: codec of the parts.
+        agg_codec: codec of the aggregates.
+        reducer: combines the rows of one chunk.
+        weight: this peer's weight.
+    """
+
+    io: RoundIO
+    layout: Layout
+    compressor: Compressor
+    agg_codec: Compressor
+    reducer: Reducer
+    weight: float
+
+    def envelope(self, typ: str, index: int, chunk: int, frame: bytes, weight: float = 0.0) -> Envelope:
+        """The header of one data message (one frame) of partition ``index``, chunk ``chunk``."""
+        env = self.io.envelope(typ, digest=self.layout.digest, numel=self.layout.numel)
+        return replace(env, index=index, chunk=chunk, weight=weight, frames=1, nbytes=len(frame))
+
+    def encode_part(self, part: torch.Tensor, i: int, c: int) -> bytes:
+        """This peer's encoded contribution to chunk ``c`` of partition ``i``."""
+        size = self.io.group.size
+        return encode_packet_bytes(self.compressor.compress(part, key=f"{self.io.kind}/{size}/{i}/{c}"))
+
+    def encode_aggregate(self, agg: torch.Tensor, i: int, c: int) -> bytes:
+        """The encoded aggregate of chunk ``c`` of partition ``i`` (a primary and its verifier use the
+        same key, so honest ones encode the same bytes)."""
+        key = f"{self.io.kind}/agg/{self.io.group.size}/{i}/{c}"
+        return encode_packet_bytes(self.agg_codec.compress(agg, key=key))
+
+
+class ReduceCheck(Protocol):
+    """A verification step the butterfly calls at fixed points of a round (``peers.owner_check``).
+
+    Attributes:
+        stacks_rows: the step needs every chunk's ``[n, m]`` row stack (no in-place mean).
+        encodes_own_parts: this peer also encodes its parts of its *own* partition and hands them to
+            :meth:`part_encoded` (a verifier replicates the owner's reduce from those bytes).
+    """
+
+    stacks_rows: bool
+    encodes_own_parts: bool
+
+    def prepare(self, job: ReduceJob) -> ReduceJob:
+        """The job as the round runs it (e.g. the reducer fit to the group, another aggregate codec)."""
+        ...
+
+    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
+        """This peer encoded ``frame``, its part of chunk ``c`` of partition ``i``; returns sends."""
+        ...
+
+    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
+        """The row this peer reduces for chunk ``c`` of its own partition (``raw``: its input slice)."""
+        ...
+
+    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
+        """This peer reduced the rows ``stack`` (senders ``who``) of one of its chunks into ``agg``."""
+        ...
+
+    def partition_done(self) -> list[Future[None]]:
+        """Every chunk of this peer's partition is reduced and sent; returns sends."""
+        ...
+
+    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
+        """Every aggregate is in (``(partition, chunk) -> encoded bytes``) and the sends settled; may
+        raise to fail the round."""
+        ...
+
+
+class NoCheck:
+    """No verification: every hook does nothing."""
+
+    stacks_rows = False
+    encodes_own_parts = False
+
+    def prepare(self, job: ReduceJob) -> ReduceJob:
+        """The job unchanged."""
+        return job
+
+    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
+        """Nothing to send."""
+        return []
+
+    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
+        """The input slice itself."""
+        return raw
+
+    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
+        """Nothing to record."""
+
+    def partition_done(self) -> list[Future[None]]:
+        """Nothing to send."""
+        return []
+
+    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
+        """Nothing to check."""
+
+
+class ButterflyRound:
+    """One peer's data phase of one all-reduce round (see the module docstring).
+
+    Args:
+        io: the round.
+        tensors: name -> tensor; read only.
+        compressor: codec of parts and aggregates.
+        reducer: combines the rows of a chunk.
+        weight: this peer's weight.
+        check: the verification step (:class:`NoCheck` for none).
+    """
+
+    def __init__(
+        self,
+        io: RoundIO,
+        tensors: Mapping[str, torch.Tensor],
+        compressor: Compressor,
+        reducer: Reducer,
+        weight: float,
+        check: ReduceCheck,
+        chunk_elems: int,
+    ) -> None:
+        self.io = io
+        self.tensors = tensors
+        self.check = check
+        self.flat = _flat(tensors, list(tensors))  # [N]
+        layout = Layout.of(tensors, io.group.digest, io.group.size, chunk_elems)
+        self.job = check.prepare(ReduceJob(io, layout, compressor, compressor, reducer, weight))
+        self.chunks = layout.chunks
+        self.me = io.group.index
+        self.fast_mean = not check.stacks_rows and type(self.job.reducer) is MeanReducer
+        self.sends: list[Future[None]] = []
+        self.result = torch.empty(layout.numel)  # [N] fp32; every piece is decoded straight into it
+        self.acc = torch.empty(max((b - a for a, b in self.chunks[self.me]), default=0))  # mean scratch
+        self.excluded: set[str] = set()  # senders left out of my partition (every chunk of it)
+        #: my chunks still to reduce, and the aggregates still to receive -> (partition, chunk)
+        self.my_todo = list(range(len(self.chunks[self.me])))
+        self.agg_todo: dict[Key, tuple[int, int]] = {
+            ("agg", p, c): (i, c)
+            for i, p in enumerate(io.group.members)
+            if i != self.me
+            for c in range(len(self.chunks[i]))
+        }
+        self.agg_frames: dict[tuple[int, int], bytes] = {}  # every aggregate's bytes, mine included
+        self.partition_announced = False
+
+    def run(self) -> dict[str, torch.Tensor]:
+        """Send the parts, exchange, settle, finish the check; returns name -> reduced tensor."""
+        self.send_parts()
+        self.io.mark("encode_parts")
+        waits = self.exchange()
+        self.io.mark("exchange")
+        self.io.clock.phases.update(waits)
+        self.io.settle(self.sends)
+        self.io.mark("wait_sends")
+        self.check.finish(self.agg_frames)
+        return self.unflatten()
+
+    def send_parts(self) -> None:
+        """Encode my slice of every other owner's partition; queue the chunks round-robin over owners."""
+        members, me, job = self.io.group.members, self.me, self.job
+        for c in range(max((len(ch) for ch in self.chunks), default=0)):
+            for i, peer in enumerate(members):
+                if (i == me and not self.check.encodes_own_parts) or c >= len(self.chunks[i]):
+                    continue
+                a, b = self.chunks[i][c]
+                frame = job.encode_part(self.flat[a:b], i, c)
+                if i != me:
+                    env = job.envelope("part", i, c, frame, job.weight)
+                    self.sends.append(self.io.send(peer, env, [frame]))
+                self.sends += self.check.part_encoded(i, c, frame)
+
+    def exchange(self) -> dict[str, float]:
+        """Handle whatever arrived until my chunks are reduced and every aggregate is in: my complete
+        chunks first (the others wait on them), then aggregates. Returns the seconds spent waiting,
+        reducing and decoding."""
+        t_reduce = t_decode = t_wait = 0.0
+        while self.my_todo or self.agg_todo:
+            t0 = time.perf_counter()
+            slot = self.io.wait(
+                self._ready, self._missing, timeout_text="timed out waiting for parts or aggregates"
+            )
+            t1 = time.perf_counter()
+            for c in [c for c in self.my_todo if self._chunk_in(slot, c)]:
+                self.reduce_chunk(slot, c)
+                self.my_todo.remove(c)
+            if not self.my_todo:
+                self._announce_partition_done()
+            t2 = time.perf_counter()
+            for k in [k for k in self.agg_todo if k in slot]:
+                self.take_aggregate(slot, k)
+            t_wait, t_reduce, t_decode = (
+                t_wait + t1 - t0,
+                t_reduce + t2 - t1,
+                t_decode + time.perf_counter() - t2,
+            )
+        self._announce_partition_done()  # my partition may have had no chunks
+        return {"wait_in_exchange": t_wait, "reduce_encode_agg": t_reduce, "decode_aggs": t_decode}
+
+    def _announce_partition_done(self) -> None:
+        if not self.partition_announced:
+            self.partition_announced = True
+            self.sends += self.check.partition_done()
+
+    def _chunk_in(self, slot: Slot, c: int) -> bool:
+        return all(("part", p, c) in slot for p in self.io.others)
+
+    def _ready(self, slot: Slot) -> bool:
+        return any(self._chunk_in(slot, c) for c in self.my_todo) or any(k in slot for k in self.agg_todo)
+
+    def _missing(self, slot: Slot) -> list[str]:
+        others = self.io.others
+        gone = {p for c in self.my_todo for p in others if ("part", p, c) not in slot}
+        return sorted(gone | {k[1] for k in self.agg_todo if k not in slot})
+
+    def rows(
+        self, slot: Slot, c: int, mine: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[float], list[str]]:
+        """The decoded rows of my chunk ``c`` (mine first, then the others in member order), their
+        weights and senders. A contribution that fails validation is left out of every chunk of my
+        partition, consistently."""
+        a, b = self.chunks[self.me][c]
+        rows, weights, who = [mine], [self.job.weight], [self.io.peer_id]
+        for p in self.io.others:
+            d = self.io.checked(slot, ("part", p, c), self.job.layout.digest)
+            if p in self.excluded:
+                continue
+            try:
+                if d.env.index != self.me or d.env.numel != self.job.layout.numel:
+                    raise ProtocolError("part for another partition or layout")
+                rows.append(self.io.decode_chunk(self.job.compressor, d.frames, b - a))
+                weights.append(d.env.weight)
+                who.append(p)
+            except (ProtocolError, ValueError, RuntimeError) as e:
+                self.excluded.add(p)
+                logger.warning("round %d: contribution of %s left out: %s", self.io.round_id, p[:12], e)
+        return rows, weights, who
+
+    def reduce_chunk(self, slot: Slot, c: int) -> None:
+        """Reduce my chunk ``c``, send its encoded aggregate to every other member, decode it into my
+        result."""
+        a, b = self.chunks[self.me][c]
+        mine = self.check.own_row(c, self.flat[a:b])
+        rows, weights, who = self.rows(slot, c, mine)
+        if self.fast_mean:
+            if not bool(torch.isfinite(mine).all()):
+                raise UpdateRejected("reducer 'mean': this peer's own row holds NaN/Inf")
+            agg = _mean_into(self.acc[: b - a], rows, weights)
+        else:
+            stack = torch.stack(rows)  # [n, b - a]
+            agg = self.job.reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
+            if tuple(agg.shape) != (b - a,):
+                raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
+            self.check.chunk_reduced(stack, agg, who)
+        frame = self.job.encode_aggregate(agg, self.me, c)
+        self.agg_frames[(self.me, c)] = frame
+        env = self.job.envelope("agg", self.me, c, frame)
+        self.sends += self.io.send_to_others(env, [frame])
+        self.result[a:b].copy_(self.io.decode_chunk(self.job.compressor, (frame,), b - a))
+
+    def take_aggregate(self, slot: Slot, k: Key) -> None:
+        """Decode the aggregate under ``k`` (another owner's chunk) into my result."""
+        i, c = self.agg_todo.pop(k)
+        d: Delivery = self.io.checked(slot, k, self.job.layout.digest)
+        if d.env.index != i or d.env.numel != self.job.layout.numel:
+            raise ProtocolError(f"aggregate from {k[1][:12]} is for another partition or layout")
+        a, b = self.chunks[i][c]
+        self.result[a:b].copy_(self.io.decode_chunk(self.job.compressor, d.frames, b - a))
+        self.agg_frames[(i, c)] = d.frames[0]
+
+    def unflatten(self) -> dict[str, torch.Tensor]:
+        """Views of the one fresh result buffer per name: no further copy for fp32 tensors."""
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, t in self.tensors.items():
+            piece = self.result[offset : offset + t.numel()].view(t.shape)
+            out[name] = piece if t.dtype == torch.float32 else piece.to(t.dtype)
+            offset += t.numel()
+        return out
+
+
 def reduce_round(
-    coll: P2PCollective,
+    io: RoundIO,
     tensors: Mapping[str, torch.Tensor],
     compressor: Compressor,
     reducer: Reducer,
     weight: float,
-    kind: str,
-    group: Group,
-    deadline: float,
+    *,
+    chunk_elems: int,
+    check: ReduceCheck | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run the data phase of one all-reduce round (see the module docstring); returns the result."""
-    names = list(tensors)
-    flat = _flat(tensors, names)  # [N]
-    n_total = flat.numel()
-    spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
-    digest = group.digest + spec
-    step = coll.chunk_elems
-    chunks = [[(a, min(a + step, hi)) for a in range(lo, hi, step)] for lo, hi in bounds(n_total, group.size)]
-    me, members = group.index, group.members
-    others = [p for p in members if p != coll.peer_id]
-    base = Envelope(
-        type="part", run=coll.run_id, kind=kind, round=group.round_id, digest=digest, numel=n_total
-    )
-
-    def envelope(typ: str, index: int, chunk: int, frame: bytes, w: float = 0.0) -> Envelope:
-        return replace(base, type=typ, index=index, chunk=chunk, weight=w, frames=1, nbytes=len(frame))
-
-    timings = coll.last_timings
-    # 1. encode my slice of every other owner's partition; queue the chunks round-robin over owners
-    sends: list[Future[None]] = []
-    guard = coll.guard
-    check = guard is not None and guard.owner_check and group.size >= 2  # issue 6: peers.verify
-    own_frames: dict[tuple[int, int], bytes] = {}  # under the check: what I sent, for my own rows
-    for c in range(max((len(ch) for ch in chunks), default=0)):
-        for i, peer in enumerate(members):
-            if (i == me and not check) or c >= len(chunks[i]):
-                continue
-            a, b = chunks[i][c]
-            frame = encode_packet_bytes(compressor.compress(flat[a:b], key=f"{kind}/{group.size}/{i}/{c}"))
-            if i != me:
-                sends.append(coll._send(peer, envelope("part", i, c, frame, weight), [frame], deadline))
-            if check:  # the same bytes to the partition's verifier
-                env_v = envelope("vpart", i, c, frame, weight)
-                sends += oc.send_to_verifier(coll, group, env_v, [frame], own_frames, deadline)
-    coll._mark("encode_parts")
-
-    seen, flagged = set[str](), set[str]()  # outlier evidence for the guard
-    agg_codec = oc.aggregate_codec(compressor) if check else compressor
-    reducer = oc.fit_reducer(reducer, group.size) if guard is not None else reducer
-    fast_mean = guard is None and type(reducer) is MeanReducer
-    acc = torch.empty(max((b - a for a, b in chunks[me]), default=0))  # scratch for the mean
-    result = torch.empty(n_total)  # [N] fp32; every piece is decoded straight into it
-    excluded: set[str] = set()
-    my_todo = list(range(len(chunks[me])))
-    agg_todo: dict[Key, tuple[int, int]] = {
-        ("agg", p, c): (i, c) for i, p in enumerate(members) if i != me for c in range(len(chunks[i]))
-    }
-    aggs: dict[Key, Delivery] = {}
-    my_digests: dict[tuple[int, int], bytes] = {}
-    t_reduce = t_decode = t_wait = 0.0
-
-    def chunk_in(slot: dict[Key, Delivery], c: int) -> bool:
-        return all(("part", p, c) in slot for p in others)
-
-    def ready(slot: dict[Key, Delivery]) -> bool:
-        return any(chunk_in(slot, c) for c in my_todo) or any(k in slot for k in agg_todo)
-
-    def missing(slot: dict[Key, Delivery]) -> list[str]:
-        gone = {p for c in my_todo for p in others if ("part", p, c) not in slot}
-        return sorted(gone | {k[1] for k in agg_todo if k not in slot})
-
-    def delivery(slot: dict[Key, Delivery], k: Key) -> Delivery:
-        d = slot[k]
-        if d.env.digest != digest:
-            raise RoundFailed(f"{k[0]} from {k[1][:12]} belongs to another group or tensor layout")
-        return d
-
-    def reduce_chunk(slot: dict[Key, Delivery], c: int) -> None:
-        a, b = chunks[me][c]
-        mine = coll._decode_chunk(compressor, (own_frames[(me, c)],), b - a) if check else flat[a:b]
-        rows, weights, who = [mine], [weight], [coll.peer_id]
-        for p in others:
-            d = delivery(slot, ("part", p, c))
-            if p in excluded:
-                continue
-            try:
-                if d.env.index != me or d.env.numel != n_total:
-                    raise ProtocolError("part for another partition or layout")
-                rows.append(coll._decode_chunk(compressor, d.frames, b - a))
-                weights.append(d.env.weight)
-                who.append(p)
-            except (ProtocolError, ValueError, RuntimeError) as e:
-                excluded.add(p)  # left out of every chunk of this partition, consistently
-                logger.warning("round %d: contribution of %s left out: %s", group.round_id, p[:12], e)
-        if fast_mean:
-            if not bool(torch.isfinite(mine).all()):
-                raise UpdateRejected("reducer 'mean': this peer's own row holds NaN/Inf")
-            agg = _mean_into(acc[: b - a], rows, weights)
-        else:
-            stack = torch.stack(rows)  # [n, b - a]
-            agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
-            if tuple(agg.shape) != (b - a,):
-                raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
-            if guard is not None:
-                oc.flag_rows(stack, agg, who, seen, flagged)
-                if guard.owner_attack is not None:  # simulations: a Byzantine owner (issue 6)
-                    agg = guard.owner_attack.corrupt_aggregate(agg)
-        frame = oc.encode_aggregate(agg_codec, agg, kind, group.size, me, c)
-        own_frames[(-1 - me, c)] = frame
-        env = envelope("agg", me, c, frame)
-        sends.extend(coll._send(p, env, [frame], deadline) for p in others)
-        result[a:b].copy_(coll._decode_chunk(compressor, (frame,), b - a))
-
-    verified = False
-
-    def verify() -> None:  # as the verifier of partition j (owner check), once my partition is done
-        nonlocal verified
-        j = verified_partition(group.size, me, group.round_id)
-        args = (own_frames, weight, compressor, reducer, base, digest, deadline, seen, flagged)
-        vd, vsends = oc.verify_partition(coll, group, j, chunks[j], *args)
-        sends.extend(vsends)
-        my_digests.update({(j, c): dg for c, dg in vd.items()})
-        verified = True
-
-    # 2. handle whatever arrived: my complete chunks first (others wait on them), then aggregates
-    while my_todo or agg_todo:
-        t0 = time.perf_counter()
-        slot = wait_until(coll, group, kind, ready, missing, deadline, "parts or aggregates")
-        t1 = time.perf_counter()
-        for c in [c for c in my_todo if chunk_in(slot, c)]:
-            reduce_chunk(slot, c)
-            my_todo.remove(c)
-        if check and not my_todo and not verified:
-            verify()
-        t2 = time.perf_counter()
-        for k in [k for k in agg_todo if k in slot]:
-            i, c = agg_todo.pop(k)
-            d = delivery(slot, k)
-            if d.env.index != i or d.env.numel != n_total:
-                raise ProtocolError(f"aggregate from {k[1][:12]} is for another partition or layout")
-            a, b = chunks[i][c]
-            result[a:b].copy_(coll._decode_chunk(compressor, d.frames, b - a))
-            aggs[k] = d
-        t_wait, t_reduce, t_decode = t_wait + t1 - t0, t_reduce + t2 - t1, t_decode + time.perf_counter() - t2
-    if check and not verified:  # my partition had no chunks
-        verify()
-    if guard is not None:
-        guard.observe(seen, flagged)
-    coll._mark("exchange")
-    timings.update(wait_in_exchange=t_wait, reduce_encode_agg=t_reduce, decode_aggs=t_decode)
-    coll._settle_sends(sends, deadline)
-    coll._mark("wait_sends")
-    if check:
-        oc.check_aggregates(coll, group, chunks, aggs, own_frames, my_digests, kind, digest, deadline)
-        coll._mark("owner_check")
-    out: dict[str, torch.Tensor] = {}
-    offset = 0
-    for name in names:  # views of the one fresh result buffer: no further copy for fp32 tensors
-        t = tensors[name]
-        piece = result[offset : offset + t.numel()].view(t.shape)
-        out[name] = piece if t.dtype == torch.float32 else piece.to(t.dtype)
-        offset += t.numel()
-    return out
+    return ButterflyRound(io, tensors, compressor, reducer, weight, check or NoCheck(), chunk_elems).run()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -29,21 +30,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from peers import owner_check as oc
 from peers.agreement import HAVE, agree
-from peers.butterfly import reduce_round
+from peers.butterfly import NoCheck, ReduceCheck, reduce_round
 from peers.channels import IDLE_CLOSE, ChannelPool
 from peers.framereader import attach as attach_frame_reader
+from peers.group import Group
 from peers.ledger import ByteLedger
 from peers.mailbox import Delivery, Key, Mailbox
-from peers.messages import (
-    Envelope,
-    decode_envelope,
-    decode_packet_bytes,
-    encode_ack,
-)
+from peers.messages import Envelope, decode_envelope, encode_ack
 from peers.node import PeerNode
-from peers.rounds import Group, Matchmaker, Pushes, RoundFailed, RoundLate
+from peers.owner_check import GuardedReduce, OwnerCheck
+from peers.round_errors import QUIET, ListsBannedPeer, RoundLate
+from peers.round_io import PhaseClock, RoundIO, RoundLink
+from peers.rounds import Matchmaker, Pushes
 from peers.transport import (
     PART_BYTES,
     read_data_frames,
@@ -52,7 +51,6 @@ from peers.transport import (
     split_bytes,
     write_frame,
 )
-from peers.verify import OwnerCheckFailed
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundResult
 
@@ -64,6 +62,7 @@ __all__ = ["P2PCollective"]
 logger = logging.getLogger(__name__)
 _FRAME_TIMEOUT = 30.0
 _GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds allows 1024 IDs)
+_MESSAGE_TYPES = ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join")
 
 
 class P2PCollective:
@@ -80,12 +79,11 @@ class P2PCollective:
         expected_peers: close a round as soon as this many joined (else wait ``join_window``).
         ledger: where bytes are counted (default: ``node.ledger``).
         join_window: seconds a round's leader waits for joiners.
-        chunk_elems: elements per packet, one stream frame each (<= 2**21; since the persistent
-            channels, 2**18 to 2**21 measure alike here).
+        chunk_elems: elements per packet, one stream frame each (<= 2**21).
         max_message_bytes: cap on one incoming reduce message.
         max_gather_bytes: cap on one incoming all-gather payload.
         max_buffer_bytes: cap on all buffered incoming bytes.
-        guard: owner checks, suspicion records and bans (issue 6; ``peers.guard``), or ``None``.
+        guard: owner checks, suspicion records and bans (``peers.guard``), or ``None``.
     """
 
     def __init__(
@@ -122,15 +120,16 @@ class P2PCollective:
             node.dht,
             node.peer_id,
             self.run_id,
+            Pushes(self._group_inbox, self._push_group, self._push_join),
             min_peers=min_peers,
             expected_peers=expected_peers,
             join_window=join_window,
         )
-        self._matchmaker.pushes = Pushes(self._group_inbox, self._push_group, self._push_join)
+        # what every round's RoundIO uses; ``self._send`` is looked up here, so a subclass's wins
+        self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
         self._call_lock = threading.Lock()
         #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
         self.last_timings: dict[str, float] = {}
-        self._t_last = time.perf_counter()
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
         self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only
@@ -143,7 +142,7 @@ class P2PCollective:
 
     @property
     def banned(self) -> frozenset[str]:
-        """The peers this peer currently leaves out of its rounds (issue 6 bans)."""
+        """The peers this peer currently leaves out of its rounds (the guard's bans)."""
         return self._matchmaker.banned
 
     def close(self) -> None:
@@ -197,7 +196,7 @@ class P2PCollective:
             env = decode_envelope(body)
             if env.run != self.run_id:
                 raise ProtocolError("message for another run")
-            if env.type not in ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join"):
+            if env.type not in _MESSAGE_TYPES:
                 raise ProtocolError(f"unexpected message type {env.type}")
             cap = {"gather": self.max_gather_bytes, "grp": _GROUP_BYTES}.get(env.type, self.max_message_bytes)
             frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
@@ -293,97 +292,18 @@ class P2PCollective:
         except ProtocolError:
             pass  # round already over, or a marker is already there
 
-    def _abort(self, group: Group, kind: str, reason: str) -> None:
-        env = Envelope(
-            type="abort",
-            run=self.run_id,
-            kind=kind,
-            round=group.round_id,
-            digest=group.digest,
-            note=reason[:200],
-        )
-        deadline = time.monotonic() + 2.0
-        for peer in group.members:
-            if peer != self.peer_id:
-                self._send(peer, env, [], deadline)  # fire and forget: the peer may be gone
-
-    def _settle_sends(self, futs: list[Future[None]], deadline: float) -> None:
-        """Let the outgoing messages finish (bounded by the deadline) once we hold our result.
-
-        A failure here no longer concerns this peer's result: the receiver either got the message or
-        fails its own wait. It is logged, not raised.
-        """
-        for f in futs:
-            try:
-                f.result(timeout=max(deadline - time.monotonic(), 0.0))
-            except Exception as e:
-                logger.info("an outgoing message did not complete: %s", e)
-
-    def _check_aborts(self, group: Group, slot: Mapping[Key, Delivery]) -> None:
-        for (typ, sender, _), d in slot.items():
-            if typ == "abort" and sender in group.members and d.env.digest == group.digest:
-                if sender == self.peer_id:  # one of our own sends failed (see _send)
-                    raise RoundFailed(f"sending failed: {d.env.note}")
-                raise RoundFailed(f"member {sender[:16]} aborted: {d.env.note}")
-
-    def _wait_keys(
-        self, group: Group, kind: str, keys: list[Key], digest: bytes, deadline: float
-    ) -> dict[Key, Delivery]:
-        """Wait until a message for every ``(type, sender, chunk)`` in ``keys`` arrived (or an abort /
-        the deadline); check each carries ``digest``."""
-
-        def ready(slot: dict[Key, Delivery]) -> bool:
-            if any(k[0] == "abort" and slot[k].env.digest == group.digest for k in slot):
-                return True
-            return all(k in slot for k in keys)
-
-        slot = None
-        start = time.monotonic()
-        while slot is None and time.monotonic() < deadline:
-            # wait in short slices; between them, fail fast if a missing member has disconnected
-            slot = self._mailbox.wait(kind, group.round_id, ready, min(deadline, time.monotonic() + 2.0))
-            if slot is None and time.monotonic() - start > 2.0:
-                have = self._mailbox.snapshot(kind, group.round_id)
-                self._check_connected(sorted({k[1] for k in keys if k not in have}))
-        if slot is None:
-            have = self._mailbox.snapshot(kind, group.round_id)
-            missing = sorted({k[1][:12] for k in keys if k not in have})
-            raise RoundFailed(f"timed out waiting for {keys[0][0]} from {missing}")
-        self._check_aborts(group, slot)
-        out = {}
-        for k in keys:
-            d = slot[k]
-            if d.env.digest != digest:
-                raise RoundFailed(f"{k[0]} from {k[1][:12]} belongs to another group or tensor layout")
-            out[k] = d
-        return out
-
-    def _collect(
-        self, group: Group, kind: str, typ: str, digest: bytes, deadline: float
-    ) -> dict[str, Delivery]:
-        """Wait for one ``typ`` message (chunk 0) from every other member."""
-        keys = [(typ, m, 0) for m in group.members if m != self.peer_id]
-        return {k[1]: d for k, d in self._wait_keys(group, kind, keys, digest, deadline).items()}
-
-    def _check_connected(self, missing: list[str]) -> None:
-        """Raise ``RoundFailed`` if one of ``missing`` no longer has a connection to us."""
-        if not missing:
-            return
+    def _connected(self) -> set[str] | None:
+        """The peers with a connection to this one (``None`` when the daemon does not answer)."""
         try:
             infos = self.node.loop.run(self.node.p2p.list_peers(), 5.0)
         except SwarmError:
-            return
-        connected = {str(i.peer_id.to_base58()) for i in infos}
-        gone = [m[:12] for m in missing if m not in connected]
-        if gone:
-            raise RoundFailed(f"members {gone} disconnected")
+            return None
+        return {str(i.peer_id.to_base58()) for i in infos}
 
-    def _mark(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.last_timings[phase] = now - self._t_last
-        self._t_last = now
+    # --- one round ------------------------------------------------------------------------------------
 
-    def _begin(self, kind: str, timeout: float) -> tuple[int, float, Group]:
+    def _begin(self, kind: str, timeout: float) -> RoundIO:
+        """Take the next round number and form its group; returns the round's I/O."""
         if self._closed:
             raise SwarmError("collective is closed")
         if timeout <= 0:
@@ -392,11 +312,31 @@ class P2PCollective:
         self.round_id = r + 1
         self._mailbox.set_floor(r)
         deadline = time.monotonic() + timeout
-        self.last_timings = {}
-        self._t_last = time.perf_counter()
-        group = oc.form_group(self, self._matchmaker, kind, r, deadline)  # the guard's bans (issue 6)
-        self._mark("group")
-        return r, deadline, group
+        clock = PhaseClock()
+        self.last_timings = clock.phases
+        group = self._form_group(kind, r, deadline, clock)
+        clock.mark("group")
+        return RoundIO(self._link, group, kind, deadline, clock)
+
+    def _form_group(self, kind: str, round_id: int, deadline: float, clock: PhaseClock) -> Group:
+        """Refresh the guard's bans (if any) into the matchmaker, then form the round's group.
+
+        A member that refuses a list holding a banned peer tells the list's members to abort at once.
+        """
+        if self.guard is not None:
+            left = max(deadline - time.monotonic(), 0.5)
+            self._matchmaker.banned = frozenset(self.guard.refresh(min(5.0, left / 4)))
+        try:
+            return self._matchmaker.form_group(kind, round_id, deadline)
+        except ListsBannedPeer as e:
+            RoundIO(self._link, e.group, kind, deadline, clock).abort(str(e))
+            raise
+
+    def _failed(self, io: RoundIO | None, kind: str, round_id: int, e: Exception) -> None:
+        """This peer failed the round: tell the others to abort unless they learn of it anyway."""
+        if io is not None and not isinstance(e, QUIET):
+            io.abort(str(e))
+        logger.info("round %d (%s) failed: %s", round_id, kind, e)
 
     def _finish(self, r: int) -> None:
         self._mailbox.set_floor(r + 1)
@@ -426,7 +366,7 @@ class P2PCollective:
                 must not change during the call (a single fp32 tensor is read in place, not copied).
             compressor: codec for both the parts sent and the aggregates returned.
             reducer: combines the rows of a partition (``None``: weighted mean, ``MeanReducer``).
-            weight: this peer's weight (e.g. tokens processed since the last round), finite, >= 0.
+            weight: this peer's weight (e.g. tokens processed in the last round), finite, >= 0.
             timeout: seconds for the whole round, group formation included.
             kind: ledger kind.
 
@@ -434,8 +374,6 @@ class P2PCollective:
             ``RoundResult``; when ``committed``, ``tensors`` holds the reduced tensors (same names,
             shapes and dtypes), bit-identical on every member. Otherwise nothing changed locally.
         """
-        import math
-
         from peers.reducers import MeanReducer
 
         if not math.isfinite(weight) or weight < 0:
@@ -445,55 +383,36 @@ class P2PCollective:
                 raise ConfigError(f"all_reduce: tensor {name!r} is not floating point")
         red: Reducer = reducer if reducer is not None else MeanReducer()
         with self._call_lock:
-            r, deadline, group = -1, 0.0, None
+            r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
             try:
-                r, deadline, group = self._begin(kind, timeout)
-                out = self._reduce_round(tensors, compressor, red, float(weight), kind, group, deadline)
-                agree(self, group, kind, deadline)  # commit only if every member holds its result
-                self._mark("agree")
+                io = self._begin(kind, timeout)
+                r = io.round_id
+                check = self._reduce_check(io.group)
+                out = reduce_round(
+                    io, tensors, compressor, red, float(weight), chunk_elems=self.chunk_elems, check=check
+                )
+                agree(io)  # commit only if every member holds its result
+                io.mark("agree")
                 sent, recv = self.ledger.round_bytes(kind, r)
-                return RoundResult(r, group.members, sent, recv, True, out)
+                return RoundResult(r, io.group.members, sent, recv, True, out)
             except (SwarmError, TimeoutError) as e:
-                quiet = isinstance(e, OwnerCheckFailed) or str(e).startswith("member ")  # see peers.verify
-                if group is not None and not quiet:
-                    self._abort(group, kind, str(e))
+                self._failed(io, kind, r, e)
                 sent, recv = self.ledger.round_bytes(kind, r)
-                members = group.members if group is not None else ()
-                logger.info("round %d (%s) failed: %s", r, kind, e)
+                members = io.group.members if io is not None else ()
                 late = isinstance(e, RoundLate)
                 return RoundResult(r, members, sent, recv, False, {}, reason=str(e), late=late)
             finally:
-                if r >= 0:
+                if io is not None:
                     self._finish(r)
 
-    def _decode_chunk(self, compressor: Compressor, frames: tuple[bytes, ...], length: int) -> torch.Tensor:
-        """Decode one chunk (one frame, one packet) into a flat fp32 tensor of ``length`` elements."""
-        if len(frames) != 1:
-            raise ProtocolError(f"expected 1 frame per chunk, got {len(frames)}")
-        pkt = decode_packet_bytes(frames[0])
-        if tuple(pkt.shape) != (length,):
-            raise ProtocolError(f"chunk shape {tuple(pkt.shape)} != ({length},)")
-        t = compressor.decompress(pkt)
-        if t.numel() != length:
-            raise ProtocolError("decoded chunk has the wrong size")
-        t = t.reshape(-1).to(torch.float32)
-        # NaN/Inf make the sum non-finite; only then (or on an overflowing sum of finite values) is
-        # the exact per-element check run: one read pass, no [length] bool temporary per chunk
-        if not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):
-            raise ProtocolError("non-finite values")
-        return t
-
-    def _reduce_round(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        compressor: Compressor,
-        reducer: Reducer,
-        weight: float,
-        kind: str,
-        group: Group,
-        deadline: float,
-    ) -> dict[str, torch.Tensor]:
-        return reduce_round(self, tensors, compressor, reducer, weight, kind, group, deadline)
+    def _reduce_check(self, group: Group) -> ReduceCheck:
+        """The guard's step for this round's reduce: the owner check (two members or more), its outlier
+        flags alone, or nothing without a guard."""
+        if self.guard is None:
+            return NoCheck()
+        if self.guard.owner_check and group.size >= 2:
+            return OwnerCheck(self.guard)
+        return GuardedReduce(self.guard)
 
     # --- all-gather ---------------------------------------------------------------------------------
 
@@ -507,39 +426,26 @@ class P2PCollective:
         if len(payload) > self.max_gather_bytes:
             raise ConfigError(f"payload of {len(payload)} bytes exceeds max_gather_bytes")
         with self._call_lock:
-            r, group = -1, None
+            r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
             try:
-                r, deadline, group = self._begin(kind, timeout)
+                io = self._begin(kind, timeout)
+                r = io.round_id
                 frames = split_bytes(payload, PART_BYTES)
-                env = Envelope(
-                    type="gather",
-                    run=self.run_id,
-                    kind=kind,
-                    round=r,
-                    digest=group.digest,
-                    index=group.index,
-                    frames=len(frames),
-                    nbytes=len(payload),
-                )
-                sends = [
-                    self._send(p, env, list(frames), deadline) for p in group.members if p != self.peer_id
-                ]
-                got = self._collect(group, kind, "gather", group.digest, deadline)
-                self._settle_sends(sends, deadline)
-                agree(self, group, kind, deadline)
+                env = io.envelope("gather", index=io.group.index, frames=len(frames), nbytes=len(payload))
+                sends = io.send_to_others(env, frames)
+                got = io.collect("gather", io.group.digest)
+                io.settle(sends)
+                agree(io)
                 payloads = {p: b"".join(d.frames) for p, d in got.items()}
                 payloads[self.peer_id] = bytes(payload)
                 sent, recv = self.ledger.round_bytes(kind, r)
-                return GatherResult(r, group.members, payloads, sent, recv, True)
+                return GatherResult(r, io.group.members, payloads, sent, recv, True)
             except (SwarmError, TimeoutError) as e:
-                if group is not None and not str(e).startswith("member "):
-                    self._abort(group, kind, str(e))
+                self._failed(io, kind, r, e)
                 sent, recv = self.ledger.round_bytes(kind, r)
-                members = group.members if group is not None else ()
-                logger.info("gather round %d failed: %s", r, e)
-                return GatherResult(
-                    r, members, {}, sent, recv, False, reason=str(e), late=isinstance(e, RoundLate)
-                )
+                members = io.group.members if io is not None else ()
+                late = isinstance(e, RoundLate)
+                return GatherResult(r, members, {}, sent, recv, False, reason=str(e), late=late)
             finally:
-                if r >= 0:
+                if io is not None:
                     self._finish(r)

@@ -1,10 +1,11 @@
-"""``ByzantineGuard``: one peer's owner checks, suspicion records and bans (issue 6 point 4).
+"""``ByzantineGuard``: one peer's owner checks, suspicion records and bans.
 
-The collective calls the guard at four points of a round: before forming the group (``refresh``: read
-the run's signed suspicion records, recompute the bans, hand them to the matchmaker), after reducing a
-partition (``observe``: outlier flags), when an owner check fails (``owner_failed``) and when the
-round is over (``publish``: re-sign and store this peer's table). The logic lives in
-``peers.verify`` (the check) and ``peers.suspicion`` (records and the ban rule).
+A round calls the guard at four points: before forming the group (``refresh``: read the run's signed
+suspicion records, recompute the bans, hand them to the matchmaker), once every aggregate is in
+(``observe``: outlier flags), when an owner check fails (``owner_failed``), and when the round is over
+(``publish``: re-sign and store this peer's table). The logic lives in ``peers.verify`` (the check's
+rules), ``peers.owner_check`` (its steps in the reduce) and ``peers.suspicion`` (records and the ban
+rule). A Byzantine owner is simulated with a reducer wrapper (``swarmtrain.simulation``), never here.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ class ByzantineGuard:
         owner_check: run the replicated-owner check in every all-reduce.
         strikes: outlier rounds an accuser must see before it counts.
         min_ratio: fraction of observed rounds that must be outliers.
-        owner_attack: for simulations: an attack with ``corrupt_aggregate`` this peer applies to the
-            aggregates it returns as a primary owner (``swarmtrain.simulation.attacks.MaliciousOwner``).
 
     Raises:
         ConfigError: the identity does not match the node, or bad thresholds.
@@ -49,7 +48,6 @@ class ByzantineGuard:
         owner_check: bool = True,
         strikes: int = 3,
         min_ratio: float = 0.5,
-        owner_attack: Any = None,
     ) -> None:
         self.signer = Signer(identity_path)
         if self.signer.peer_id != node.peer_id:
@@ -60,7 +58,6 @@ class ByzantineGuard:
         self.owner_check = owner_check
         self.strikes = strikes
         self.min_ratio = min_ratio
-        self.owner_attack = owner_attack
         self.table = AccusationTable()
         self.bans: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -154,14 +151,13 @@ def ensure_signing_identity(peers_cfg: Any) -> None:
         peers_cfg.identity_path = str(Path(folder) / "identity.key")
 
 
-def build_guard(node: Any, peers_cfg: Any, *, owner_attack: Any = None) -> ByzantineGuard:
+def build_guard(node: Any, peers_cfg: Any) -> ByzantineGuard:
     """The guard a peer runs from its ``PeersConfig`` (``owner_check``, ``byzantine_f``,
-    ``ban_strikes``); ``owner_attack`` (simulations only) corrupts the aggregates it returns."""
+    ``ban_strikes``)."""
     return ByzantineGuard(
         node,
         peers_cfg.identity_path,
         f=peers_cfg.byzantine_f,
         owner_check=peers_cfg.owner_check,
         strikes=peers_cfg.ban_strikes,
-        owner_attack=owner_attack,
     )

@@ -1,61 +1,54 @@
-"""The replicated-owner check inside ``P2PCollective``'s all-reduce (see ``peers.verify`` for the scheme).
+"""The guard's steps inside the butterfly reduce: outlier flags, and the replicated-owner check.
 
-Helpers the collective calls when a :class:`peers.guard.ByzantineGuard` with ``owner_check`` is set:
-the verifier's reduce of the partition it checks (:func:`verify_partition`), the comparison of every
-primary's aggregate bytes with its verifier's digest (:func:`check_aggregates`), and the two small
-rules that make an honest primary and verifier compute the same bytes: every row, the owner's own
-included, is the *decoded* packet that was sent (:func:`own_row`), and aggregates are encoded by a
-stateless codec (:func:`aggregate_codec`: error-feedback memory is per peer, so a verifier could not
-replicate it). Reducers are clamped to the ``f`` the group size allows (:func:`fit_reducer`), which is
-the same for every member, so bans that shrink a group do not stop the run.
+Both are :class:`peers.butterfly.ReduceCheck` steps the collective hands to the butterfly when a
+:class:`peers.guard.ByzantineGuard` is set (``peers.verify`` states the check's scheme):
+
+* :class:`GuardedReduce` (the guard without the owner check, or a group of one): the reducer is clamped
+  to the ``f`` the group size allows (:func:`fit_reducer`: the same for every member, so bans that
+  shrink a group do not stop the run), and every reduced chunk's rows are checked for outliers, the
+  evidence the guard records (``observe``).
+* :class:`OwnerCheck` adds the check itself: every part also goes to its partition's verifier; once
+  this peer's own partition is done it reduces the partition it verifies and sends each chunk's digest
+  (:meth:`OwnerCheck.partition_done`); once every aggregate is in it compares each primary's bytes with
+  its verifier's digest (:meth:`OwnerCheck.finish`). Two rules make an honest primary and verifier
+  compute the same bytes: every row, the owner's own included, is the *decoded* packet that was sent
+  (:meth:`OwnerCheck.own_row`), and aggregates are encoded by a stateless codec
+  (:func:`aggregate_codec`: error-feedback memory is per peer, so a verifier could not replicate it).
+
+A verifier replicates the *honest* computation: a reducer may name the undecorated reducer it wraps
+in an ``honest`` attribute (:func:`honest_reducer`), as a simulated malicious owner does, and the
+verifier reduces with that one.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
+from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from peers.messages import Envelope, encode_packet_bytes
-from peers.rounds import Group, ListsBannedPeer, Matchmaker
-from peers.verify import OwnerCheckFailed, chunk_digest, outlier_rows, verifier_index
+from peers.butterfly import ReduceJob
+from peers.round_errors import OwnerCheckFailed
+from peers.verify import chunk_digest, outlier_rows, verified_partition, verifier_index
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.protocols import Compressor, Reducer
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from peers.guard import ByzantineGuard
 
 __all__ = [
-    "form_group",
+    "GuardedReduce",
+    "OwnerCheck",
     "aggregate_codec",
-    "encode_aggregate",
     "fit_reducer",
-    "send_to_verifier",
-    "verify_partition",
-    "check_aggregates",
     "flag_rows",
+    "honest_reducer",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def form_group(coll: Any, matchmaker: Matchmaker, kind: str, round_id: int, deadline: float) -> Group:
-    """Refresh the bans from the guard (if any) into ``matchmaker``, then form the round's group.
-
-    A member that refuses a list holding a banned peer tells the list's members to abort at once.
-    """
-    if coll.guard is not None:
-        left = max(deadline - time.monotonic(), 0.5)
-        matchmaker.banned = frozenset(coll.guard.refresh(min(5.0, left / 4)))
-    try:
-        return matchmaker.form_group(kind, round_id, deadline)
-    except ListsBannedPeer as e:
-        coll._abort(e.group, kind, str(e))
-        raise
 
 
 def aggregate_codec(compressor: Compressor) -> Compressor:
@@ -82,6 +75,13 @@ def fit_reducer(reducer: Reducer, n_rows: int) -> Reducer:
     return out
 
 
+def honest_reducer(reducer: Reducer) -> Reducer:
+    """The reducer a verifier replicates: ``reducer.honest`` when ``reducer`` wraps one (a wrapper
+    that changes what its owner returns documents its undecorated reducer there), else ``reducer``."""
+    honest = getattr(reducer, "honest", None)
+    return honest if honest is not None else reducer
+
+
 def flag_rows(
     stack: torch.Tensor, agg: torch.Tensor, who: list[str], seen: set[str], flagged: set[str]
 ) -> None:
@@ -91,135 +91,164 @@ def flag_rows(
         flagged.add(who[j])
 
 
-def encode_aggregate(codec: Compressor, agg: torch.Tensor, kind: str, size: int, i: int, c: int) -> bytes:
-    """The encoded aggregate chunk ``c`` of partition ``i`` (primary and verifier use the same key)."""
-    return encode_packet_bytes(codec.compress(agg, key=f"{kind}/agg/{size}/{i}/{c}"))
+class GuardedReduce:
+    """The guard's part of a reduce without the owner check: fit the reducer, flag outlier rows.
 
-
-def send_to_verifier(
-    coll: Any,
-    group: Group,
-    env: Envelope,
-    frames: list[bytes],
-    own_frames: dict[tuple[int, int], bytes],
-    deadline: float,
-) -> list[Future[None]]:
-    """Send the part ``env`` (partition ``env.index``, type ``vpart``) to that partition's verifier
-    too; keep the bytes in ``own_frames`` when this peer owns or verifies the partition."""
-    i, c, me = env.index, env.chunk, group.index
-    v = verifier_index(group.size, i, group.round_id)
-    if i == me or v == me:
-        own_frames[(i, c)] = frames[0]
-    return [] if v == me else [coll._send(group.members[v], env, frames, deadline)]
-
-
-def verify_partition(
-    coll: Any,
-    group: Group,
-    j: int,
-    chunks: list[tuple[int, int]],
-    own_frames: dict[tuple[int, int], bytes],
-    weight: float,
-    compressor: Compressor,
-    reducer: Reducer,
-    base: Envelope,
-    digest: bytes,
-    deadline: float,
-    seen: set[str],
-    flagged: set[str],
-) -> tuple[dict[int, bytes], list[Future[None]]]:
-    """Reduce partition ``j`` as its verifier; send each chunk's digest to every other member.
-
-    Rows are ordered as the primary orders them: its own first, then the others in member order.
-
-    Returns:
-        ``({chunk: digest}, sends)``.
+    Args:
+        guard: receives the round's outlier evidence when every aggregate is in.
     """
-    me = group.index
-    owner = group.members[j]
-    others = [p for p in group.members if p != coll.peer_id]
-    order = [owner] + [p for p in group.members if p != owner]
-    out: dict[int, bytes] = {}
-    sends: list[Future[None]] = []
-    agg_codec = aggregate_codec(compressor)
-    excluded: set[str] = set()
-    for c, (a, b) in enumerate(chunks):
-        got = coll._wait_keys(group, base.kind, [("vpart", p, c) for p in others], digest, deadline)
+
+    stacks_rows = True  # the outlier flags need every chunk's row stack
+    encodes_own_parts = False
+
+    def __init__(self, guard: ByzantineGuard) -> None:
+        self.guard = guard
+        self.seen: set[str] = set()
+        self.flagged: set[str] = set()
+
+    def prepare(self, job: ReduceJob) -> ReduceJob:
+        """The job with its reducer fit to the group size."""
+        return replace(job, reducer=fit_reducer(job.reducer, job.io.group.size))
+
+    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
+        """Nothing to send."""
+        return []
+
+    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
+        """The input slice itself."""
+        return raw
+
+    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
+        """Record which senders' rows are outliers of this chunk."""
+        flag_rows(stack, agg, who, self.seen, self.flagged)
+
+    def partition_done(self) -> list[Future[None]]:
+        """Nothing to send."""
+        return []
+
+    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
+        """Hand the round's outlier evidence to the guard."""
+        self.guard.observe(self.seen, self.flagged)
+
+
+class OwnerCheck(GuardedReduce):
+    """The replicated-owner check (``peers.verify``), for a group of at least two members."""
+
+    encodes_own_parts = True  # the verifier of my partition needs my own parts of it too
+
+    def __init__(self, guard: ByzantineGuard) -> None:
+        super().__init__(guard)
+        self.job: ReduceJob | None = None
+        #: parts this peer sent of the partition it owns or verifies: (partition, chunk) -> bytes
+        self.own_frames: dict[tuple[int, int], bytes] = {}
+        #: this peer's digests of the aggregates of the partition it verifies: (partition, chunk) -> hash
+        self.my_digests: dict[tuple[int, int], bytes] = {}
+
+    def _job(self) -> ReduceJob:
+        if self.job is None:
+            raise RuntimeError("OwnerCheck used before prepare()")
+        return self.job
+
+    def prepare(self, job: ReduceJob) -> ReduceJob:
+        """The job with its reducer fit to the group and a stateless aggregate codec."""
+        self.job = replace(super().prepare(job), agg_codec=aggregate_codec(job.compressor))
+        return self.job
+
+    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
+        """Send the same bytes to the partition's verifier (a ``vpart``); keep them when this peer owns
+        or verifies the partition."""
+        job = self._job()
+        group = job.io.group
+        v = verifier_index(group.size, i, group.round_id)
+        if i == group.index or v == group.index:
+            self.own_frames[(i, c)] = frame
+        if v == group.index:
+            return []
+        return [job.io.send(group.members[v], job.envelope("vpart", i, c, frame, job.weight), [frame])]
+
+    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
+        """The decoded bytes this peer sent to its verifier, so both reduce the same row."""
+        job = self._job()
+        return job.io.decode_chunk(job.compressor, (self.own_frames[(job.io.group.index, c)],), raw.numel())
+
+    def partition_done(self) -> list[Future[None]]:
+        """Reduce the partition this peer verifies; send each chunk's digest to every other member."""
+        job = self._job()
+        group = job.io.group
+        j = verified_partition(group.size, group.index, group.round_id)
+        excluded: set[str] = set()
+        sends: list[Future[None]] = []
+        for c, (a, b) in enumerate(job.layout.chunks[j]):
+            agg = self._verify_chunk(j, c, b - a, excluded)
+            frame = job.encode_aggregate(agg, j, c)
+            self.my_digests[(j, c)] = digest = chunk_digest(frame)
+            sends += job.io.send_to_others(job.envelope("vdig", j, c, digest), [digest])
+        return sends
+
+    def _verify_chunk(self, j: int, c: int, length: int, excluded: set[str]) -> torch.Tensor:
+        """Chunk ``c`` of partition ``j`` reduced as its primary should have: rows in the primary's
+        order (its own first, then the others in member order), with the honest reducer."""
+        job = self._job()
+        io, me = job.io, job.io.peer_id
+        got = io.wait_keys([("vpart", p, c) for p in io.others], job.layout.digest)
+        owner = io.group.members[j]
         rows, weights, who = [], [], []
-        for p in order:
-            if p == coll.peer_id:
-                rows.append(coll._decode_chunk(compressor, (own_frames[(j, c)],), b - a))
-                weights.append(weight)
+        for p in [owner] + [p for p in io.group.members if p != owner]:
+            if p == me:
+                rows.append(io.decode_chunk(job.compressor, (self.own_frames[(j, c)],), length))
+                weights.append(job.weight)
                 who.append(p)
                 continue
             if p in excluded:
                 continue
             d = got[("vpart", p, c)]
             try:
-                if d.env.index != j or d.env.numel != base.numel:
+                if d.env.index != j or d.env.numel != job.layout.numel:
                     raise ProtocolError("part for another partition or layout")
-                rows.append(coll._decode_chunk(compressor, d.frames, b - a))
+                rows.append(io.decode_chunk(job.compressor, d.frames, length))
                 weights.append(d.env.weight)
                 who.append(p)
             except (ProtocolError, ValueError, RuntimeError) as e:
                 excluded.add(p)
-                logger.warning(
-                    "round %d: verified contribution of %s left out: %s", group.round_id, p[:12], e
-                )
+                logger.warning("round %d: verified contribution of %s left out: %s", io.round_id, p[:12], e)
         stack = torch.stack(rows)
-        agg = fit_reducer(reducer, len(rows)).reduce(stack, torch.tensor(weights, dtype=torch.float32))
-        flag_rows(stack, agg, who, seen, flagged)
-        frame = encode_aggregate(agg_codec, agg, base.kind, group.size, j, c)
-        out[c] = chunk_digest(frame)
-        env = replace(base, type="vdig", index=j, chunk=c, frames=1, nbytes=32, weight=0.0)
-        sends += [coll._send(p, env, [out[c]], deadline) for p in others]
-    del me
-    return out, sends
+        reducer = fit_reducer(honest_reducer(job.reducer), len(rows))
+        agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
+        flag_rows(stack, agg, who, self.seen, self.flagged)
+        return agg
 
+    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
+        """Record the outlier evidence, then compare the hash of every primary's aggregate bytes (as
+        this peer received them) with its verifier's digest.
 
-def check_aggregates(
-    coll: Any,
-    group: Group,
-    chunks: list[list[tuple[int, int]]],
-    aggs: dict[Any, Any],
-    own_frames: dict[tuple[int, int], bytes],
-    my_digests: dict[tuple[int, int], bytes],
-    kind: str,
-    digest: bytes,
-    deadline: float,
-) -> None:
-    """Compare the hash of every primary's aggregate bytes (as this peer received them) with its
-    verifier's digest.
-
-    Raises:
-        OwnerCheckFailed: one or more partitions differ (after recording them with the guard).
-    """
-    n, r = group.size, group.round_id
-    agg_frames = {(group.members.index(k[1]), k[2]): d.frames[0] for k, d in aggs.items()}
-    agg_frames.update(
-        {(group.index, c): own_frames[(-1 - group.index, c)] for c in range(len(chunks[group.index]))}
-    )
-    keys = []
-    for i in range(n):
-        v = verifier_index(n, i, r)
-        if v != group.index:
-            keys += [("vdig", group.members[v], c) for c in range(len(chunks[i]))]
-    got = coll._wait_keys(group, kind, keys, digest, deadline)
-    bad: list[tuple[str, str]] = []
-    for i in range(n):
-        v = verifier_index(n, i, r)
-        for c in range(len(chunks[i])):
-            if v == group.index:
-                expected = my_digests[(i, c)]
-            else:
-                d = got[("vdig", group.members[v], c)]
-                expected = d.frames[0] if len(d.frames) == 1 and d.env.index == i else b""
-            if chunk_digest(agg_frames[(i, c)]) != expected:
-                pair = (group.members[i], group.members[v])
-                if pair not in bad:
+        Raises:
+            OwnerCheckFailed: one or more partitions differ (after recording them with the guard).
+        """
+        super().finish(aggregates)
+        job = self._job()
+        io, chunks = job.io, job.layout.chunks
+        n, r, me = io.group.size, io.round_id, io.group.index
+        keys = []
+        for i in range(n):
+            v = verifier_index(n, i, r)
+            if v != me:
+                keys += [("vdig", io.group.members[v], c) for c in range(len(chunks[i]))]
+        got = io.wait_keys(keys, job.layout.digest)
+        bad: list[tuple[str, str]] = []
+        for i in range(n):
+            v = verifier_index(n, i, r)
+            for c in range(len(chunks[i])):
+                if v == me:
+                    expected = self.my_digests[(i, c)]
+                else:
+                    d = got[("vdig", io.group.members[v], c)]
+                    expected = d.frames[0] if len(d.frames) == 1 and d.env.index == i else b""
+                pair = (io.group.members[i], io.group.members[v])
+                if chunk_digest(aggregates[(i, c)]) != expected and pair not in bad:
                     bad.append(pair)
-    if bad:
-        coll.guard.owner_failed(r, bad)
-        raise OwnerCheckFailed(
-            f"owner check failed for {[(p[:8], v[:8]) for p, v in bad]} (primary, verifier)", bad
-        )
+        if bad:
+            self.guard.owner_failed(r, bad)
+            raise OwnerCheckFailed(
+                f"owner check failed for {[(p[:8], v[:8]) for p, v in bad]} (primary, verifier)", bad
+            )
+        io.mark("owner_check")

@@ -20,24 +20,22 @@ Scheme (one DHT key pair per round and kind):
    join records and wakes up when one arrives, so it closes the round as soon as the last join
    reaches it rather than at its next DHT poll; its join store is not waited for either (the record
    is the fallback for a push that went to the wrong peer). A leader still reads the join records at
-   least once before it closes, so a smaller newcomer that only wrote its record is seen as before;
-   and a peer that may lead reads the group key beside them, so one that arrives after the others
-   formed the round (a newcomer with the smallest ID) is late instead of leading a round of its own.
+   least once before it closes, so a smaller newcomer that only wrote its record is seen; and a peer
+   that may lead reads the group key beside them, so one that arrives after the others formed the
+   round (a newcomer with the smallest ID) is late instead of leading a round of its own.
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
 round and members). If two leaders ever published competing lists (they could not see each other),
 a peer holding the other list's digest refuses the messages, so the round fails (``committed=False``)
-rather than mixing members: no peer commits with a membership another member disagrees with. With
-pushes (steps 4 and 5) a leader pushes its list first and stores the record without waiting; it no
-longer re-reads the group key for a concurrent smaller leader, a check that could only narrow that
-race (the other leader may publish just after the re-read), never close it: the digest closes it.
-Without pushes (a matchmaker used alone) the leader stores, re-reads and adopts as before.
+rather than mixing members: no peer commits with a membership another member disagrees with. A
+leader pushes its list first and stores the record without waiting; it does not re-read the group key
+for a concurrent smaller leader, a check that could only narrow that race (the other leader may
+publish just after the re-read), never close it: the digest closes it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -46,57 +44,16 @@ from typing import Any
 
 import msgpack
 
-from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
+from peers.group import Group, group_digest
+from peers.round_errors import ListsBannedPeer, RoundLate, RoundTimeout
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.safe_msgpack import unpack
 
-__all__ = ["Group", "Pushes", "RoundFailed", "RoundLate", "ListsBannedPeer", "Matchmaker", "group_digest"]
+__all__ = ["Group", "Pushes", "Matchmaker", "group_digest"]
 
 logger = logging.getLogger(__name__)
 _MAX_MEMBERS = 1024
 _GROUP_TTL = 600.0
-
-
-class RoundFailed(SwarmError):
-    """The round could not be formed or finished; ``reason`` says why (returned in ``RoundResult``)."""
-
-
-class RoundLate(RoundFailed):
-    """The round formed without this peer (it arrived after the list was fixed): the others go on
-    and commit it, so this peer's state is one outer step behind until it catches up."""
-
-
-class ListsBannedPeer(RoundFailed):
-    """The round's published list holds a peer this peer considers banned; ``group`` is that list
-    (so the caller can tell its members to abort rather than wait for it)."""
-
-    def __init__(self, message: str, group: Group) -> None:
-        super().__init__(message)
-        self.group = group
-
-
-@dataclass(frozen=True)
-class Group:
-    """The fixed membership of one round.
-
-    Attributes:
-        kind: the collective kind (``"reduce"``, ``"gather"``...).
-        round_id: the round number.
-        members: sorted peer IDs; partition ``i`` belongs to ``members[i]``.
-        leader: the peer that fixed the list (``min(members)``).
-        digest: 16-byte hash of (run, kind, round, members); every message of the round carries it.
-        index: this peer's position in ``members``.
-    """
-
-    kind: str
-    round_id: int
-    members: tuple[str, ...]
-    leader: str
-    digest: bytes
-    index: int
-
-    @property
-    def size(self) -> int:
-        """Number of members."""
-        return len(self.members)
 
 
 @dataclass(frozen=True)
@@ -115,25 +72,22 @@ class Pushes:
     join: Callable[[str, int, str], None]
 
 
-def group_digest(run_id: str, kind: str, round_id: int, members: tuple[str, ...]) -> bytes:
-    """The 16-byte digest that binds a message to one round and one member list."""
-    h = hashlib.sha256(f"{run_id}|{kind}|{round_id}|".encode())
-    h.update(",".join(members).encode())
-    return h.digest()[:16]
-
-
 def _log_failed_store(fut: Any, key: str) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         logger.warning("DHT store of %s failed: %s", key, fut.exception())
 
 
 def _decode_members(value: object) -> tuple[str, ...]:
-    if not isinstance(value, bytes) or len(value) > 128 * _MAX_MEMBERS:
-        raise ProtocolError("group record is not bytes or too large")
-    try:
-        obj = msgpack.unpackb(value, raw=False, max_array_len=_MAX_MEMBERS, max_str_len=128, max_bin_len=0)
-    except Exception as e:
-        raise ProtocolError(f"malformed group record: {type(e).__name__}") from None
+    """The member list of a group record (published or pushed): sorted, unique, non-empty peer IDs.
+
+    Raises:
+        ProtocolError: anything else.
+    """
+    if not isinstance(value, bytes):
+        raise ProtocolError("group record is not bytes")
+    obj = unpack(
+        value, what="group record", max_bytes=128 * _MAX_MEMBERS, max_str=128, max_array=_MAX_MEMBERS
+    )
     if not isinstance(obj, list) or not obj or not all(isinstance(m, str) and m for m in obj):
         raise ProtocolError("group record is not a non-empty list of peer IDs")
     members = tuple(obj)
@@ -149,6 +103,7 @@ class Matchmaker:
         dht: a started ``hivemind.DHT``.
         peer_id: this peer's ID.
         run_id: the run ID (DHT key prefix).
+        pushes: direct delivery of joins and lists between members (steps 4 and 5).
         min_peers: a leader does not close a round with fewer joiners.
         expected_peers: close as soon as this many joined (``None``: wait the whole join window).
         join_window: seconds a leader waits for joiners after its own arrival.
@@ -160,6 +115,7 @@ class Matchmaker:
         dht: object,
         peer_id: str,
         run_id: str,
+        pushes: Pushes,
         *,
         min_peers: int = 1,
         expected_peers: int | None = None,
@@ -173,11 +129,10 @@ class Matchmaker:
         self.expected_peers = expected_peers
         self.join_window = join_window
         self.poll = poll
-        #: peers excluded from rounds (issue 6 bans, kept up to date by ``peers.guard``): a leader leaves
-        #: them out of its list and a member refuses a published list that holds one
+        self.pushes = pushes
+        #: peers excluded from rounds (the guard's bans, ``peers.guard``): a leader leaves them out of
+        #: its list and a member refuses a published list that holds one
         self.banned: frozenset[str] = frozenset()
-        #: optional direct delivery of joins and lists (steps 4 and 5), set by the collective
-        self.pushes: Pushes | None = None
         #: members of the last group this peer was in (its smallest is the likely next leader)
         self.last_members: tuple[str, ...] = ()
 
@@ -201,17 +156,11 @@ class Matchmaker:
     def _start_get(self, key: str) -> Any:
         return self.dht.get(key, latest=True, return_future=True)  # type: ignore[attr-defined]
 
-    def _store(
-        self, key: str, subkey: str, value: bytes, expiration: float, timeout: float, *, wait: bool = True
-    ) -> None:
+    def _store(self, key: str, subkey: str, value: bytes, expiration: float) -> None:
+        """Store without waiting: the DHT process completes it; a failure is only logged (every record
+        is a fallback for a push)."""
         fut = self.dht.store(key, value, expiration, subkey=subkey, return_future=True)  # type: ignore[attr-defined]
-        if not wait:  # the DHT process completes it; a failure is only logged
-            fut.add_done_callback(lambda f: _log_failed_store(f, key))
-            return
-        try:
-            fut.result(max(timeout, 0.5))
-        except TimeoutError:
-            logger.warning("DHT store of %s timed out", key)
+        fut.add_done_callback(lambda f: _log_failed_store(f, key))
 
     def _adopt(self, kind: str, round_id: int, records: dict[str, object]) -> Group | None:
         """The valid published list with the smallest leader ID, if any."""
@@ -253,7 +202,9 @@ class Matchmaker:
             deadline: ``time.monotonic()`` by which the group must be known.
 
         Raises:
-            RoundFailed: late (the round formed without us) or no group by the deadline.
+            RoundLate: the round formed without this peer.
+            ListsBannedPeer: the round's list holds a banned peer.
+            RoundTimeout: no group by the deadline.
         """
         from peers.node import dht_time
 
@@ -263,13 +214,12 @@ class Matchmaker:
         close_at = arrived + self.join_window
         ttl = max(deadline - arrived, 0.0) + 60.0
         likely = min(self.last_members, default=self.peer_id)
-        if self.pushes is not None and likely < self.peer_id:
+        if likely < self.peer_id:
             self.pushes.join(kind, round_id, likely)  # step 5; the record below is the fallback
-        left = deadline - time.monotonic()
-        self._store(join_key, self.peer_id, b"1", dht_time() + ttl, left, wait=self.pushes is None)
-        # with pushes both first reads start beside the store: a round formed before we arrived shows
-        # in its group record, which a newcomer (no last group, so no pushed list) must not miss
-        first = (self._start_get(join_key), self._start_get(group_key)) if self.pushes is not None else None
+        self._store(join_key, self.peer_id, b"1", dht_time() + ttl)
+        # both first reads start beside the store: a round formed before we arrived shows in its group
+        # record, which a newcomer (no last group, so no pushed list) must not miss
+        first = (self._start_get(join_key), self._start_get(group_key))
         group = self._gather(kind, round_id, deadline, close_at, join_key, group_key, first)
         self.last_members = group.members
         return group
@@ -278,9 +228,6 @@ class Matchmaker:
         self, kind: str, round_id: int, wait_s: float, n_joins: int
     ) -> tuple[Group | None, frozenset[str]]:
         """A pushed list adopted (or ``None``) and the pushed joiners so far (steps 4 and 5)."""
-        if self.pushes is None:
-            time.sleep(wait_s)
-            return None, frozenset()
         lists, joins = self.pushes.inbox(kind, round_id, wait_s, n_joins)
         return self._adopt(kind, round_id, lists), joins
 
@@ -295,13 +242,11 @@ class Matchmaker:
         first_read: tuple[Any, Any] | None,
     ) -> Group:
         """Steps 2-5 once this peer's join is out: lead and publish, or adopt the leader's list."""
-        from peers.node import dht_time
-
-        # With pushes a peer that may still lead reads the joins and the group key side by side each
-        # poll (one round trip): a smaller leader's list reaches it by push, but a round a larger
-        # leader formed before it arrived (it is late) shows only in the group record. A pushed join
-        # alone needs no new read. A peer that saw a smaller joiner never leads this round (join
-        # records only accumulate) and reads the group key only, the fallback for a lost push.
+        # A peer that may still lead reads the joins and the group key side by side each poll (one
+        # round trip): a smaller leader's list reaches it by push, but a round a larger leader formed
+        # before it arrived (it is late) shows only in the group record. A pushed join alone needs no
+        # new read. A peer that saw a smaller joiner never leads this round (join records only
+        # accumulate) and reads the group key only, the fallback for a lost push.
         may_lead = True
         recorded: set[str] = set()  # joiners seen in the DHT records
         group, pushed = self._inbox(kind, round_id, 0.0, -1)
@@ -311,42 +256,25 @@ class Matchmaker:
                 return group
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RoundFailed(f"no group for round {round_id} before the deadline")
-            if not may_lead or self.pushes is None:
-                group = self._adopt(kind, round_id, self._get(group_key, left))
-                if group is not None:
-                    return group
+                raise RoundTimeout(f"no group for round {round_id} before the deadline")
             if not may_lead:  # wait for the leader's list: pushed, or read from the DHT next poll
-                group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
+                group = self._adopt(kind, round_id, self._get(group_key, left))
+                if group is None:
+                    group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
                 continue
-            if read_joins and self.pushes is None:
-                recorded |= set(self._get(join_key, left))
-            elif read_joins:
+            if read_joins:
                 reads = first_read or (self._start_get(join_key), self._start_get(group_key))
                 first_read = None
                 recorded |= set(self._get(join_key, left, reads[0]))
-                published = self._get(group_key, deadline - time.monotonic(), reads[1])
-                group = self._adopt(kind, round_id, published)
+                group = self._adopt(
+                    kind, round_id, self._get(group_key, deadline - time.monotonic(), reads[1])
+                )
                 if group is not None:
                     return group
             joined = sorted((recorded | pushed | {self.peer_id}) - (self.banned - {self.peer_id}))
             may_lead = joined[0] == self.peer_id
-            enough = len(joined) >= self.min_peers
-            expected = None if self.expected_peers is None else self.expected_peers - len(self.banned)
-            full = expected is not None and len(joined) >= expected
-            if may_lead and enough and (full or time.monotonic() >= close_at):
-                members = tuple(joined[:_MAX_MEMBERS])
-                value = bytes(msgpack.packb(list(members), use_bin_type=True))
-                expires, left = dht_time() + _GROUP_TTL, deadline - time.monotonic()
-                if self.pushes is not None:  # members start at once; the record is their fallback
-                    self.pushes.group(kind, round_id, members, value)
-                    self._store(group_key, self.peer_id, value, expires, left, wait=False)
-                    return self._group_of(kind, round_id, members)
-                self._store(group_key, self.peer_id, value, expires, left)
-                # Re-read: if a smaller leader published concurrently, adopt its list like everyone else.
-                group = self._adopt(kind, round_id, self._get(group_key, deadline - time.monotonic()))
-                if group is not None:
-                    return group
+            if may_lead and self._may_close(len(joined), close_at):
+                return self._publish(kind, round_id, tuple(joined[:_MAX_MEMBERS]), group_key)
             # sleep until a pushed list or join arrives or the next poll is due; a pushed join alone
             # needs no new DHT read (the records were read at least once; they are re-read each poll)
             n_before = len(pushed)
@@ -354,10 +282,19 @@ class Matchmaker:
             group, pushed = self._inbox(kind, round_id, self.poll, n_before)
             read_joins = len(pushed) == n_before or time.monotonic() - t0 >= self.poll
 
+    def _may_close(self, n_joined: int, close_at: float) -> bool:
+        """Whether a leader with ``n_joined`` joiners closes the round now: enough joined, and all that
+        are expected (the banned ones aside) or the join window is over."""
+        expected = None if self.expected_peers is None else self.expected_peers - len(self.banned)
+        full = expected is not None and n_joined >= expected
+        return n_joined >= self.min_peers and (full or time.monotonic() >= close_at)
 
-def check_deadline(deadline: float, what: str) -> float:
-    """Seconds left before ``deadline``; raises ``PeerTimeoutError`` naming ``what`` if none."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise PeerTimeoutError(f"{what}: deadline passed")
-    return left
+    def _publish(self, kind: str, round_id: int, members: tuple[str, ...], group_key: str) -> Group:
+        """Leader: push the list to the members (they start at once), store the record (their
+        fallback)."""
+        from peers.node import dht_time
+
+        value = bytes(msgpack.packb(list(members), use_bin_type=True))
+        self.pushes.group(kind, round_id, members, value)
+        self._store(group_key, self.peer_id, value, dht_time() + _GROUP_TTL)
+        return self._group_of(kind, round_id, members)

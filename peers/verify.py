@@ -1,4 +1,4 @@
-"""Replicated-owner check for the butterfly all-reduce, and outlier flags (issue 6 point 4).
+"""Replicated-owner check for the butterfly all-reduce, and outlier flags: the pure rules.
 
 A Byzantine partition owner can return any aggregate; no reducer helps, since the reducer runs on the
 owner. Defence (a replicated computation, in the spirit of BTARD's verification, Gorbunov et al. 2022,
@@ -12,6 +12,9 @@ round commits for nobody and both the primary and the verifier are accused. Pair
 round number through all ``n - 1`` other members, so a lying owner meets ``f + 1`` distinct verifiers
 within ``f + 1`` rounds while an honest peer only ever mismatches with Byzantine partners.
 
+The steps that run this inside a round are in ``peers.owner_check``; the failure is
+``peers.round_errors.OwnerCheckFailed``.
+
 ``outlier_rows`` flags the rows of a partition that point away from the robust aggregate and lie
 farther from it than the typical row: the evidence behind outlier suspicion.
 """
@@ -22,9 +25,7 @@ import hashlib
 
 import torch
 
-from peers.rounds import RoundFailed
-
-__all__ = ["verifier_index", "verified_partition", "chunk_digest", "OwnerCheckFailed", "outlier_rows"]
+__all__ = ["verifier_index", "verified_partition", "chunk_digest", "outlier_rows"]
 
 
 def verifier_index(n: int, i: int, round_id: int) -> int:
@@ -49,18 +50,6 @@ def verified_partition(n: int, me: int, round_id: int) -> int:
 def chunk_digest(frame: bytes) -> bytes:
     """SHA-256 of one encoded aggregate chunk (what the verifier sends, 32 bytes)."""
     return hashlib.sha256(frame).digest()
-
-
-class OwnerCheckFailed(RoundFailed):
-    """A primary's aggregate bytes differ from its verifier's digest; the round commits for nobody.
-
-    Attributes:
-        pairs: ``(primary, verifier)`` peer IDs of every partition that failed the check.
-    """
-
-    def __init__(self, message: str, pairs: list[tuple[str, str]]) -> None:
-        super().__init__(message)
-        self.pairs = pairs
 
 
 def outlier_rows(stack: torch.Tensor, aggregate: torch.Tensor, ratio: float = 1.5) -> list[int]:

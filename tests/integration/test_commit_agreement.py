@@ -42,10 +42,10 @@ def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int, skipp
 
     real_agree = pc.agree
 
-    def agree_or_die(coll: Any, group: Any, kind: str, deadline: float) -> None:
-        if isinstance(coll, Victim) and coll.armed:  # aggregates sent and settled; no have goes out
+    def agree_or_die(io: Any) -> None:
+        if coll.armed:  # aggregates sent and settled; no have goes out
             os.kill(os.getpid(), signal.SIGKILL)
-        real_agree(coll, group, kind, deadline)
+        real_agree(io)
 
     pc.agree = agree_or_die  # type: ignore[assignment]
     with reporting_errors(q, rank), PeerNode(loopback_config("t-agree", initial)) as node:

@@ -1,13 +1,14 @@
-"""Robust reducers and the replicated-owner check in the butterfly all-reduce, over real peers (issue 6).
+"""Robust reducers and the replicated-owner check in the butterfly all-reduce, over real peers.
 
 Four peer processes on 127.0.0.1, each with a ``ByzantineGuard`` (owner check on, f = 1):
 
 1. honest rounds with ``coordinate_median`` under the lossless and the int8 codec: every member
    commits the same bytes, equal to the coordinate median of the peers' tensors (the owners really
    apply the configured reducer to the decoded parts);
-2. peer 3 turns into a malicious owner: the round commits for nobody, every member records the
-   failed (primary, verifier) pair; after two such rounds (two distinct verifiers), every honest peer
-   bans it from the signed records, and the next rounds commit among the three honest peers.
+2. peer 3 turns into a malicious owner (it passes a ``MaliciousOwnerReducer``): the round commits
+   for nobody, every member records the failed (primary, verifier) pair; after two such rounds (two
+   distinct verifiers), every honest peer bans it from the signed records, and the next rounds commit
+   among the three honest peers.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
     from peers.identity import ensure_identity
     from peers.reducers import build_reducer
     from swarmtrain.core.config import CompressionConfig
-    from swarmtrain.simulation.attacks import MaliciousOwner
+    from swarmtrain.simulation.attacks import MaliciousOwnerReducer
 
     ident = str(Path(tmp) / f"id{rank}.key")
     ensure_identity(ident)
@@ -48,14 +49,15 @@ def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
         guard = ByzantineGuard(node, ident, f=1, owner_check=True)
         coll = P2PCollective(node, min_peers=3, expected_peers=N, join_window=5.0, guard=guard)
         median = build_reducer("coordinate_median", 1)
+        reducer = median
         node.wait_for_peers(N, timeout=90)
         for r, codec in enumerate(["none", "int8", "none", "none", "none", "none", "none", "none"]):
-            if r == 2 and rank == 3:
-                guard.owner_attack = MaliciousOwner("sign_flip")
+            if r == 2 and rank == 3:  # from now on a malicious owner: its aggregates are sign-flipped
+                reducer = MaliciousOwnerReducer(median, mode="sign_flip")
             if r == 4:
                 time.sleep(2.0)  # let the last accusations reach the DHT before the bans are read
             comp = build_compressor(CompressionConfig(codec=codec))
-            res = coll.all_reduce(make_tensors(rank, r), compressor=comp, reducer=median, timeout=60)
+            res = coll.all_reduce(make_tensors(rank, r), compressor=comp, reducer=reducer, timeout=60)
             report(
                 q,
                 f"round{r}",
