@@ -7,9 +7,14 @@ reduces the rows it received plus its own with a ``Reducer`` (token-weighted mea
 compresses the aggregate *once* and pushes those bytes to every other member. Every member, the owner
 included, decodes the same bytes, so all members end bit-identical. Membership comes from
 ``peers.rounds.Matchmaker`` (members push their joins to the likely leader, which pushes the list
-back); every message carries the group digest and is checked against it. The data phase lives in
-``peers.butterfly`` (pipelined per chunk); messages travel on persistent per-peer channels
-(``peers.channels``), each acknowledged.
+back); every message carries the group digest and is checked against it. Messages travel on
+persistent per-peer channels (``peers.channels``), each acknowledged.
+
+Structure: this class owns the wire (the stream handler filling a ``peers.mailbox.Mailbox``, the
+channels, the matchmaker) and one ``peers.round_io.RoundIO`` per round, which it hands to the round's
+steps: the data phase (``peers.butterfly``, pipelined per chunk, with the guard's
+``peers.owner_check`` step when a guard is set) and the commit agreement (``peers.agreement``).
+Failure kinds are the exception types of ``peers.round_errors``.
 
 Failure semantics: a missing, refused or late message, a member's abort or the deadline fails the round
 *for this peer* (``committed=False``, no tensors), and it tells the others to abort. A peer commits only

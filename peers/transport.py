@@ -171,8 +171,8 @@ def widen_send_buffer(writer: Any) -> None:
 
     With the default, every 256 KiB slice fills the socket, the daemon is woken for each few dozen KiB
     and the two processes take turns; with a wider buffer a slice goes in one ``send`` and the daemon
-    drains it in long runs. Measured in ``benchmarks/allreduce.py`` (16M fp32, 4 peers on 2 cores):
-    about 10 % less wall time and CPU per round. Best effort: a socket that refuses keeps its default.
+    drains it in long runs, which costs less wall time and CPU per round (``benchmarks/allreduce.py``).
+    Best effort: a socket that refuses keeps its default.
     """
     sock = writer.transport.get_extra_info("socket") if hasattr(writer, "transport") else None
     if sock is None:
