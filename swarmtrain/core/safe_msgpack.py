@@ -5,7 +5,7 @@ each container, and its C unpacker refuses nesting beyond its stack with a ``Sta
 raises a handful of unrelated exception types (``ExtraData``, ``FormatError``, ``ValueError``,
 ``TypeError``, ``StackError``, ...); every one of them becomes a :class:`ProtocolError` here, so a
 caller catches exactly one type. Extension types are refused outright, and map keys must be strings
-or integers (``strict_map_key``), so no decoded value is ever a Python object of the peer's choosing.
+or bytes (``strict_map_key``), so no decoded value is ever a Python object of the peer's choosing.
 """
 
 from __future__ import annotations
