@@ -192,3 +192,41 @@ def test_byzantine_readme_table_comes_from_the_grid() -> None:
     assert "| stale | - | - | - | - |" in table
     assert "DiLoCo 3.000, DataParallel 2.000" in table
     assert "not re-measured" in byz.readme_table({"grid": rows}, n=8)
+
+
+def test_attacked_reducer_forges_attacker_rows_and_owner_partitions() -> None:
+    import torch
+
+    from peers.reducers import build_reducer
+    from swarmtrain.simulation.attacks import build_attack
+
+    sim = _load("byzantine_sim")
+    stack = torch.ones(4, 8)
+    w = torch.ones(4)
+    flip = sim.AttackedReducer(build_reducer("mean"), 4, {0: build_attack("sign_flip", scale=4.0)}, 1)
+    assert torch.allclose(flip.reduce(stack, w), torch.full((8,), (3 - 4) / 4))
+    owner = sim.AttackedReducer(build_reducer("mean"), 4, {1: build_attack("malicious_owner")}, 1)
+    out = owner.reduce(stack, w)  # peer 1 owns elements 2..3 and returns them negated
+    assert out.tolist() == [1, 1, -1, -1, 1, 1, 1, 1]
+    # stale keeps one memory per tensor slot: two tensors alternate, each replays its own past
+    stale = sim.AttackedReducer(build_reducer("mean"), 2, {0: build_attack("stale", delay=1)}, 2)
+    a, b = torch.zeros(2, 3), torch.full((2, 3), 10.0)
+    stale.reduce(a, torch.ones(2)), stale.reduce(b, torch.ones(2))
+    assert stale.reduce(a + 1, torch.ones(2)).tolist() == [0.5, 0.5, 0.5]  # attacker replays a's 0
+    assert stale.reduce(b + 1, torch.ones(2)).tolist() == [10.5, 10.5, 10.5]  # and b's 10
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "diloco"])
+def test_byzantine_sim_runs_the_real_strategies(strategy: str) -> None:
+    from peers.reducers import build_reducer
+
+    sim = _load("byzantine_sim")
+    corpus = sim.load_corpus(1 << 16)
+    kw = {"rounds": 3} if strategy == "data_parallel" else {"rounds": 2, "inner_steps": 2}
+    clean = sim.run_sim(sim.SimConfig(strategy, 4, 0, "none", batch=8, **kw), build_reducer("mean"), corpus)
+    bad = sim.run_sim(
+        sim.SimConfig(strategy, 4, 1, "sign_flip", batch=8, **kw), build_reducer("mean"), corpus
+    )
+    assert clean["status"] == bad["status"] == "ok"
+    assert clean["params_identical"] and bad["params_identical"]
+    assert bad["loss"] > clean["loss"]
