@@ -221,6 +221,7 @@ class ButterflyRound:
         reducer: combines the rows of a chunk.
         weight: this peer's weight.
         check: the verification step (:class:`NoCheck` for none).
+        chunk_elems: elements per chunk (one packet, one stream frame).
     """
 
     def __init__(
