@@ -190,6 +190,14 @@ class OuterLoopConfig(SyncedStrategyConfig):
     outer_lr: float = Field(default=0.7, gt=0)
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     nesterov: bool = True
+    outer_state: Literal["device", "cpu", "cpu8"] = Field(
+        default="device",
+        description=(
+            "where the fp32 anchor and outer momentum live: 'device' (beside the parameters), 'cpu' "
+            "(pinned CPU memory on CUDA, moved per tensor around each sync; same results), 'cpu8' "
+            "('cpu' with the momentum stored 8-bit blockwise; every peer of the run must use it)"
+        ),
+    )
 
 
 class DiLoCoConfig(OuterLoopConfig):

@@ -31,13 +31,14 @@ from swarmtrain.core.errors import ConfigError
 OWN_OPTIONS = {
     "local": set(),
     "data_parallel": {"sync_timeout"},
-    "diloco": {"sync_timeout", "inner_steps", "outer_lr", "outer_momentum", "nesterov"},
+    "diloco": {"sync_timeout", "inner_steps", "outer_lr", "outer_momentum", "nesterov", "outer_state"},
     "streaming_diloco": {
         "sync_timeout",
         "inner_steps",
         "outer_lr",
         "outer_momentum",
         "nesterov",
+        "outer_state",
         "fragments",
         "overlap",
         "mixing",
