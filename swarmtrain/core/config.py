@@ -114,7 +114,9 @@ class TrainConfig(_Section):
     max_time: float | None = Field(default=None, gt=0, description="stop after this many seconds")
     batch_size: int = Field(default=16, ge=1)
     grad_accum: int = Field(default=1, ge=1)
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    optimizer: Literal["adamw", "adamw8bit", "sgd"] = Field(
+        default="adamw", description="inner optimizer; adamw8bit keeps 8-bit states (needs bitsandbytes)"
+    )
     lr: float = Field(default=1e-3, gt=0)
     min_lr: float = Field(default=1e-4, ge=0)
     warmup_steps: int = Field(default=20, ge=0)
