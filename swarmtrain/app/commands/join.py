@@ -86,6 +86,10 @@ def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | N
         else:
             print(line, file=sys.stderr, flush=True)
 
+    from swarmtrain.app.memory_budget import budget_report
+    from swarmtrain.app.trainer import resolve_device
+
+    print(budget_report(cfg, resolve_device(cfg.train.device)), file=sys.stderr, flush=True)
     with console.status("joining the swarm...") as status:
         result = run_volunteer(cfg, on_status=show)
     how = "stopped by signal" if result.stopped_by_signal else "done"

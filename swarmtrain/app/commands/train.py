@@ -111,6 +111,9 @@ def _run(cfg: Any, resume: str | None) -> None:
         f"{trainer.device}, data {trainer.corpus.name} ({len(trainer.corpus.train):,} tokens), "
         f"steps {trainer.step}->{tc.steps}" + (f", max {tc.max_time:g} s" if tc.max_time else "")
     )
+    from swarmtrain.app.memory_budget import budget_report
+
+    out.print(budget_report(cfg, trainer.device), markup=False)
     bar_shown = tc.progress and Console(stderr=True).is_terminal
 
     def on_step(info: StepInfo) -> None:
