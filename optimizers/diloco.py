@@ -36,7 +36,7 @@ from optimizers.base import (
     round_report,
     trainable_parameters,
 )
-from optimizers.outer import OuterSGD
+from optimizers.outer_store import OuterStore
 from swarmtrain.core.config import DiLoCoConfig
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import StepReport
@@ -49,7 +49,8 @@ class DiLoCo(AnchoredStrategy):
     """DiLoCo with a configurable codec (and error feedback, through the codec) for the pseudo-gradient.
 
     Options come from ``ctx.config``, a ``DiLoCoConfig``: ``inner_steps`` (H), ``outer_lr``,
-    ``outer_momentum``, ``nesterov``, ``sync_timeout``.
+    ``outer_momentum``, ``nesterov``, ``sync_timeout``, ``outer_state`` (where the anchor and outer
+    momentum live: ``optimizers.outer_store``).
 
     Raises:
         ConfigError: without a collective, or with another strategy's options.
@@ -64,10 +65,9 @@ class DiLoCo(AnchoredStrategy):
         self.inner_steps = cfg.inner_steps
         self.compressor = make_compressor(ctx)
         self.params = trainable_parameters(ctx.model)
-        with torch.no_grad():
-            # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
-            self.anchor = {n: p.detach().to(torch.float32, copy=True) for n, p in self.params.items()}
-        self.outer = OuterSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
+        # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
+        self.store = OuterStore(self.params, cfg)
+        self.anchor = self.store.anchor  # the same dict for the store's life
         self.steps = 0
         self.outer_steps = 0
         self.failed_rounds = 0
@@ -87,7 +87,9 @@ class DiLoCo(AnchoredStrategy):
         return self._sync()
 
     def _sync(self) -> StepReport:
-        pseudo = {n: self.anchor[n] - p.detach().to(torch.float32) for n, p in self.params.items()}
+        pseudo = {
+            n: self.store.anchor_on_device(n) - p.detach().to(torch.float32) for n, p in self.params.items()
+        }
         t0 = time.perf_counter()
         res = self.collective.all_reduce(
             pseudo,
@@ -101,12 +103,13 @@ class DiLoCo(AnchoredStrategy):
         if not res.committed:
             self.failed_rounds += 1
             return report
-        self.outer.step(self.anchor, {n: res.tensors[n] for n in self.params})
-        for n, p in self.params.items():
-            p.copy_(self.anchor[n])
+        self.store.step({n: res.tensors[n] for n in self.params}, self._adopt)
         self.outer_steps += 1
         self.tokens_since_sync = 0
         return report
+
+    def _adopt(self, name: str, anchor: torch.Tensor) -> None:
+        self.params[name].copy_(anchor)
 
     def state_dict(self) -> dict[str, Any]:
         """Anchor, outer momentum, counters and codec state: enough to continue bit-exactly.
@@ -118,8 +121,8 @@ class DiLoCo(AnchoredStrategy):
             "outer_steps": self.outer_steps,
             "failed_rounds": self.failed_rounds,
             "tokens_since_sync": self.tokens_since_sync,
-            "anchor": {n: t.clone() for n, t in self.anchor.items()},
-            "outer": self.outer.state_dict(),
+            "anchor": self.store.anchor_state(),
+            "outer": self.store.outer_state(),
             "compressor": compressor_state(self.compressor),
         }
 
@@ -131,11 +134,7 @@ class DiLoCo(AnchoredStrategy):
         for n, p in self.params.items():
             if tuple(anchor[n].shape) != tuple(p.shape):
                 raise ConfigError(f"DiLoCo state: anchor {n!r} has shape {tuple(anchor[n].shape)}")
-        self.anchor = {
-            n: anchor[n].detach().to(device=p.device, dtype=torch.float32, copy=True)
-            for n, p in self.params.items()
-        }
-        self.outer.load_state_dict(state["outer"])
+        self.store.load(anchor, state["outer"])
         self.steps = int(state["steps"])
         self.outer_steps = int(state["outer_steps"])
         self.failed_rounds = int(state["failed_rounds"])

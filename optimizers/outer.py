@@ -51,20 +51,32 @@ class OuterSGD:
         """Update ``params[name]`` in place with ``grads[name]`` for every name in ``grads``."""
         for name, g in grads.items():
             p = params[name]
-            g = g.to(p.dtype)
-            if self.momentum > 0:
-                buf = self.buffers.get(name)
-                if buf is not None and buf.device != p.device:  # restored from a CPU checkpoint
-                    buf = self.buffers[name] = buf.to(p.device)
-                if buf is None:
-                    buf = g.clone()
-                    self.buffers[name] = buf
-                else:
-                    buf.mul_(self.momentum).add_(g)
-                d = g.add(buf, alpha=self.momentum) if self.nesterov else buf
+            buf = self.buffers.get(name)
+            if buf is not None and buf.device != p.device:  # restored from a CPU checkpoint
+                buf = self.buffers[name] = buf.to(p.device)
+            buf = self.update(p, buf, g)
+            if buf is not None:
+                self.buffers[name] = buf
+
+    @torch.no_grad()
+    def update(self, p: torch.Tensor, buf: torch.Tensor | None, g: torch.Tensor) -> torch.Tensor | None:
+        """One tensor's step: ``p`` in place; returns its momentum buffer (``buf`` updated in place, a
+        new one when ``buf`` is None, None without momentum). ``buf`` must be on ``p``'s device.
+
+        ``optimizers.outer_store`` calls this one tensor at a time on tensors it brought to the device,
+        so every place the outer state lives runs the same arithmetic.
+        """
+        g = g.to(p.dtype)
+        if self.momentum > 0:
+            if buf is None:
+                buf = g.clone()
             else:
-                d = g
-            p.add_(d, alpha=-self.lr)
+                buf.mul_(self.momentum).add_(g)
+            d = g.add(buf, alpha=self.momentum) if self.nesterov else buf
+        else:
+            d = g
+        p.add_(d, alpha=-self.lr)
+        return buf if self.momentum > 0 else None
 
     def state_dict(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """Momentum buffers (cloned) and hyper-parameters, optionally only for ``names``."""

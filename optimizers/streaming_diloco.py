@@ -44,7 +44,7 @@ from optimizers.base import (
     trainable_parameters,
 )
 from optimizers.fragments import fragment_offsets, split_fragments
-from optimizers.outer import OuterSGD
+from optimizers.outer_store import OuterStore
 from swarmtrain.core.config import StreamingDiLoCoConfig
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import RoundResult, StepReport
@@ -74,7 +74,8 @@ class StreamingDiLoCo(AnchoredStrategy):
 
     Options come from ``ctx.config``, a ``StreamingDiLoCoConfig``: ``inner_steps`` (H),
     ``fragments`` (F), ``overlap`` (tau), ``mixing`` (alpha), ``outer_lr``, ``outer_momentum``,
-    ``nesterov``, ``sync_timeout``. The config already holds F <= H and an overlap that leaves at
+    ``nesterov``, ``sync_timeout``, ``outer_state`` (where the anchor and outer momentum live:
+    ``optimizers.outer_store``). The config already holds F <= H and an overlap that leaves at
     most one fragment in flight; only the model can say whether it has F blocks to split.
 
     Raises:
@@ -95,10 +96,9 @@ class StreamingDiLoCo(AnchoredStrategy):
         self.fragments = split_fragments(ctx.model, cfg.fragments)
         self.compressor = make_compressor(ctx)
         self.params = trainable_parameters(ctx.model)
-        with torch.no_grad():
-            # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
-            self.anchor = {n: p.detach().to(torch.float32, copy=True) for n, p in self.params.items()}
-        self.outer = OuterSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
+        # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
+        self.store = OuterStore(self.params, cfg)
+        self.anchor = self.store.anchor  # the same dict for the store's life
         self.steps = 0
         self.outer_steps = [0] * len(self.fragments)
         self.failed_rounds = 0
@@ -142,7 +142,9 @@ class StreamingDiLoCo(AnchoredStrategy):
 
     def _start(self, f: int) -> _Pending:
         names = self.fragments[f]
-        pseudo = {n: self.anchor[n] - self.params[n].detach().to(torch.float32) for n in names}
+        pseudo = {
+            n: self.store.anchor_on_device(n) - self.params[n].detach().to(torch.float32) for n in names
+        }
         weight = float(self.tokens_since_sync[f])
         pending = _Pending(fragment=f, apply_at=self.steps + self.overlap)
         if self.overlap == 0:
@@ -174,17 +176,17 @@ class StreamingDiLoCo(AnchoredStrategy):
         if not res.committed:
             self.failed_rounds += 1
             return report
-        names = self.fragments[f]
-        self.outer.step(self.anchor, {n: res.tensors[n] for n in names})
-        for n in names:
-            p = self.params[n]
-            if self.mixing == 0.0:
-                p.copy_(self.anchor[n])
-            else:
-                p.mul_(self.mixing).add_(self.anchor[n].to(p.dtype), alpha=1.0 - self.mixing)
+        self.store.step({n: res.tensors[n] for n in self.fragments[f]}, self._mix)
         self.outer_steps[f] += 1
         self.tokens_since_sync[f] = 0
         return report
+
+    def _mix(self, name: str, anchor: torch.Tensor) -> None:
+        p = self.params[name]
+        if self.mixing == 0.0:
+            p.copy_(anchor)
+        else:
+            p.mul_(self.mixing).add_(anchor.to(p.dtype), alpha=1.0 - self.mixing)
 
     def state_dict(self) -> dict[str, Any]:
         """Anchor, outer momentum, counters, codec state and the in-flight fragment's outcome.
@@ -213,8 +215,8 @@ class StreamingDiLoCo(AnchoredStrategy):
             "failed_rounds": self.failed_rounds,
             "tokens_since_sync": list(self.tokens_since_sync),
             "fragments": [list(g) for g in self.fragments],
-            "anchor": {n: t.clone() for n, t in self.anchor.items()},
-            "outer": self.outer.state_dict(),
+            "anchor": self.store.anchor_state(),
+            "outer": self.store.outer_state(),
             "compressor": compressor_state(self.compressor),
             "pending": pending,
         }
@@ -229,11 +231,7 @@ class StreamingDiLoCo(AnchoredStrategy):
                 raise ConfigError(f"StreamingDiLoCo state: anchor {n!r} missing or mis-shaped")
         if self.pending is not None:
             self.pending.wait()
-        self.anchor = {
-            n: anchor[n].detach().to(device=p.device, dtype=torch.float32, copy=True)
-            for n, p in self.params.items()
-        }
-        self.outer.load_state_dict(state["outer"])
+        self.store.load(anchor, state["outer"])
         self.steps = int(state["steps"])
         self.outer_steps = [int(x) for x in state["outer_steps"]]
         self.failed_rounds = int(state["failed_rounds"])
