@@ -128,6 +128,8 @@ def unpack_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
                 for item in val:
                     if not isinstance(item, list) or len(item) != 2:
                         raise CheckpointError("checkpoint has a malformed mapping entry")
+                    if not isinstance(item[0], str | int | bool) and item[0] is not None:
+                        raise CheckpointError(f"checkpoint has a {type(item[0]).__name__} mapping key")
                     out[item[0]] = dec(item[1])
                 return out
         return {k: dec(v) for k, v in obj.items()}

@@ -30,6 +30,7 @@ from swarmtrain.app.checkpoint import (
     write_checkpoint,
 )
 from swarmtrain.app.data import BatchSampler, build_corpus, eval_batches
+from swarmtrain.app.inner_optim import build_optimizer, check_optimizer_state
 from swarmtrain.app.lr import lr_at
 from swarmtrain.app.metrics import MetricsWriter
 from swarmtrain.app.models import GPT, build_model
@@ -122,20 +123,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"train.device: {name!r} is not supported (use auto, cpu, cuda or cuda:N)")
     return dev
-
-
-def build_optimizer(model: torch.nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
-    """The inner optimizer: AdamW (weight decay on matrices only, as GPT-2/nanoGPT) or SGD+momentum."""
-    tc = config.train
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": tc.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    if tc.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.beta1)
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=device.type == "cuda")
 
 
 def _check_fits(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, Any]) -> None:
@@ -469,6 +456,7 @@ class Trainer:
             "config": self.config.model_dump(mode="json"),
             "model": dict(self._named_state()),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_kind": self.config.train.optimizer,
             "strategy": {"name": self.strategy.name, "state": self.strategy.state_dict()},
             "rng": rng_state(),
             "data": {
@@ -502,18 +490,18 @@ class Trainer:
             opt_state, strat, data = state["optimizer"], state["strategy"], state["data"]
         except KeyError as e:
             raise CheckpointError(f"{directory}: checkpoint lacks {e}") from None
-        try:
+        kind = self.config.train.optimizer
+        saved_kind = state.get("optimizer_kind", kind)  # checkpoints before adamw8bit did not name it
+        try:  # every check before anything changes: a checkpoint that does not fit leaves all as it was
             _check_fits(dict(self._named_state()), model_state)
+            if saved_kind != kind:
+                raise CheckpointError(f"it holds {saved_kind} optimizer state, this run uses {kind}")
+            check_optimizer_state(self.optimizer, kind, opt_state)
         except CheckpointError as e:
             raise CheckpointError(f"{directory}: {e}") from None
-        self._copy_into_model(self._named_state(), model_state)
-        try:
-            self.optimizer.load_state_dict(opt_state)
-        except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise CheckpointError(f"{directory}: optimizer state does not fit: {e}") from None
         if strat.get("name") == self.strategy.name:
             try:
-                self._load_strategy_state(strat["state"])
+                self._load_strategy_state(strat["state"])  # restores its own state if it fails
             except CheckpointError as e:
                 raise CheckpointError(f"{directory}: {e}") from None
         else:
@@ -522,6 +510,11 @@ class Trainer:
                 strat.get("name"),
                 self.strategy.name,
             )
+        self._copy_into_model(self._named_state(), model_state)
+        try:
+            self.optimizer.load_state_dict(opt_state)
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:  # pragma: no cover - checked above
+            raise CheckpointError(f"{directory}: optimizer state does not fit: {e}") from None
         if data.get("sampler") != self.sampler.identity():
             logger.warning("data sampling changed since the checkpoint: the batch stream will differ")
         if data.get("corpus") != self.corpus.fingerprint:

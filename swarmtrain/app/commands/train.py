@@ -45,6 +45,11 @@ def register(app: typer.Typer) -> None:
         batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per micro-batch."),
         grad_accum: int | None = typer.Option(None, "--grad-accum", help="Micro-batches per step."),
         lr: float | None = typer.Option(None, "--lr", help="Peak learning rate."),
+        optimizer: str | None = typer.Option(
+            None,
+            "--optimizer",
+            help="Inner optimizer: adamw, adamw8bit (8-bit states; needs bitsandbytes) or sgd.",
+        ),
         device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
         compile_: bool | None = typer.Option(None, "--compile/--no-compile", help="Use torch.compile."),
         data: list[str] | None = typer.Option(
@@ -75,6 +80,7 @@ def register(app: typer.Typer) -> None:
             "train.batch_size": batch_size,
             "train.grad_accum": grad_accum,
             "train.lr": lr,
+            "train.optimizer": optimizer,
             "train.device": device,
             "train.compile": compile_,
             "train.out_dir": out_dir,
