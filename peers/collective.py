@@ -10,6 +10,13 @@ included, decodes the same bytes, so all members end bit-identical. Membership c
 back); every message carries the group digest and is checked against it. Messages travel on
 persistent per-peer channels (``peers.channels``), each acknowledged.
 
+Receive budgets (DESIGN.md section 4): each incoming stream counts against a cap of concurrent streams
+per peer; each message has a whole-message deadline and a minimum rate (``peers.framereader``); its
+body is read only after its bytes were reserved in the mailbox (``peers.mailbox``): members of the
+round's known group within the round's budget, derived from the model, the codec, the chunk size and
+the group size (:func:`reduce_budget`), everyone else within a small pre-group allowance until the
+group is known. Refusals are ``ProtocolError`` acks, logged once per sender and round.
+
 Structure: this class owns the wire (the stream handler filling a ``peers.mailbox.Mailbox``, the
 channels, the matchmaker) and one ``peers.round_io.RoundIO`` per round, which it hands to the round's
 steps: the data phase (``peers.butterfly``, pipelined per chunk, with the guard's
@@ -29,7 +36,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +45,12 @@ import torch
 from peers.agreement import HAVE, agree
 from peers.butterfly import NoCheck, ReduceCheck, reduce_round
 from peers.channels import IDLE_CLOSE, ChannelPool
+from peers.framereader import MessageClock
 from peers.framereader import attach as attach_frame_reader
 from peers.group import Group
 from peers.ledger import ByteLedger
-from peers.mailbox import Delivery, Key, Mailbox
+from peers.mailbox import PRE_GROUP, Delivery, Key, Mailbox, Quota, Refused, RoundBudget, Ticket
+from peers.memory import HeapReturn
 from peers.messages import Envelope, decode_envelope, encode_ack
 from peers.node import PeerNode
 from peers.owner_check import GuardedReduce, OwnerCheck
@@ -51,8 +60,9 @@ from peers.rounds import Matchmaker, Pushes
 from peers.transport import (
     PART_BYTES,
     read_data_frames,
-    read_envelope_or_eof,
+    read_header,
     send_message,
+    skip_data_frames,
     split_bytes,
     write_frame,
 )
@@ -62,12 +72,51 @@ from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundRe
 if TYPE_CHECKING:
     from peers.guard import ByzantineGuard
 
-__all__ = ["P2PCollective"]
+__all__ = ["P2PCollective", "reduce_budget", "gather_budget", "packet_bound", "MAX_STREAMS_PER_PEER"]
 
 logger = logging.getLogger(__name__)
 _FRAME_TIMEOUT = 30.0
 _GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds allows 1024 IDs)
 _MESSAGE_TYPES = ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join")
+#: concurrent incoming streams per peer (a channel uses three lanes, aborts one-shot streams)
+MAX_STREAMS_PER_PEER = 8
+_MAX_STREAMS = 256  # concurrent incoming streams from all peers together
+_GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
+_PACKET_SLACK = 4096  # bytes of a packet's msgpack header beyond its payload
+_CONTROL_BYTES = _GROUP_BYTES + 64 * 1024  # a member's control messages in one round (list, have...)
+_CONTROL_ENTRIES = 16
+_PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
+_LOGGED_MAX = 4096  # refusals remembered for log-once (per sender and round)
+
+
+def packet_bound(compressor: Compressor, numel: int) -> int:
+    """The most bytes an encoded packet of ``numel`` elements takes: the codec's exact payload size
+    (``payload_nbytes``) plus its header, or 8 bytes per element for a codec that does not say."""
+    size = getattr(compressor, "payload_nbytes", None)
+    try:
+        payload = int(size(numel)) if size is not None else 8 * numel
+    except Exception:  # a codec that cannot size this input: the generous fallback
+        payload = 8 * numel
+    return payload + _PACKET_SLACK
+
+
+def reduce_budget(numel: int, group_size: int, chunk_elems: int, compressor: Compressor) -> RoundBudget:
+    """What one member may send this peer in one all-reduce round: the chunks of this peer's partition
+    (parts), of its own (aggregates) and of the one this peer verifies (``vpart``), one packet bound
+    each, their digests, and the round's control messages; one message is at most one chunk's packet."""
+    part = -(-numel // max(group_size, 1))  # the largest partition
+    chunk = max(1, min(chunk_elems, part))
+    n_chunks = -(-part // chunk)
+    msg = packet_bound(compressor, chunk)
+    per = Quota(3 * n_chunks * msg + 256 * n_chunks + _CONTROL_BYTES, 4 * n_chunks + _CONTROL_ENTRIES)
+    return RoundBudget(per, max(msg, _GROUP_BYTES))
+
+
+def gather_budget(max_gather_bytes: int) -> RoundBudget:
+    """What one member may send this peer in one all-gather round: one payload and control messages."""
+    return RoundBudget(
+        Quota(max_gather_bytes + _CONTROL_BYTES, _CONTROL_ENTRIES), max(max_gather_bytes, _GROUP_BYTES)
+    )
 
 
 class P2PCollective:
@@ -85,9 +134,12 @@ class P2PCollective:
         ledger: where bytes are counted (default: ``node.ledger``).
         join_window: seconds a round's leader waits for joiners.
         chunk_elems: elements per packet, one stream frame each (<= 2**21).
-        max_message_bytes: cap on one incoming reduce message.
+        max_message_bytes: ceiling on one incoming message (``None``: only each round's own cap, one
+            chunk's packet bound; see :func:`reduce_budget`).
         max_gather_bytes: cap on one incoming all-gather payload.
-        max_buffer_bytes: cap on all buffered incoming bytes.
+        max_buffer_bytes: ceiling on all buffered incoming bytes (``None``: only the quotas, derived
+            per round from the model and the group size, bound them).
+        max_streams_per_peer: concurrent incoming streams one peer may hold open.
         guard: owner checks, suspicion records and bans (``peers.guard``), or ``None``.
     """
 
@@ -101,9 +153,10 @@ class P2PCollective:
         ledger: ByteLedger | None = None,
         join_window: float = 3.0,
         chunk_elems: int = 1 << 20,
-        max_message_bytes: int = 1 << 31,
+        max_message_bytes: int | None = None,
         max_gather_bytes: int = 256 << 20,
-        max_buffer_bytes: int = 4 << 30,
+        max_buffer_bytes: int | None = None,
+        max_streams_per_peer: int = MAX_STREAMS_PER_PEER,
         guard: ByzantineGuard | None = None,
     ) -> None:
         if min_peers < 1 or (expected_peers is not None and expected_peers < min_peers):
@@ -119,8 +172,15 @@ class P2PCollective:
         self.chunk_elems = chunk_elems
         self.max_message_bytes = max_message_bytes
         self.max_gather_bytes = max_gather_bytes
+        self.max_streams_per_peer = max_streams_per_peer
         self.guard = guard
         self._mailbox = Mailbox(max_buffer_bytes)
+        self._mailbox.add_listener(self._wake_waiting)
+        self._room: asyncio.Future[None] | None = None  # resolved when the mailbox may take more
+        self._streams: dict[str, int] = {}  # open incoming streams per peer (event loop only)
+        self._logged: set[tuple[str, int]] = set()  # (sender, round) refusals already logged
+        #: gives the heap back after a flood's data was dropped (``peers.memory``)
+        self.heap = HeapReturn()
         self._matchmaker = Matchmaker(
             node.dht,
             node.peer_id,
@@ -175,12 +235,19 @@ class P2PCollective:
 
     async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
         """Read messages from one stream until the sender ends it (a ``peers.channels`` channel, or a
-        single message); store each in the mailbox and acknowledge it."""
+        single message); store each in the mailbox and acknowledge it. A peer over its cap of
+        concurrent streams gets this one closed at once."""
         sender = str(info.peer_id.to_base58())
+        open_now = self._streams.get(sender, 0)
+        if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= _MAX_STREAMS:
+            self._log_refusal(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
+            writer.close()
+            return
+        self._streams[sender] = open_now + 1
         reader = attach_frame_reader(reader, writer)  # frames land in their final buffer (one copy)
         try:
             while True:
-                got = await read_envelope_or_eof(reader, IDLE_CLOSE + 50.0)
+                got = await read_header(reader, IDLE_CLOSE + 50.0)
                 if got is None:
                     return  # the sender closed the stream after its last ack
                 if not await self._handle_one(sender, got, reader, writer):
@@ -191,11 +258,20 @@ class P2PCollective:
             logger.debug("stream from %s broke", sender[:16], exc_info=True)
         finally:
             writer.close()
+            self._streams[sender] -= 1
+            if not self._streams[sender]:
+                del self._streams[sender]
 
-    async def _handle_one(self, sender: str, got: tuple[bytes, int], reader: Any, writer: Any) -> bool:
-        """One message; returns whether the stream is still in step (framing intact) to go on."""
-        body, nread = got
-        ok, err, in_step = True, "", True
+    async def _handle_one(
+        self, sender: str, got: tuple[bytes, int, MessageClock], reader: Any, writer: Any
+    ) -> bool:
+        """One message; returns whether the stream is still in step (framing intact) to go on.
+
+        Its bytes are reserved in the mailbox before its body is read; a refused body is drained
+        (no allocation) when the sender may keep the stream, else the stream is closed after the ack.
+        """
+        body, nread, clock = got
+        ok, err, in_step, body_read = True, "", True, False
         env: Envelope | None = None
         try:
             env = decode_envelope(body)
@@ -203,18 +279,29 @@ class P2PCollective:
                 raise ProtocolError("message for another run")
             if env.type not in _MESSAGE_TYPES:
                 raise ProtocolError(f"unexpected message type {env.type}")
-            cap = {"gather": self.max_gather_bytes, "grp": _GROUP_BYTES}.get(env.type, self.max_message_bytes)
-            frames, n = await read_data_frames(reader, env, max_total=cap, timeout=_FRAME_TIMEOUT)
-            self.ledger.add_received(env.kind, env.round, nread + n)
+            clock.expect(env.nbytes + 4 * env.frames)
+            ticket = await self._admit(sender, env, reader, clock)
+            if ticket is None:
+                in_step = False
+                raise ProtocolError("no room for the message before its round's group is known")
             try:
-                self._mailbox.put(Delivery(sender, env, tuple(frames)))
-            except ProtocolError as e:  # refused, but the whole message was read: the stream goes on
-                ok, err = False, str(e)
+                frames, n = await read_data_frames(
+                    reader, env, max_total=env.nbytes, timeout=0.0, clock=clock
+                )
+            except BaseException:
+                self._mailbox.release(ticket)
+                raise
+            self.ledger.add_received(env.kind, env.round, nread + n)
+            body_read = True
+            self._mailbox.commit(ticket, Delivery(sender, env, tuple(frames)))
+        except Refused as e:
+            ok, err = False, str(e)
+            in_step = e.keep_stream and (body_read or await self._drain(env, reader, clock, nread))
         except SwarmError as e:
             ok, err, in_step = False, str(e), False
         if not ok:
-            logger.info("refused a message from %s: %s", sender[:16], err)
-        n_ack = write_frame(writer, encode_ack(ok, err))
+            self._log_refusal(sender, -1 if env is None else env.round, err)
+        n_ack = write_frame(writer, encode_ack(ok, err[:200]))
         try:
             await asyncio.wait_for(writer.drain(), _FRAME_TIMEOUT)  # a sender that stopped reading
         except asyncio.TimeoutError:
@@ -222,6 +309,70 @@ class P2PCollective:
         if env is not None:
             self.ledger.add_sent(env.kind, env.round, n_ack)
         return in_step
+
+    def _type_cap(self, env: Envelope) -> int:
+        """The most bytes a message of this type may carry, whatever its round's budget says."""
+        cap = {"gather": self.max_gather_bytes, "grp": _GROUP_BYTES}.get(env.type, 1 << 40)
+        return min(cap, self.max_message_bytes) if self.max_message_bytes is not None else cap
+
+    async def _admit(self, sender: str, env: Envelope, reader: Any, clock: MessageClock) -> Ticket | None:
+        """Reserve the message's bytes in the mailbox, waiting (at most :data:`_GROUP_WAIT` s) while
+        its round's group is unknown and the pre-group allowance is full; ``None`` if it never fit.
+
+        Raises:
+            Refused: the mailbox refuses it (window, duplicate, non-member, quota, size).
+        """
+        if env.nbytes > self._type_cap(env):
+            raise Refused(f"{env.type} message of {env.nbytes} bytes over its cap", keep_stream=False)
+        end = time.monotonic() + _GROUP_WAIT
+        waited = False
+        while True:
+            ticket = self._mailbox.reserve(sender, env)
+            if ticket is not None:
+                if waited:  # the time this peer made it wait does not count against the sender
+                    clock.restart(getattr(reader, "received", 0))
+                return ticket
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            waited = True
+            if self._room is None or self._room.done():
+                self._room = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._room], timeout=min(left, 1.0))
+
+    def _wake_waiting(self) -> None:
+        """Mailbox listener (any thread): wake the handlers waiting for room."""
+
+        def wake() -> None:
+            if self._room is not None and not self._room.done():
+                self._room.set_result(None)
+
+        try:
+            self.node.loop.loop.call_soon_threadsafe(wake)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    async def _drain(self, env: Envelope | None, reader: Any, clock: MessageClock, nread: int) -> bool:
+        """Read and discard a refused message's body so the stream stays in step; whether it did."""
+        if env is None or env.nbytes > self._type_cap(env):
+            return False
+        try:
+            n = await skip_data_frames(reader, env, clock)
+        except SwarmError:
+            return False
+        self.ledger.add_received(env.kind, env.round, nread + n)
+        return True
+
+    def _log_refusal(self, sender: str, round_id: int, err: object) -> None:
+        """Log a refusal once per sender and round (a flood must not flood the log)."""
+        key = (sender, round_id)
+        if key in self._logged:
+            return
+        if len(self._logged) >= _LOGGED_MAX:
+            logger.debug("refused a message from %s: %s", sender[:16], err)
+            return
+        self._logged.add(key)
+        logger.info("refused a message from %s (round %d): %s", sender[:16], round_id, err)
 
     # --- send side ------------------------------------------------------------------------------------
 
@@ -307,8 +458,11 @@ class P2PCollective:
 
     # --- one round ------------------------------------------------------------------------------------
 
-    def _begin(self, kind: str, timeout: float) -> RoundIO:
-        """Take the next round number and form its group; returns the round's I/O."""
+    def _begin(self, kind: str, timeout: float, budget: Callable[[int], RoundBudget]) -> RoundIO:
+        """Take the next round number and form its group; returns the round's I/O.
+
+        Once the group is known, the mailbox drops what non-members sent for the round and holds each
+        member to ``budget(group size)``; the next round's pre-group allowance follows that budget."""
         if self._closed:
             raise SwarmError("collective is closed")
         if timeout <= 0:
@@ -316,10 +470,16 @@ class P2PCollective:
         r = self.round_id
         self.round_id = r + 1
         self._mailbox.set_floor(r)
+        self._logged = set()  # refusals are logged once per sender and round
         deadline = time.monotonic() + timeout
         clock = PhaseClock()
         self.last_timings = clock.phases
         group = self._form_group(kind, r, deadline, clock)
+        b = budget(group.size)
+        self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
+        pre = min(max(b.message_bytes, PRE_GROUP.nbytes), _PRE_GROUP_MAX)
+        n = max(8, 2 * group.size)
+        self._mailbox.set_pre_group(Quota(pre, PRE_GROUP.entries), Quota(n * pre, n * PRE_GROUP.entries))
         clock.mark("group")
         return RoundIO(self._link, group, kind, deadline, clock)
 
@@ -345,6 +505,7 @@ class P2PCollective:
 
     def _finish(self, r: int) -> None:
         self._mailbox.set_floor(r + 1)
+        self.heap.maybe_trim()
         if self.guard is not None:
             self.guard.publish()
         try:
@@ -390,7 +551,10 @@ class P2PCollective:
         with self._call_lock:
             r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
             try:
-                io = self._begin(kind, timeout)
+                numel = sum(t.numel() for t in tensors.values())
+                io = self._begin(
+                    kind, timeout, lambda n: reduce_budget(numel, n, self.chunk_elems, compressor)
+                )
                 r = io.round_id
                 check = self._reduce_check(io.group)
                 out = reduce_round(
@@ -433,7 +597,7 @@ class P2PCollective:
         with self._call_lock:
             r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
             try:
-                io = self._begin(kind, timeout)
+                io = self._begin(kind, timeout, lambda n: gather_budget(self.max_gather_bytes))
                 r = io.round_id
                 frames = split_bytes(payload, PART_BYTES)
                 env = io.envelope("gather", index=io.group.index, frames=len(frames), nbytes=len(payload))

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from peers.framereader import FrameReader, MessageClock
 from peers.ledger import ByteLedger
 from peers.messages import (
     FRAME_PREFIX,
@@ -41,6 +42,8 @@ __all__ = [
     "read_envelope",
     "read_envelope_or_eof",
     "read_data_frames",
+    "read_header",
+    "skip_data_frames",
     "PART_BYTES",
     "split_bytes",
 ]
@@ -116,17 +119,28 @@ def split_bytes(data: bytes | memoryview, part: int = PART_BYTES) -> list[memory
     return [view[i : i + part] for i in range(0, len(view), part)]
 
 
-async def read_frame(reader: asyncio.StreamReader, limit: int, timeout: float) -> bytes:
-    """Read one length-prefixed frame of at most ``limit`` bytes within ``timeout`` seconds.
+async def _readexactly(reader: Any, n: int, timeout: float, clock: MessageClock | None) -> Any:
+    """``reader.readexactly(n)`` under ``clock`` (a :class:`FrameReader` checks its rate as it waits;
+    any other reader gets the clock's whole-message deadline) or else a plain ``timeout``."""
+    if clock is not None and isinstance(reader, FrameReader):
+        return await reader.readexactly(n, clock)
+    return await asyncio.wait_for(reader.readexactly(n), clock.left() if clock is not None else timeout)
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, limit: int, timeout: float, clock: MessageClock | None = None
+) -> bytes:
+    """Read one length-prefixed frame of at most ``limit`` bytes within ``timeout`` seconds (or, with
+    ``clock``, within its whole-message deadline and minimum rate).
 
     Raises:
         ProtocolError: oversized frame or the stream ended early.
         PeerTimeoutError: the peer was too slow.
     """
     try:
-        prefix = await asyncio.wait_for(reader.readexactly(FRAME_PREFIX), timeout)
+        prefix = await _readexactly(reader, FRAME_PREFIX, timeout, clock)
         n = decode_frame_length(prefix, limit)
-        return await asyncio.wait_for(reader.readexactly(n), timeout) if n else b""
+        return await _readexactly(reader, n, timeout, clock) if n else b""  # type: ignore[no-any-return]
     except asyncio.IncompleteReadError:
         raise ProtocolError("stream closed in the middle of a frame") from None
     except asyncio.TimeoutError:
@@ -246,11 +260,21 @@ async def read_envelope(reader: asyncio.StreamReader, timeout: float) -> tuple[b
     return body, FRAME_PREFIX + len(body)
 
 
-async def read_envelope_or_eof(reader: asyncio.StreamReader, timeout: float) -> tuple[bytes, int] | None:
-    """Like :func:`read_envelope`, but ``None`` when the stream ends cleanly before a new message
-    (a persistent channel closed by its sender; see ``peers.channels``)."""
-    try:
-        prefix = await asyncio.wait_for(reader.readexactly(FRAME_PREFIX), timeout)
+async def read_header(reader: Any, idle_timeout: float) -> tuple[bytes, int, MessageClock] | None:
+    """The next message's header frame on a stream that may be idle: ``(body, bytes_read, clock)``,
+    or ``None`` when the stream ends cleanly before a new message (a persistent channel closed by its
+    sender; see ``peers.channels``).
+
+    The stream may stay idle up to ``idle_timeout`` seconds; from the message's first byte on, the
+    returned :class:`MessageClock` runs (whole-message deadline, minimum rate): the header must be in
+    within its grace period, and the caller adds the body's bytes with ``clock.expect``.
+    """
+    framed = isinstance(reader, FrameReader)
+    if framed and not await reader.wait_data(idle_timeout):
+        raise PeerTimeoutError("no message on an idle stream")
+    clock = MessageClock(0, reader.received - reader.buffered if framed else 0)
+    try:  # a plain reader cannot tell the first byte: its prefix gets the idle timeout
+        prefix = await _readexactly(reader, FRAME_PREFIX, idle_timeout, clock if framed else None)
     except asyncio.IncompleteReadError as e:
         if not e.partial:
             return None
@@ -259,30 +283,73 @@ async def read_envelope_or_eof(reader: asyncio.StreamReader, timeout: float) -> 
         raise PeerTimeoutError("no message on an idle stream") from None
     n = decode_frame_length(prefix, MAX_HEADER)
     try:
-        body = await asyncio.wait_for(reader.readexactly(n), timeout) if n else b""
+        body = await _readexactly(reader, n, idle_timeout, clock) if n else b""
     except asyncio.IncompleteReadError:
         raise ProtocolError("stream closed in the middle of a frame") from None
     except asyncio.TimeoutError:
         raise PeerTimeoutError("peer too slow sending a frame") from None
-    return body, FRAME_PREFIX + n
+    return bytes(body), FRAME_PREFIX + n, clock
+
+
+async def read_envelope_or_eof(reader: asyncio.StreamReader, timeout: float) -> tuple[bytes, int] | None:
+    """Like :func:`read_envelope`, but ``None`` when the stream ends cleanly before a new message
+    (a persistent channel closed by its sender; see ``peers.channels``)."""
+    got = await read_header(reader, timeout)
+    return None if got is None else (got[0], got[1])
 
 
 async def read_data_frames(
-    reader: asyncio.StreamReader, env: Envelope, *, max_total: int, timeout: float
+    reader: asyncio.StreamReader,
+    env: Envelope,
+    *,
+    max_total: int,
+    timeout: float,
+    clock: MessageClock | None = None,
 ) -> tuple[list[bytes], int]:
     """Read the ``env.frames`` data frames announced by ``env``; returns ``(frames, bytes_read)``.
 
+    Each frame is allocated at its announced length, which is at most what is left of ``env.nbytes``:
+    callers bound ``env.nbytes`` (and reserve it in a quota) before they call this.
+
     Raises:
         ProtocolError: the announced or actual total exceeds ``max_total`` or disagrees with ``env``.
+        PeerTimeoutError: a frame took over ``timeout`` seconds, or ``clock`` ran out.
     """
     if env.nbytes > max_total:
         raise ProtocolError(f"message of {env.nbytes} bytes exceeds the {max_total}-byte cap")
     frames: list[bytes] = []
     total = 0
     for _ in range(env.frames):
-        f = await read_frame(reader, min(MAX_FRAME, env.nbytes - total), timeout)
+        f = await read_frame(reader, min(MAX_FRAME, env.nbytes - total), timeout, clock)
         frames.append(f)
         total += len(f)
     if total != env.nbytes:
         raise ProtocolError("data frames do not add up to the announced size")
     return frames, total + FRAME_PREFIX * env.frames
+
+
+async def skip_data_frames(reader: Any, env: Envelope, clock: MessageClock) -> int:
+    """Read and discard the data frames of a refused message (at most ``env.nbytes`` bytes, through a
+    small scratch buffer: nothing is allocated at the announced size); returns the bytes read.
+
+    Raises:
+        ProtocolError: frames that do not add up to ``env``, or the stream ended.
+        PeerTimeoutError: ``clock`` ran out.
+    """
+    total = 0
+    try:
+        for _ in range(env.frames):
+            n = decode_frame_length(await _readexactly(reader, FRAME_PREFIX, 0.0, clock), env.nbytes - total)
+            if isinstance(reader, FrameReader):
+                await reader.skip(n, clock)
+            else:
+                for i in range(0, n, 1 << 18):
+                    await _readexactly(reader, min(1 << 18, n - i), 0.0, clock)
+            total += n
+    except asyncio.IncompleteReadError:
+        raise ProtocolError("stream closed in the middle of a frame") from None
+    except asyncio.TimeoutError:
+        raise PeerTimeoutError("peer too slow sending a frame") from None
+    if total != env.nbytes:
+        raise ProtocolError("data frames do not add up to the announced size")
+    return total + FRAME_PREFIX * env.frames

@@ -35,7 +35,11 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
         coll = Counting(node)
         node.wait_for_peers(2, timeout=60)
-        if rank == 0:  # receiver: wait for every message, then report what arrived and the ledger
+        if rank == 0:
+            from peers.mailbox import Quota
+
+            # no round forms here: room for all messages before a group is known (peers.mailbox)
+            coll._mailbox.set_pre_group(Quota(8 << 20, 2 * N_MSGS))  # receiver: wait for every message, then report what arrived and the ledger
             want = N_MSGS + 1
 
             def ready(slot: dict[Any, Any]) -> bool:
