@@ -107,17 +107,20 @@ class FrameReader(asyncio.BufferedProtocol):
         #: bytes received on the stream so far (for the minimum-rate check)
         self.received = len(self._ahead)
         self._skip: bytearray | None = None
+        self._into_target = False  # the last get_buffer() handed out the target, not the scratch
 
     # --- protocol side (called by the transport) ---------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._target is not None:
-            return self._target[self._pos :]
+        # a full target may still be set for a loop iteration before its reader resumes
+        self._into_target = self._target is not None and self._pos < len(self._target)
+        if self._into_target:
+            return self._target[self._pos :]  # type: ignore[index]
         return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
         self.received += nbytes
-        if self._target is not None:
+        if self._into_target and self._target is not None:
             self._pos += nbytes
             if self._pos == len(self._target):
                 self._wake()

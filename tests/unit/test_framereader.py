@@ -72,3 +72,58 @@ def test_pauses_when_far_ahead_and_short_stream_raises() -> None:
         writer.close()
 
     asyncio.run(main())
+
+
+def test_clocked_reads_and_skips_keep_step_with_data_arriving_meanwhile() -> None:
+    """With a clock the reader wakes one loop iteration later; the socket keeps delivering into the
+    side buffer meanwhile (an empty target buffer must never be handed out)."""
+    from peers.framereader import MessageClock
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a, reader, writer = await _pair()
+        fr = attach(reader, writer)
+        assert isinstance(fr, FrameReader)
+        frames = [os.urandom(n) for n in (3 << 20, 1 << 20, 5 << 20, 7)]
+        send = asyncio.ensure_future(loop.sock_sendall(a, b"".join(frames)))
+        clock = MessageClock(sum(map(len, frames)), fr.received)
+        assert bytes(await fr.readexactly(len(frames[0]), clock)) == frames[0]
+        await fr.skip(len(frames[1]), clock)
+        assert bytes(await fr.readexactly(len(frames[2]), clock)) == frames[2]
+        assert bytes(await fr.readexactly(7, clock)) == frames[3]
+        await send
+        a.close()
+        writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_trickling_sender_is_cut_off_by_the_minimum_rate() -> None:
+    import time
+
+    from peers.framereader import MessageClock
+    from swarmtrain.core.errors import PeerTimeoutError
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        a, reader, writer = await _pair()
+        fr = attach(reader, writer)
+        assert isinstance(fr, FrameReader)
+
+        async def trickle() -> None:
+            for _ in range(100):
+                await loop.sock_sendall(a, b"x")
+                await asyncio.sleep(0.2)
+
+        task = asyncio.ensure_future(trickle())
+        t0 = time.monotonic()
+        with pytest.raises(PeerTimeoutError, match="minimum rate"):
+            await fr.readexactly(1000, MessageClock(1000, fr.received, grace=1.0, min_rate=100))
+        held = time.monotonic() - t0
+        task.cancel()
+        a.close()
+        writer.close()
+        return held
+
+    held = asyncio.run(main())
+    assert held < 3.5  # the grace period, then the first check that finds it below the rate
