@@ -83,7 +83,7 @@ def honest(rank: int, initial: list[str], q: Any, tmp: str) -> None:
                 "baseline": baseline,
                 "peak": peak[0],
                 "final": final,
-                "trims": coll.heap.trims,
+                "trims": getattr(getattr(coll, "heap", None), "trims", -1),
                 "buffered": coll._mailbox.buffered_bytes,
             },
         )
