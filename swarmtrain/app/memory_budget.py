@@ -15,10 +15,11 @@ benchmark can print it before anything is built. The rules, per trainable parame
   ``device`` keeps both on the device, ``cpu`` on the host, ``cpu8`` on the host with the momentum
   in blockwise int8 (1 + 4/256 B; the anchor stays fp32, since outer updates must not be rounded).
 * **residuals**: error feedback (``compression.error_feedback``) keeps one float64 residual per sent
-  element (8 B; ``ef21`` a float32 estimate, 4 B) where the pseudo-gradient is built; DeMo keeps its
+  element (8 B; ``ef21`` a float32 estimate, 4 B) on the device, where what is sent is built; DeMo keeps its
   fp32 local momentum (4 B), the part of the update not yet sent.
 * **buffers** (during a sync): DataParallel and DiLoCo build a flat fp32 copy of what they send
-  (4 B, plus the fp32 pseudo-gradient for DiLoCo, 4 B) where the outer state lives, and the
+  (4 B, plus the fp32 pseudo-gradient for DiLoCo, 4 B) on the device, whatever ``outer_state``
+  says (``optimizers.outer_store`` brings the anchor over one tensor at a time), and the
   collective decodes into one fp32 result on the host (4 B) plus the encoded packets (the codec's
   bits / 8). Streaming DiLoCo needs one fragment's worth (1/F). DeMo transforms one tensor at a
   time: twice its largest tensor in fp32.
@@ -247,18 +248,16 @@ def memory_budget(cfg: Config, device_type: str = "cpu", spec: GPTSpec | None = 
     if name == "demo":
         comps.append(Component("residuals", 4 * n, "device", "persistent", "DeMo fp32 momentum"))
     elif name != "local" and ef != "none":
-        where: Where = outer_where if outer_loop else "device"
         comps.append(
-            Component("residuals", (8 if ef == "ef" else 4) * n, where, "persistent", f"{ef} residual")
+            Component("residuals", (8 if ef == "ef" else 4) * n, "device", "persistent", f"{ef} residual")
         )
     if name in ("data_parallel", "diloco", "streaming_diloco"):
         share = 1.0 / getattr(st, "fragments", 1) if name == "streaming_diloco" else 1.0
         sent = int(n * share)
-        where_buf: Where = outer_where if outer_loop else "device"
         copies = 2 if outer_loop else 1
         comps.append(
             Component(
-                "buffers", 4 * copies * sent, where_buf, "sync", "flat" + ("+pseudo-grad" * (copies - 1))
+                "buffers", 4 * copies * sent, "device", "sync", "flat" + ("+pseudo-grad" * (copies - 1))
             )
         )
         comps.append(

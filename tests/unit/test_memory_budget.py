@@ -144,7 +144,8 @@ def test_offloaded_outer_state_moves_to_the_host(placement: str, host_outer: int
     assert [c.where for c in outer] == ["host"]
     expected = host_outer if placement == "cpu" else 4 * N_TINY + N_TINY + 4 * math.ceil(N_TINY / 256)
     assert outer[0].total_bytes == expected
-    assert not any(c.where == "device" and c.phase == "sync" for c in b.components)
+    # the pseudo-gradient and its flat copy are still built on the device (optimizers.outer_store)
+    assert sum(c.total_bytes for c in b.components if c.where == "device" and c.phase == "sync") == 8 * N_TINY
 
 
 def test_largest_fitting_preset_and_table_width() -> None:
