@@ -14,7 +14,7 @@ Receive budgets (DESIGN.md section 4): each incoming stream counts against a cap
 per peer; each message has a whole-message deadline and a minimum rate (``peers.framereader``); its
 body is read only after its bytes were reserved in the mailbox (``peers.mailbox``): members of the
 round's known group within the round's budget, derived from the model, the codec, the chunk size and
-the group size (:func:`reduce_budget`), everyone else within a small pre-group allowance until the
+the group size (``peers.mailbox.reduce_budget``), everyone else within a small pre-group allowance until the
 group is known. Refusals are ``ProtocolError`` acks, logged once per sender and round.
 
 Structure: this class owns the wire (the stream handler filling a ``peers.mailbox.Mailbox``, the
@@ -49,7 +49,18 @@ from peers.framereader import MessageClock
 from peers.framereader import attach as attach_frame_reader
 from peers.group import Group
 from peers.ledger import ByteLedger
-from peers.mailbox import PRE_GROUP, Delivery, Key, Mailbox, Quota, Refused, RoundBudget, Ticket
+from peers.mailbox import (
+    PRE_GROUP,
+    Delivery,
+    Key,
+    Mailbox,
+    Quota,
+    Refused,
+    RoundBudget,
+    Ticket,
+    gather_budget,
+    reduce_budget,
+)
 from peers.memory import HeapReturn
 from peers.messages import Envelope, decode_envelope, encode_ack
 from peers.node import PeerNode
@@ -72,7 +83,7 @@ from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundRe
 if TYPE_CHECKING:
     from peers.guard import ByzantineGuard
 
-__all__ = ["P2PCollective", "reduce_budget", "gather_budget", "packet_bound", "MAX_STREAMS_PER_PEER"]
+__all__ = ["P2PCollective", "MAX_STREAMS_PER_PEER"]
 
 logger = logging.getLogger(__name__)
 _FRAME_TIMEOUT = 30.0
@@ -82,41 +93,8 @@ _MESSAGE_TYPES = ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp"
 MAX_STREAMS_PER_PEER = 8
 _MAX_STREAMS = 256  # concurrent incoming streams from all peers together
 _GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
-_PACKET_SLACK = 4096  # bytes of a packet's msgpack header beyond its payload
-_CONTROL_BYTES = _GROUP_BYTES + 64 * 1024  # a member's control messages in one round (list, have...)
-_CONTROL_ENTRIES = 16
 _PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
 _LOGGED_MAX = 4096  # refusals remembered for log-once (per sender and round)
-
-
-def packet_bound(compressor: Compressor, numel: int) -> int:
-    """The most bytes an encoded packet of ``numel`` elements takes: the codec's exact payload size
-    (``payload_nbytes``) plus its header, or 8 bytes per element for a codec that does not say."""
-    size = getattr(compressor, "payload_nbytes", None)
-    try:
-        payload = int(size(numel)) if size is not None else 8 * numel
-    except Exception:  # a codec that cannot size this input: the generous fallback
-        payload = 8 * numel
-    return payload + _PACKET_SLACK
-
-
-def reduce_budget(numel: int, group_size: int, chunk_elems: int, compressor: Compressor) -> RoundBudget:
-    """What one member may send this peer in one all-reduce round: the chunks of this peer's partition
-    (parts), of its own (aggregates) and of the one this peer verifies (``vpart``), one packet bound
-    each, their digests, and the round's control messages; one message is at most one chunk's packet."""
-    part = -(-numel // max(group_size, 1))  # the largest partition
-    chunk = max(1, min(chunk_elems, part))
-    n_chunks = -(-part // chunk)
-    msg = packet_bound(compressor, chunk)
-    per = Quota(3 * n_chunks * msg + 256 * n_chunks + _CONTROL_BYTES, 4 * n_chunks + _CONTROL_ENTRIES)
-    return RoundBudget(per, max(msg, _GROUP_BYTES))
-
-
-def gather_budget(max_gather_bytes: int) -> RoundBudget:
-    """What one member may send this peer in one all-gather round: one payload and control messages."""
-    return RoundBudget(
-        Quota(max_gather_bytes + _CONTROL_BYTES, _CONTROL_ENTRIES), max(max_gather_bytes, _GROUP_BYTES)
-    )
 
 
 class P2PCollective:
@@ -135,7 +113,7 @@ class P2PCollective:
         join_window: seconds a round's leader waits for joiners.
         chunk_elems: elements per packet, one stream frame each (<= 2**21).
         max_message_bytes: ceiling on one incoming message (``None``: only each round's own cap, one
-            chunk's packet bound; see :func:`reduce_budget`).
+            chunk's packet bound; see ``peers.mailbox.reduce_budget``).
         max_gather_bytes: cap on one incoming all-gather payload.
         max_buffer_bytes: ceiling on all buffered incoming bytes (``None``: only the quotas, derived
             per round from the model and the group size, bound them).

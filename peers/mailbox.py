@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from peers.messages import Envelope
 from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.protocols import Compressor
 
 __all__ = [
     "Mailbox",
@@ -44,6 +45,9 @@ __all__ = [
     "PRE_GROUP",
     "CONTROL_TYPES",
     "CONTROL_RESERVE",
+    "packet_bound",
+    "reduce_budget",
+    "gather_budget",
 ]
 
 Key = tuple[str, str, int]  # (message type, sender, chunk)
@@ -425,6 +429,41 @@ class Mailbox:
         """Messages currently held (stored and reserved)."""
         with self._cond:
             return self._total.entries
+
+
+_PACKET_SLACK = 4096  # bytes of a packet's msgpack header beyond its payload
+_CONTROL_BYTES = 128 * 1024 + 64 * 1024  # a member's control messages in one round (list, have...)
+_CONTROL_ENTRIES = 16
+
+
+def packet_bound(compressor: Compressor, numel: int) -> int:
+    """The most bytes an encoded packet of ``numel`` elements takes: the codec's exact payload size
+    (``payload_nbytes``) plus its header, or 8 bytes per element for a codec that does not say."""
+    size = getattr(compressor, "payload_nbytes", None)
+    try:
+        payload = int(size(numel)) if size is not None else 8 * numel
+    except Exception:  # a codec that cannot size this input: the generous fallback
+        payload = 8 * numel
+    return payload + _PACKET_SLACK
+
+
+def reduce_budget(numel: int, group_size: int, chunk_elems: int, compressor: Compressor) -> RoundBudget:
+    """What one member may send this peer in one all-reduce round: the chunks of this peer's partition
+    (parts), of its own (aggregates) and of the one this peer verifies (``vpart``), one packet bound
+    each, their digests, and the round's control messages; one message is at most one chunk's packet."""
+    part = -(-numel // max(group_size, 1))  # the largest partition
+    chunk = max(1, min(chunk_elems, part))
+    n_chunks = -(-part // chunk)
+    msg = packet_bound(compressor, chunk)
+    per = Quota(3 * n_chunks * msg + 256 * n_chunks + _CONTROL_BYTES, 4 * n_chunks + _CONTROL_ENTRIES)
+    return RoundBudget(per, max(msg, 128 * 1024))
+
+
+def gather_budget(max_gather_bytes: int) -> RoundBudget:
+    """What one member may send this peer in one all-gather round: one payload and control messages."""
+    return RoundBudget(
+        Quota(max_gather_bytes + _CONTROL_BYTES, _CONTROL_ENTRIES), max(max_gather_bytes, 128 * 1024)
+    )
 
 
 def _with_nbytes(env: Envelope, nbytes: int) -> Envelope:

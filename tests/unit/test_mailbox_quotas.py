@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from peers.collective import gather_budget, packet_bound, reduce_budget
-from peers.mailbox import CONTROL_RESERVE, Delivery, Mailbox, Quota, Refused, RoundBudget
+from peers.mailbox import (
+    CONTROL_RESERVE,
+    Delivery,
+    Mailbox,
+    Quota,
+    Refused,
+    RoundBudget,
+    gather_budget,
+    packet_bound,
+    reduce_budget,
+)
 from peers.messages import Envelope
 
 A, B, Z = "A", "B", "Z"  # two members and an outsider
