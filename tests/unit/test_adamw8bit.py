@@ -93,11 +93,13 @@ def assert_identical(a: dict[str, Any], b: dict[str, Any]) -> None:
 def test_adamw8bit_trains_the_tiny_preset_like_adamw(tmp_path: Path) -> None:
     losses: dict[str, list[float]] = {}
     val: dict[str, float] = {}
+    tps: dict[str, float] = {}
     for kind in ("adamw", "adamw8bit"):
         trainer = Trainer(tiny(tmp_path, kind))
         steps: list[float] = []
         result = trainer.fit(lambda info, s=steps: s.append(info.loss))  # type: ignore[misc]
         losses[kind], val[kind] = steps, float(result.final_val_loss or "nan")
+        tps[kind] = result.tokens / max(result.train_s, 1e-9)
         trainer.close()
     last = {k: sum(v[-10:]) / 10 for k, v in losses.items()}  # mean train loss of the last 10 steps
     rel_train = (last["adamw8bit"] - last["adamw"]) / last["adamw"]
@@ -107,6 +109,7 @@ def test_adamw8bit_trains_the_tiny_preset_like_adamw(tmp_path: Path) -> None:
         f"first loss {losses['adamw'][0]:.4f}; mean train loss of the last 10 steps "
         f"adamw {last['adamw']:.4f} adamw8bit {last['adamw8bit']:.4f} ({100 * rel_train:+.2f} %); "
         f"val adamw {val['adamw']:.4f} adamw8bit {val['adamw8bit']:.4f} ({100 * rel_val:+.2f} %)"
+        f"; tokens/s adamw {tps['adamw']:,.0f} adamw8bit {tps['adamw8bit']:,.0f}"
     )
     # same start (same init, same first batch), and both learned well below it: an optimizer that
     # does not step (or steps wrongly) stays near ln(256) = 5.55 or diverges
