@@ -158,6 +158,34 @@ def test_streaming_diloco_cpu_ends_identical_to_device() -> None:
     assert all(_equal(tr_c[0][k], tr_c[1][k]) for k in range(len(tr_c[0])))
 
 
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [
+        ("cpu", {"nesterov": False}),  # heavy ball
+        ("cpu", {"outer_momentum": 0.0}),
+        ("cpu8", {"outer_momentum": 0.0}),  # no momentum to quantise: exact
+        ("cpu", {"model_dtype": torch.bfloat16}),
+    ],
+)
+def test_other_outer_settings_match_device(mode: str, options: dict[str, Any]) -> None:
+    opts = dict(options)
+    dtype = opts.pop("model_dtype", torch.float32)
+    finals = []
+    for m in ("device", mode):
+        model = make_model().to(dtype)
+        strat = make_strategy(
+            "diloco", model, make_optimizer(model), InProcessGroup(1)[0], outer_state=m, inner_steps=3, **opts
+        )
+        for s in range(10):
+            x, y = batch(0, s)
+            backward(model, x.to(dtype), y.to(dtype))
+            strat.step(16)
+        finals.append((params_of(model), strat.state_dict()))
+    assert _equal(finals[0][0], finals[1][0])
+    assert _equal(finals[0][1]["anchor"], finals[1][1]["anchor"])
+    assert _equal(finals[0][1]["outer"]["buffers"], finals[1][1]["outer"]["buffers"])
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", ["diloco", "streaming_diloco"])
 def test_cuda_pinned_ends_identical_to_device(name: str) -> None:
