@@ -26,7 +26,7 @@ import pytest
 from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
 N_HONEST = 3
-ROUNDS = 40
+ROUNDS = 32
 WARM = 4  # rounds before the attack (the heap reaches its steady size)
 NUMEL = 1_000_000
 RSS_BOUND = 128 << 20  # the victim's RSS growth over its warm baseline, during and after the attack
