@@ -39,7 +39,8 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
             from peers.mailbox import Quota
 
             # no round forms here: room for all messages before a group is known (peers.mailbox)
-            coll._mailbox.set_pre_group(Quota(8 << 20, 2 * N_MSGS))  # receiver: wait for every message, then report what arrived and the ledger
+            coll._mailbox.set_pre_group(Quota(8 << 20, 2 * N_MSGS))
+            # receiver: wait for every message, then report what arrived and the ledger
             want = N_MSGS + 1
 
             def ready(slot: dict[Any, Any]) -> bool:
