@@ -1,6 +1,6 @@
 """``benchmarks/gpu.py --device cpu``: every section runs at its smallest sizes and the JSON is complete.
 
-Takes about 70 s on 2 busy cores (two real peer processes for the DiLoCo section, under the
+Takes 65-130 s on 2 busy cores (two real peer processes for the DiLoCo section, under the
 integration lock), so it is marked ``slow``.
 """
 
