@@ -1,7 +1,9 @@
 """A peer's shareable state: what a donor serves, how a newcomer or a late peer adopts it, and its digest.
 
 The state is the model's parameters, the strategy's state (outer optimizer, anchors, residuals...),
-the step count and the round number, as safetensors tensors plus a JSON skeleton
+the inner optimizer's per-parameter state (a DataParallel peer that started with fresh moments would
+step differently from the swarm; a DiLoCo peer gets a warm start), the step count and the round
+number, as safetensors tensors plus a JSON skeleton
 (``swarmtrain.app.checkpoint.pack_state``), so neither side ever unpickles peer bytes. Loading goes
 through ``Trainer.load_peer_state``, the same checks a checkpoint resume runs; this module adds only
 what belongs to the exchange: the donor's strategy name, its step and round fields, and the round
@@ -58,11 +60,15 @@ def state_snapshot(trainer: Trainer, round_id: int) -> tuple[dict[str, torch.Ten
     tensors = {_MODEL + n: p.detach().to("cpu", copy=True) for n, p in trainer.model.named_parameters()}
     strat_tensors, skeleton = pack_state(trainer.strategy.state_dict(), prefix="strategy")
     tensors.update(strat_tensors)
+    opt_tensors, opt_skeleton = pack_state(trainer.optimizer.state_dict(), prefix="optimizer")
+    tensors.update(opt_tensors)
     meta = {
         "round": int(round_id),
         "step": int(trainer.step),
         "strategy_name": trainer.strategy.name,
         "strategy": skeleton,
+        "optimizer_kind": trainer.config.train.optimizer,
+        "optimizer": opt_skeleton,
     }
     return tensors, meta
 
@@ -81,10 +87,14 @@ def apply_state(trainer: Trainer, tensors: Mapping[str, torch.Tensor], meta: Map
     step, rnd = meta.get("step"), meta.get("round")
     if not isinstance(step, int) or not isinstance(rnd, int) or step < 0 or rnd < 0:
         raise ProtocolError("state meta lacks a valid step and round")
+    kind = trainer.config.train.optimizer
+    if "optimizer" in meta and meta.get("optimizer_kind") != kind:
+        raise ProtocolError(f"donor uses optimizer {meta.get('optimizer_kind')!r}, this peer {kind!r}")
     parameters = {n[len(_MODEL) :]: t for n, t in tensors.items() if n.startswith(_MODEL)}
     try:
         strategy_state = unpack_state(meta.get("strategy"), tensors)
-        trainer.load_peer_state(parameters, strategy_state, step)
+        optimizer_state = unpack_state(meta["optimizer"], tensors) if "optimizer" in meta else None
+        trainer.load_peer_state(parameters, strategy_state, step, optimizer_state)
     except CheckpointError as e:
         raise ProtocolError(f"downloaded state: {e}") from None
     return rnd

@@ -125,6 +125,22 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def _check_finite_state(tree: Any) -> None:
+    """Raise CheckpointError if a floating tensor or number in ``tree`` is NaN or infinite."""
+    stack = [tree]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, Mapping):
+            stack.extend(cur.values())
+        elif isinstance(cur, list | tuple):
+            stack.extend(cur)
+        elif isinstance(cur, torch.Tensor) and cur.is_floating_point():
+            if not bool(torch.isfinite(cur).all()):
+                raise CheckpointError("optimizer state holds NaN or infinite values")
+        elif isinstance(cur, float) and not math.isfinite(cur):
+            raise CheckpointError("optimizer state holds a NaN or infinite number")
+
+
 def _check_fits(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, Any]) -> None:
     """Raise CheckpointError unless ``theirs`` has exactly ``ours``' names, each a tensor of the same
     shape and dtype (checked before anything is copied, so a bad state changes nothing)."""
@@ -527,17 +543,35 @@ class Trainer:
         self.bytes_received = int(progress["bytes_received"])
         logger.info("resumed from %s at step %d", directory, self.step)
 
-    def load_peer_state(self, parameters: Mapping[str, torch.Tensor], strategy_state: Any, step: int) -> None:
-        """Adopt another peer's parameters, strategy state and step count (a newcomer's download, a
-        late peer's catch-up). The inner optimizer, RNG and data stream stay this peer's own.
+    def load_peer_state(
+        self,
+        parameters: Mapping[str, torch.Tensor],
+        strategy_state: Any,
+        step: int,
+        optimizer_state: Any = None,
+    ) -> None:
+        """Adopt another peer's parameters, strategy state, step count and (when given) inner optimizer
+        state: a newcomer's download or a late peer's catch-up. RNG and data stream stay this peer's.
+
+        Only the optimizer's per-parameter state is taken from the donor (moments, 8-bit codes and
+        their scales, step counts); its hyperparameters (lr, betas, weight decay) stay this peer's own
+        config, so a donor cannot change how this peer trains.
 
         Raises:
-            CheckpointError: the parameters or the strategy state do not fit this trainer; nothing
-                changed then.
+            CheckpointError: the parameters, the strategy state or the optimizer state do not fit this
+                trainer (another optimizer kind, shapes, dtypes, non-finite values); nothing changed then.
         """
         _check_fits(dict(self.model.named_parameters()), parameters)
+        if optimizer_state is not None:
+            check_optimizer_state(self.optimizer, self.config.train.optimizer, optimizer_state)
+            _check_finite_state(optimizer_state.get("state", {}))
         self._load_strategy_state(strategy_state)
         self._copy_into_model(self.model.named_parameters(), parameters)
+        if optimizer_state is not None:
+            ours = self.optimizer.state_dict()["param_groups"]
+            theirs = optimizer_state["param_groups"]
+            groups = [{**g, "params": s["params"]} for g, s in zip(ours, theirs, strict=True)]
+            self.optimizer.load_state_dict({"state": optimizer_state["state"], "param_groups": groups})
         self.step = step
 
     def _load_strategy_state(self, state: Any) -> None:

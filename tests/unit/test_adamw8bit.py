@@ -228,23 +228,42 @@ def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(tmp_path: Path
     check_optimizer_state(target.optimizer, "adamw8bit", donor.optimizer.state_dict())  # fits
 
 
-def test_newcomer_download_leaves_the_inner_state_its_own(tmp_path: Path) -> None:
-    """The contract of peer_state: parameters, strategy state and step travel; the inner optimizer
-    state (8-bit or not) stays the newcomer's own."""
-    donor = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3}))
+def test_newcomer_download_carries_the_8bit_state_bit_exactly(tmp_path: Path) -> None:
+    """Parameters, strategy state, step and the inner optimizer's 8-bit state travel and load
+    bit-exactly; the newcomer keeps its own hyperparameters; a donor with another optimizer kind, a
+    tensor of the wrong shape or a NaN in the optimizer state is refused and changes nothing."""
+    donor = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.weight_decay": 0.5}))
     donor.fit()
     newcomer = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.seed": 1}))
-    own = flat_optimizer_state(newcomer.optimizer)
+    own_decay = newcomer.optimizer.param_groups[0]["weight_decay"]
+    assert own_decay != 0.5
     tensors, meta = state_snapshot(donor, round_id=7)
     assert apply_state(newcomer, tensors, meta) == 7
     assert newcomer.step == 3
     for n, p in newcomer.model.named_parameters():
         assert torch.equal(p, dict(donor.model.named_parameters())[n])
-    assert flat_optimizer_state(newcomer.optimizer).keys() == own.keys()
-    bad = dict(tensors)
-    bad["model.lm_head.weight" if "model.lm_head.weight" in bad else next(iter(bad))] = torch.zeros(3)
-    with pytest.raises(ProtocolError):
-        apply_state(newcomer, bad, meta)
+    theirs, ours = flat_optimizer_state(donor.optimizer), flat_optimizer_state(newcomer.optimizer)
+    assert theirs.keys() == ours.keys()
+    for k, v in theirs.items():
+        assert torch.equal(v, ours[k]) if isinstance(v, torch.Tensor) else v == ours[k], k
+    assert newcomer.optimizer.param_groups[0]["weight_decay"] == own_decay  # its own config, not the donor's
+
+    fresh = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.seed": 2}))
+    before = {n: p.clone() for n, p in fresh.model.named_parameters()}
+    wrong_kind = {**meta, "optimizer_kind": "adamw"}
+    bad_shape = dict(tensors)
+    bad_shape["model.lm_head.weight" if "model.lm_head.weight" in bad_shape else next(iter(bad_shape))] = (
+        torch.zeros(3)
+    )
+    nan_state = dict(tensors)
+    name = next(n for n, t in tensors.items() if n.startswith("optimizer") and t.is_floating_point())
+    nan_state[name] = torch.full_like(tensors[name], float("nan"))
+    for t_bad, m_bad in [(tensors, wrong_kind), (bad_shape, meta), (nan_state, meta)]:
+        with pytest.raises(ProtocolError):
+            apply_state(fresh, t_bad, m_bad)
+    assert fresh.step == 0
+    for n, p in fresh.model.named_parameters():
+        assert torch.equal(p, before[n]), n
 
 
 # ----------------------------------------------------------------------- without bitsandbytes
