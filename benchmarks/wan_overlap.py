@@ -47,7 +47,7 @@ from wan_worker import MESSAGE_PREFIX  # noqa: E402
 
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.core.errors import SwarmError  # noqa: E402
-from swarmtrain.simulation.runner import PeerOutcome, params_identical  # noqa: E402
+from swarmtrain.simulation.runner import PeerOutcome, params_identical, stop_peers  # noqa: E402
 
 __all__ = ["WanRun", "run_wan", "run_benchmark", "initial_val_loss", "main"]
 
@@ -145,7 +145,6 @@ def _outcome(payload: dict[str, Any]) -> PeerOutcome:
 
 def run_wan(wan: Wan, cfg: Config, n_peers: int, timeout: float = 900.0) -> WanRun:
     """Train ``cfg`` with a bootstrap on node 0 and peer ``r`` on node ``r + 1`` of ``wan``."""
-    import signal
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.progress = False
@@ -193,14 +192,7 @@ def run_wan(wan: Wan, cfg: Config, n_peers: int, timeout: float = 900.0) -> WanR
                 if kind == "done":
                     outcomes[rank] = _outcome(payload)
         finally:
-            for p in procs:
-                if p.alive:
-                    p.signal(signal.SIGTERM)
-            end = time.monotonic() + 15.0
-            for p in procs:
-                p.join(max(0.1, end - time.monotonic()))
-            for p in reversed(procs):
-                p.terminate(grace=3.0)
+            stop_peers(procs)
     return WanRun(cfg.strategy.name, [outcomes[r] for r in range(n_peers)], time.perf_counter() - t0)
 
 

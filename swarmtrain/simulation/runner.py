@@ -24,7 +24,7 @@ from typing import Any
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
 
-__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical"]
+__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical", "stop_peers"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def run_simulation(
             procs.append(spawn_function(_peer_main, (rank, n_peers, cfg_json, q, level), name=f"peer{rank}"))
         outcomes = _collect(q, procs, n_peers, deadline, on_progress)
     finally:
-        _stop_all(procs)
+        stop_peers(procs)
         left = [o for p in procs for o in find_orphans(p.marker)]
         if left:
             logger.error("processes left behind after the simulation: %s", [o.pid for o in left])
@@ -294,7 +294,7 @@ def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> Simulati
     )
 
 
-def _stop_all(procs: list[Any]) -> None:
+def stop_peers(procs: list[Any]) -> None:
     """Ask every peer to leave (SIGTERM to its main process: it deregisters and exits), then kill
     whatever is left of each process group."""
     import signal
