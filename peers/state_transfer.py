@@ -90,6 +90,8 @@ def parse_state(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "{}"))
     except (ValueError, AttributeError, TypeError) as e:
         raise ProtocolError(f"state header is not valid JSON: {e}") from None
+    except RecursionError:  # json.loads recurses once per nesting level
+        raise ProtocolError("state header nests too deeply") from None
     if not isinstance(meta, dict):
         raise ProtocolError("state meta is not a JSON object")
     try:

@@ -51,6 +51,10 @@ class CheckpointError(SwarmError):
     """A checkpoint is missing, malformed, or does not fit the model/optimizer it is loaded into."""
 
 
+#: the deepest nesting :func:`unpack_state` accepts (optimizer and strategy states nest a few levels)
+MAX_DEPTH = 32
+
+
 def pack_state(tree: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], Any]:
     """Split ``tree`` into named CPU tensors and a JSON-serialisable skeleton.
 
@@ -105,12 +109,15 @@ def unpack_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     """Rebuild the tree packed by :func:`pack_state`.
 
     Raises:
-        CheckpointError: a reference to a missing tensor or a malformed skeleton.
+        CheckpointError: a reference to a missing tensor, a malformed skeleton, or one nested deeper
+            than :data:`MAX_DEPTH` (a skeleton can come from a peer; no state of ours nests that deep).
     """
 
-    def dec(obj: Any) -> Any:
+    def dec(obj: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise CheckpointError(f"checkpoint state nests deeper than {MAX_DEPTH} levels")
         if isinstance(obj, list):
-            return [dec(v) for v in obj]
+            return [dec(v, depth + 1) for v in obj]
         if not isinstance(obj, dict):
             return obj
         if len(obj) == 1:
@@ -120,7 +127,7 @@ def unpack_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
                     raise CheckpointError(f"checkpoint refers to a missing tensor {val!r}")
                 return tensors[val]
             if tag == "__tuple__" and isinstance(val, list):
-                return tuple(dec(v) for v in val)
+                return tuple(dec(v, depth + 1) for v in val)
             if tag == "__float__" and val in ("nan", "inf", "-inf"):
                 return float(val)
             if tag == "__map__" and isinstance(val, list):
@@ -130,11 +137,11 @@ def unpack_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
                         raise CheckpointError("checkpoint has a malformed mapping entry")
                     if not isinstance(item[0], str | int | bool) and item[0] is not None:
                         raise CheckpointError(f"checkpoint has a {type(item[0]).__name__} mapping key")
-                    out[item[0]] = dec(item[1])
+                    out[item[0]] = dec(item[1], depth + 1)
                 return out
-        return {k: dec(v) for k, v in obj.items()}
+        return {k: dec(v, depth + 1) for k, v in obj.items()}
 
-    return dec(skeleton)
+    return dec(skeleton, 0)
 
 
 def _atomic(path: Path, write: Any) -> None:
