@@ -10,12 +10,11 @@ included, decodes the same bytes, so all members end bit-identical. Membership c
 back); every message carries the group digest and is checked against it. Messages travel on
 persistent per-peer channels (``peers.channels``), each acknowledged.
 
-Receive budgets (DESIGN.md section 4): each incoming stream counts against a cap of concurrent streams
-per peer; each message has a whole-message deadline and a minimum rate (``peers.framereader``); its
-body is read only after its bytes were reserved in the mailbox (``peers.mailbox``): members of the
-round's known group within the round's budget, derived from the model, the codec, the chunk size and
-the group size (``peers.mailbox.reduce_budget``), everyone else within a small pre-group allowance until the
-group is known. Refusals are ``ProtocolError`` acks, logged once per sender and round.
+Receive budgets (DESIGN.md section 4): capped concurrent streams per peer; a whole-message deadline
+and minimum rate (``peers.framereader``); a body read only after its bytes were reserved in the
+mailbox (``peers.mailbox``): members within the round's budget (``peers.mailbox.reduce_budget``),
+others within a small pre-group allowance until the group is known. Refusals are ``ProtocolError``
+acks, logged once per sender and round.
 
 Structure: this class owns the wire (the stream handler filling a ``peers.mailbox.Mailbox``, the
 channels, the matchmaker) and one ``peers.round_io.RoundIO`` per round, which it hands to the round's
@@ -91,7 +90,8 @@ _GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds allows 10
 _MESSAGE_TYPES = ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join")
 #: concurrent incoming streams per peer (a channel uses three lanes, aborts one-shot streams)
 MAX_STREAMS_PER_PEER = 8
-_MAX_STREAMS = 256  # concurrent incoming streams from all peers together
+_MAX_STREAMS = 256  # concurrent incoming streams from all peers together (raised for large groups)
+_TYPE_CAPS = {"grp": _GROUP_BYTES, "join": 0, HAVE: 0, "abort": 0}  # join/have/abort carry no frames
 _GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
 _PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
 _LOGGED_MAX = 4096  # refusals remembered for log-once (per sender and round)
@@ -156,9 +156,9 @@ class P2PCollective:
         self._mailbox.add_listener(self._wake_waiting)
         self._room: asyncio.Future[None] | None = None  # resolved when the mailbox may take more
         self._streams: dict[str, int] = {}  # open incoming streams per peer (event loop only)
+        self._max_streams = _MAX_STREAMS  # all incoming streams; grows with the group (3 lanes each)
         self._logged: set[tuple[str, int]] = set()  # (sender, round) refusals already logged
-        #: gives the heap back after a flood's data was dropped (``peers.memory``)
-        self.heap = HeapReturn()
+        self.heap = HeapReturn()  # gives the heap back after a flood's data was dropped
         self._matchmaker = Matchmaker(
             node.dht,
             node.peer_id,
@@ -171,8 +171,7 @@ class P2PCollective:
         # what every round's RoundIO uses; ``self._send`` is looked up here, so a subclass's wins
         self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
         self._call_lock = threading.Lock()
-        #: seconds spent in each phase of the last round (diagnostics for benchmarks and metrics)
-        self.last_timings: dict[str, float] = {}
+        self.last_timings: dict[str, float] = {}  # seconds per phase of the last round (diagnostics)
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
         self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only
@@ -193,15 +192,14 @@ class P2PCollective:
         if self._closed:
             return
         self._closed = True
-
-        async def _close_channels() -> None:
-            self._channels.close()
-
         try:
-            self.node.loop.run(_close_channels(), 5.0)
+            self.node.loop.run(self._close_channels(), 5.0)
             self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler_name), 5.0)
         except Exception:
             logger.debug("removing the collective handler failed", exc_info=True)
+
+    async def _close_channels(self) -> None:  # on the event loop, which owns the channels
+        self._channels.close()
 
     def __enter__(self) -> P2PCollective:
         return self
@@ -217,7 +215,7 @@ class P2PCollective:
         concurrent streams gets this one closed at once."""
         sender = str(info.peer_id.to_base58())
         open_now = self._streams.get(sender, 0)
-        if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= _MAX_STREAMS:
+        if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= self._max_streams:
             self._log_refusal(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
             writer.close()
             return
@@ -290,7 +288,9 @@ class P2PCollective:
 
     def _type_cap(self, env: Envelope) -> int:
         """The most bytes a message of this type may carry, whatever its round's budget says."""
-        cap = {"gather": self.max_gather_bytes, "grp": _GROUP_BYTES}.get(env.type, 1 << 40)
+        if env.type == "gather":  # an all-gather payload has its own setting
+            return self.max_gather_bytes
+        cap = _TYPE_CAPS.get(env.type, 1 << 40)
         return min(cap, self.max_message_bytes) if self.max_message_bytes is not None else cap
 
     async def _admit(self, sender: str, env: Envelope, reader: Any, clock: MessageClock) -> Ticket | None:
@@ -454,6 +454,7 @@ class P2PCollective:
         self.last_timings = clock.phases
         group = self._form_group(kind, r, deadline, clock)
         b = budget(group.size)
+        self._max_streams = max(_MAX_STREAMS, 4 * group.size + 16)
         self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
         pre = min(max(b.message_bytes, PRE_GROUP.nbytes), _PRE_GROUP_MAX)
         n = max(8, 2 * group.size)

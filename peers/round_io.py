@@ -89,7 +89,10 @@ def decode_chunk(compressor: Compressor, frames: Sequence[bytes], length: int) -
     pkt = decode_packet_bytes(frames[0])
     if tuple(pkt.shape) != (length,):
         raise ProtocolError(f"chunk shape {tuple(pkt.shape)} != ({length},)")
-    t = compressor.decompress(pkt)
+    try:
+        t = compressor.decompress(pkt)
+    except (ValueError, RuntimeError, TypeError) as e:  # a codec's own checks on peer bytes
+        raise ProtocolError(f"chunk does not decode: {type(e).__name__}: {e}") from None
     if t.numel() != length:
         raise ProtocolError("decoded chunk has the wrong size")
     t = t.reshape(-1).to(torch.float32)

@@ -88,15 +88,24 @@ def apply_state(trainer: Trainer, tensors: Mapping[str, torch.Tensor], meta: Map
     if not isinstance(step, int) or not isinstance(rnd, int) or step < 0 or rnd < 0:
         raise ProtocolError("state meta lacks a valid step and round")
     kind = trainer.config.train.optimizer
-    if "optimizer" in meta and meta.get("optimizer_kind") != kind:
-        raise ProtocolError(f"donor uses optimizer {meta.get('optimizer_kind')!r}, this peer {kind!r}")
+    take_optimizer = "optimizer" in meta
+    if take_optimizer and meta.get("optimizer_kind") != kind:
+        # the parameters and the strategy state still fit: keep this peer's own inner state
+        logger.warning(
+            "the donor's inner optimizer is %r, this peer's %r: keeping this peer's own optimizer state",
+            meta.get("optimizer_kind"),
+            kind,
+        )
+        take_optimizer = False
     parameters = {n[len(_MODEL) :]: t for n, t in tensors.items() if n.startswith(_MODEL)}
     try:
         strategy_state = unpack_state(meta.get("strategy"), tensors)
-        optimizer_state = unpack_state(meta["optimizer"], tensors) if "optimizer" in meta else None
+        optimizer_state = unpack_state(meta["optimizer"], tensors) if take_optimizer else None
         trainer.load_peer_state(parameters, strategy_state, step, optimizer_state)
     except CheckpointError as e:
         raise ProtocolError(f"downloaded state: {e}") from None
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:  # a malformed state
+        raise ProtocolError(f"downloaded state: {type(e).__name__}: {e}") from None
     return rnd
 
 

@@ -37,7 +37,7 @@ from swarmtrain.app.models import GPT, build_model
 from swarmtrain.app.progress import TrainProgress
 from swarmtrain.core import __version__
 from swarmtrain.core.config import Config
-from swarmtrain.core.errors import ConfigError, SwarmError
+from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import Collective, Reducer, StepReport
 
 __all__ = ["Trainer", "StepInfo", "TrainResult", "resolve_device", "build_optimizer"]
@@ -125,20 +125,36 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def _check_finite_state(tree: Any) -> None:
-    """Raise CheckpointError if a floating tensor or number in ``tree`` is NaN or infinite."""
-    stack = [tree]
+#: state entries that must not be negative: step counters, and second moments (AdamW's ``exp_avg_sq``;
+#: bitsandbytes keeps its 8-bit codes unsigned and the fp32 fallback under ``state2``)
+_NON_NEGATIVE = frozenset({"step", "exp_avg_sq", "state2"})
+
+
+def _check_finite_state(tree: Any, what: str) -> None:
+    """Raise CheckpointError if a floating tensor or number in ``tree`` is NaN or infinite, or an
+    entry named in ``_NON_NEGATIVE`` is negative (a step of -1 or a negative second moment turns the
+    next update into NaN)."""
+    stack: list[tuple[str, Any]] = [("", tree)]
     while stack:
-        cur = stack.pop()
+        key, cur = stack.pop()
         if isinstance(cur, Mapping):
-            stack.extend(cur.values())
+            stack.extend((str(k), v) for k, v in cur.items())
         elif isinstance(cur, list | tuple):
-            stack.extend(cur)
-        elif isinstance(cur, torch.Tensor) and cur.is_floating_point():
-            if not bool(torch.isfinite(cur).all()):
-                raise CheckpointError("optimizer state holds NaN or infinite values")
+            stack.extend((key, v) for v in cur)
+        elif isinstance(cur, torch.Tensor):
+            if cur.is_floating_point() and not bool(torch.isfinite(cur).all()):
+                raise CheckpointError(f"{what} holds NaN or infinite values")
+            if (
+                key in _NON_NEGATIVE
+                and cur.numel()
+                and not cur.dtype == torch.uint8
+                and bool((cur < 0).any())
+            ):
+                raise CheckpointError(f"{what}: {key} is negative")
         elif isinstance(cur, float) and not math.isfinite(cur):
-            raise CheckpointError("optimizer state holds a NaN or infinite number")
+            raise CheckpointError(f"{what} holds a NaN or infinite number")
+        elif isinstance(cur, int | float) and key in _NON_NEGATIVE and cur < 0:
+            raise CheckpointError(f"{what}: {key} is negative")
 
 
 def _check_fits(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, Any]) -> None:
@@ -509,6 +525,17 @@ class Trainer:
         kind = self.config.train.optimizer
         saved_kind = state.get("optimizer_kind", kind)  # checkpoints before adamw8bit did not name it
         try:  # every check before anything changes: a checkpoint that does not fit leaves all as it was
+            counters = (
+                int(progress["step"]),
+                int(progress["tokens"]),
+                float(progress["wall_s"]),
+                int(progress["bytes_sent"]),
+                int(progress["bytes_received"]),
+            )
+            rng = state["rng"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{directory}: checkpoint progress is incomplete: {e}") from None
+        try:
             _check_fits(dict(self._named_state()), model_state)
             if saved_kind != kind:
                 raise CheckpointError(f"it holds {saved_kind} optimizer state, this run uses {kind}")
@@ -535,12 +562,8 @@ class Trainer:
             logger.warning("data sampling changed since the checkpoint: the batch stream will differ")
         if data.get("corpus") != self.corpus.fingerprint:
             logger.warning("the corpus changed since the checkpoint")
-        set_rng_state(state["rng"])
-        self.step = int(progress["step"])
-        self.tokens = int(progress["tokens"])
-        self.wall_s = float(progress["wall_s"])
-        self.bytes_sent = int(progress["bytes_sent"])
-        self.bytes_received = int(progress["bytes_received"])
+        set_rng_state(rng)
+        self.step, self.tokens, self.wall_s, self.bytes_sent, self.bytes_received = counters
         logger.info("resumed from %s at step %d", directory, self.step)
 
     def load_peer_state(
@@ -562,16 +585,25 @@ class Trainer:
                 trainer (another optimizer kind, shapes, dtypes, non-finite values); nothing changed then.
         """
         _check_fits(dict(self.model.named_parameters()), parameters)
+        _check_finite_state(dict(parameters), "parameters")
         if optimizer_state is not None:
             check_optimizer_state(self.optimizer, self.config.train.optimizer, optimizer_state)
-            _check_finite_state(optimizer_state.get("state", {}))
-        self._load_strategy_state(strategy_state)
-        self._copy_into_model(self.model.named_parameters(), parameters)
-        if optimizer_state is not None:
-            ours = self.optimizer.state_dict()["param_groups"]
-            theirs = optimizer_state["param_groups"]
-            groups = [{**g, "params": s["params"]} for g, s in zip(ours, theirs, strict=True)]
-            self.optimizer.load_state_dict({"state": optimizer_state["state"], "param_groups": groups})
+            _check_finite_state(optimizer_state.get("state", {}), "optimizer state")
+        model_backup = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        opt_backup = self.optimizer.state_dict() if optimizer_state is not None else None
+        self._load_strategy_state(strategy_state)  # restores itself if it fails
+        try:
+            self._copy_into_model(self.model.named_parameters(), parameters)
+            if optimizer_state is not None:
+                ours = self.optimizer.state_dict()["param_groups"]
+                theirs = optimizer_state["param_groups"]
+                groups = [{**g, "params": s["params"]} for g, s in zip(ours, theirs, strict=True)]
+                self.optimizer.load_state_dict({"state": optimizer_state["state"], "param_groups": groups})
+        except Exception as e:  # the donor's bytes: leave everything as it was
+            self._copy_into_model(self.model.named_parameters(), model_backup)
+            if opt_backup is not None:
+                self.optimizer.load_state_dict(opt_backup)
+            raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
         self.step = step
 
     def _load_strategy_state(self, state: Any) -> None:
@@ -579,9 +611,9 @@ class Trainer:
         backup = self.strategy.state_dict()
         try:
             self.strategy.load_state_dict(state)
-        except (SwarmError, KeyError, TypeError, ValueError) as e:
+        except Exception as e:  # a malformed state from a file or a peer, whatever it raised
             self.strategy.load_state_dict(backup)
-            raise CheckpointError(f"strategy state does not fit: {e}") from None
+            raise CheckpointError(f"strategy state does not fit: {type(e).__name__}: {e}") from None
 
     @staticmethod
     @torch.no_grad()

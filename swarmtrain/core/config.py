@@ -388,6 +388,21 @@ MOVED: dict[tuple[str, str], str] = {
 }
 
 
+def _move_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with every moved key in its new place: the ``base`` layer (a checkpoint's saved
+    config) was written by an older version, not by the user, so it moves silently."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for (section, key), new in MOVED.items():
+        table = out.get(section)
+        if isinstance(table, dict) and key in table:
+            new_section, new_key = new.split(".")
+            value = table.pop(key)
+            target = out.setdefault(new_section, {})
+            if isinstance(target, dict):
+                target.setdefault(new_key, value)
+    return out
+
+
 def _check_moved(data: Mapping[str, Any]) -> None:
     """One clear line for a key that an older config wrote in another section."""
     for (section, key), new in MOVED.items():
@@ -543,15 +558,16 @@ def load_config(
     Raises:
         ConfigError: one line naming the problem.
     """
-    layers: list[tuple[str, Mapping[str, Any]]] = [(_BASE, base or {})]
+    layers: list[tuple[str, Mapping[str, Any]]] = [(_BASE, _move_keys(base or {}))]
     if path is not None:
         layers.append((_FILE, _file_layer(path)))
     layers.append((_ENV, _env_layer(os.environ if env is None else env)))
     layers.append((_CLI, _dotted_layer(overrides or {})))
     data: dict[str, Any] = {}
-    for _, layer in layers:
+    for src, layer in layers:
+        if src != _BASE:
+            _check_moved(layer)
         data = _deep_merge(data, layer)
-    _check_moved(data)
     strategy = _resolve_strategy(layers)
     if strategy is not None:
         data["strategy"] = strategy

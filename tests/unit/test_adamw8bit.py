@@ -228,10 +228,26 @@ def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(tmp_path: Path
     check_optimizer_state(target.optimizer, "adamw8bit", donor.optimizer.state_dict())  # fits
 
 
+def _with_negative_step(skeleton: Any) -> Any:
+    """The packed optimizer state with every ``step`` entry set to -1 (keys sit in ``__map__`` pairs)."""
+    if isinstance(skeleton, list):
+        if len(skeleton) == 2 and skeleton[0] == "step" and isinstance(skeleton[1], int | float):
+            return ["step", -1]
+        return [_with_negative_step(v) for v in skeleton]
+    if isinstance(skeleton, dict):
+        return {
+            k: (-1 if k == "step" and isinstance(v, int | float) else _with_negative_step(v))
+            for k, v in skeleton.items()
+        }
+    return skeleton
+
+
 def test_newcomer_download_carries_the_8bit_state_bit_exactly(tmp_path: Path) -> None:
     """Parameters, strategy state, step and the inner optimizer's 8-bit state travel and load
     bit-exactly; the newcomer keeps its own hyperparameters; a donor with another optimizer kind, a
-    tensor of the wrong shape or a NaN in the optimizer state is refused and changes nothing."""
+    tensor of the wrong shape, a NaN or a negative step in the optimizer state or a malformed strategy
+    state is refused and changes nothing; a donor with another optimizer kind gives the parameters and
+    strategy state but not its inner state."""
     donor = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.weight_decay": 0.5}))
     donor.fit()
     newcomer = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.seed": 1}))
@@ -248,9 +264,21 @@ def test_newcomer_download_carries_the_8bit_state_bit_exactly(tmp_path: Path) ->
         assert torch.equal(v, ours[k]) if isinstance(v, torch.Tensor) else v == ours[k], k
     assert newcomer.optimizer.param_groups[0]["weight_decay"] == own_decay  # its own config, not the donor's
 
+    # a donor with another optimizer kind: parameters and strategy state load, the inner state stays
+    other = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.seed": 3}))
+    own = flat_optimizer_state(other.optimizer)
+    assert apply_state(other, tensors, {**meta, "optimizer_kind": "adamw"}) == 7
+    for n, p in other.model.named_parameters():
+        assert torch.equal(p, dict(donor.model.named_parameters())[n])
+    assert flat_optimizer_state(other.optimizer).keys() == own.keys()
+    assert all(
+        torch.equal(v, own[k])
+        for k, v in flat_optimizer_state(other.optimizer).items()
+        if isinstance(v, torch.Tensor)
+    )
+
     fresh = Trainer(tiny(tmp_path, "adamw8bit", **{"train.steps": 3, "train.seed": 2}))
     before = {n: p.clone() for n, p in fresh.model.named_parameters()}
-    wrong_kind = {**meta, "optimizer_kind": "adamw"}
     bad_shape = dict(tensors)
     bad_shape["model.lm_head.weight" if "model.lm_head.weight" in bad_shape else next(iter(bad_shape))] = (
         torch.zeros(3)
@@ -258,7 +286,11 @@ def test_newcomer_download_carries_the_8bit_state_bit_exactly(tmp_path: Path) ->
     nan_state = dict(tensors)
     name = next(n for n, t in tensors.items() if n.startswith("optimizer") and t.is_floating_point())
     nan_state[name] = torch.full_like(tensors[name], float("nan"))
-    for t_bad, m_bad in [(tensors, wrong_kind), (bad_shape, meta), (nan_state, meta)]:
+    neg_step = {**meta, "optimizer": _with_negative_step(meta["optimizer"])}
+    assert neg_step["optimizer"] != meta["optimizer"]
+    bad_strategy = {**meta, "strategy": {"outer": []}}
+    cases = [(bad_shape, meta), (nan_state, meta), (tensors, neg_step), (tensors, bad_strategy)]
+    for t_bad, m_bad in cases:
         with pytest.raises(ProtocolError):
             apply_state(fresh, t_bad, m_bad)
     assert fresh.step == 0

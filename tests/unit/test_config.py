@@ -93,3 +93,13 @@ def test_a_key_that_moved_section_is_one_line_naming_its_new_place(tmp_path: Pat
         load_config(toml, env={})
     cfg = load_config(None, {"simulation.attack": "sign_flip"}, env={})
     assert cfg.simulation.attack == "sign_flip"
+
+
+def test_an_old_checkpoint_config_with_moved_keys_loads_them_in_their_new_place() -> None:
+    """A checkpoint saved before the move dumps every field, defaults included: resuming it must
+    not fail on keys the user never wrote."""
+    saved = Config().model_dump()
+    saved.pop("simulation")
+    saved["peers"].update(attack="sign_flip", attackers=1, attack_options={}, malicious_owners=0)
+    cfg = load_config(None, {"train.lr": 1e-3}, env={}, base=saved)
+    assert cfg.simulation.attack == "sign_flip" and cfg.simulation.attackers == 1

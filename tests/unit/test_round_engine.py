@@ -137,3 +137,20 @@ def test_malicious_owner_reducer_corrupts_and_its_verifier_sees_the_honest_reduc
     assert isinstance(fitted, MaliciousOwnerReducer) and fitted is not bad
     assert fitted.n_byzantine == 0 and median.n_byzantine == 1
     assert honest_reducer(fitted).n_byzantine == 0  # type: ignore[attr-defined]
+
+
+def test_a_chunk_its_codec_cannot_decode_is_a_protocol_error() -> None:
+    """A codec's own ValueError/RuntimeError on a peer's packet must not escape ``all_reduce``."""
+    from compression import Int8Compressor
+    from peers.messages import encode_packet_bytes
+    from peers.round_io import decode_chunk
+    from swarmtrain.core.errors import ProtocolError
+
+    class Broken(Int8Compressor):
+        def decompress(self, p: Any) -> torch.Tensor:
+            raise ValueError("scales do not match the codes")
+
+    frame = encode_packet_bytes(Int8Compressor().compress(torch.ones(8)))
+    assert torch.equal(decode_chunk(Int8Compressor(), [frame], 8), torch.ones(8))
+    with pytest.raises(ProtocolError, match="does not decode: ValueError"):
+        decode_chunk(Broken(), [frame], 8)
