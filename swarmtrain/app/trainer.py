@@ -35,6 +35,7 @@ from swarmtrain.app.lr import lr_at
 from swarmtrain.app.metrics import MetricsWriter
 from swarmtrain.app.models import GPT, build_model
 from swarmtrain.app.progress import TrainProgress
+from swarmtrain.app.state_checks import check_finite_state, check_fits
 from swarmtrain.core import __version__
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
@@ -123,50 +124,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"train.device: {name!r} is not supported (use auto, cpu, cuda or cuda:N)")
     return dev
-
-
-#: state entries that must not be negative: step counters, and second moments (AdamW's ``exp_avg_sq``;
-#: bitsandbytes keeps its 8-bit codes unsigned and the fp32 fallback under ``state2``)
-_NON_NEGATIVE = frozenset({"step", "exp_avg_sq", "state2"})
-
-
-def _check_finite_state(tree: Any, what: str) -> None:
-    """Raise CheckpointError if a floating tensor or number in ``tree`` is NaN or infinite, or an
-    entry named in ``_NON_NEGATIVE`` is negative (a step of -1 or a negative second moment turns the
-    next update into NaN)."""
-    stack: list[tuple[str, Any]] = [("", tree)]
-    while stack:
-        key, cur = stack.pop()
-        if isinstance(cur, Mapping):
-            stack.extend((str(k), v) for k, v in cur.items())
-        elif isinstance(cur, list | tuple):
-            stack.extend((key, v) for v in cur)
-        elif isinstance(cur, torch.Tensor):
-            if cur.is_floating_point() and not bool(torch.isfinite(cur).all()):
-                raise CheckpointError(f"{what} holds NaN or infinite values")
-            if (
-                key in _NON_NEGATIVE
-                and cur.numel()
-                and not cur.dtype == torch.uint8
-                and bool((cur < 0).any())
-            ):
-                raise CheckpointError(f"{what}: {key} is negative")
-        elif isinstance(cur, float) and not math.isfinite(cur):
-            raise CheckpointError(f"{what} holds a NaN or infinite number")
-        elif isinstance(cur, int | float) and key in _NON_NEGATIVE and cur < 0:
-            raise CheckpointError(f"{what}: {key} is negative")
-
-
-def _check_fits(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, Any]) -> None:
-    """Raise CheckpointError unless ``theirs`` has exactly ``ours``' names, each a tensor of the same
-    shape and dtype (checked before anything is copied, so a bad state changes nothing)."""
-    if set(theirs) != set(ours):
-        missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
-        raise CheckpointError(f"model tensors differ (missing {missing[:3]}, unexpected {extra[:3]})")
-    for name, t in ours.items():
-        src = theirs[name]
-        if not isinstance(src, torch.Tensor) or src.shape != t.shape or src.dtype != t.dtype:
-            raise CheckpointError(f"tensor {name} does not fit this model ({tuple(t.shape)} {t.dtype})")
 
 
 class Trainer:
@@ -536,7 +493,7 @@ class Trainer:
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{directory}: checkpoint progress is incomplete: {e}") from None
         try:
-            _check_fits(dict(self._named_state()), model_state)
+            check_fits(dict(self._named_state()), model_state)
             if saved_kind != kind:
                 raise CheckpointError(f"it holds {saved_kind} optimizer state, this run uses {kind}")
             check_optimizer_state(self.optimizer, kind, opt_state)
@@ -584,11 +541,11 @@ class Trainer:
             CheckpointError: the parameters, the strategy state or the optimizer state do not fit this
                 trainer (another optimizer kind, shapes, dtypes, non-finite values); nothing changed then.
         """
-        _check_fits(dict(self.model.named_parameters()), parameters)
-        _check_finite_state(dict(parameters), "parameters")
+        check_fits(dict(self.model.named_parameters()), parameters)
+        check_finite_state(dict(parameters), "parameters")
         if optimizer_state is not None:
             check_optimizer_state(self.optimizer, self.config.train.optimizer, optimizer_state)
-            _check_finite_state(optimizer_state.get("state", {}), "optimizer state")
+            check_finite_state(optimizer_state.get("state", {}), "optimizer state")
         model_backup = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         opt_backup = self.optimizer.state_dict() if optimizer_state is not None else None
         self._load_strategy_state(strategy_state)  # restores itself if it fails
