@@ -52,7 +52,9 @@ def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int, victi
         state = torch.full((50_000,), float(rank))
         for r in range(max_rounds):
             codec = KillingCodec(armed=(doomed and r == KILL_ROUND))
-            res = coll.all_reduce({"x": state}, compressor=codec, timeout=20)
+            # 40 s: after the leader's death the next group forms from the DHT records, which took
+            # over 20 s once in a fresh-clone full-suite run (not root-caused; see the session note)
+            res = coll.all_reduce({"x": state}, compressor=codec, timeout=40)
             if res.committed:
                 state = res.tensors["x"]  # a failed round must change nothing: keep the old state
             digest = hashlib.sha256(state.numpy().tobytes()).hexdigest()
