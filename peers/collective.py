@@ -163,7 +163,7 @@ class P2PCollective:
             node.dht,
             node.peer_id,
             self.run_id,
-            Pushes(self._group_inbox, self._push_group, self._push_join),
+            Pushes(self._group_inbox, self._push_group, self._push_join, self._connected),
             min_peers=min_peers,
             expected_peers=expected_peers,
             join_window=join_window,

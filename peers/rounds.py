@@ -23,6 +23,12 @@ Scheme (one DHT key pair per round and kind):
    least once before it closes, so a smaller newcomer that only wrote its record is seen; and a peer
    that may lead reads the group key beside them, so one that arrives after the others formed the
    round (a newcomer with the smallest ID) is late instead of leading a round of its own.
+6. *Dead leader.* A member waiting for the list checks every ``LEADER_CHECK_S`` seconds that the peer
+   it expects to lead (the smallest joiner it sees) is still connected. A leader that dropped out
+   after it was seen connected (or after a group with this peer) fails the wait at once (``MemberGone``)
+   instead of at the deadline: a leader killed between closing the round and its push reaching every
+   member otherwise leaves those members waiting a whole deadline while the others have moved on, so
+   the survivors would enter the next round a deadline apart and miss each other's join window.
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
@@ -45,7 +51,7 @@ from typing import Any
 import msgpack
 
 from peers.group import Group, group_digest
-from peers.round_errors import ListsBannedPeer, RoundLate, RoundTimeout
+from peers.round_errors import ListsBannedPeer, MemberGone, RoundLate, RoundTimeout
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.safe_msgpack import unpack
 
@@ -54,6 +60,8 @@ __all__ = ["Group", "Pushes", "Matchmaker", "group_digest"]
 logger = logging.getLogger(__name__)
 _MAX_MEMBERS = 1024
 _GROUP_TTL = 600.0
+#: seconds between the checks that the expected leader is still connected (step 6)
+LEADER_CHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -65,11 +73,13 @@ class Pushes:
             or for more than ``n_joins`` pushed joins; returns ``({sender: record bytes}, joiners)``.
         group: ``group(kind, round, members, value)`` sends a published list to the members.
         join: ``join(kind, round, peer)`` sends this peer's join to ``peer``.
+        connected: the peer IDs with a live connection to this one (``None``: unknown), for step 6.
     """
 
     inbox: Callable[[str, int, float, int], tuple[dict[str, object], frozenset[str]]]
     group: Callable[[str, int, tuple[str, ...], bytes], None]
     join: Callable[[str, int, str], None]
+    connected: Callable[[], set[str] | None] = lambda: None
 
 
 def _log_failed_store(fut: Any, key: str) -> None:
@@ -251,6 +261,8 @@ class Matchmaker:
         recorded: set[str] = set()  # joiners seen in the DHT records
         group, pushed = self._inbox(kind, round_id, 0.0, -1)
         read_joins = True
+        watch = _LeaderWatch(self.pushes.connected, set(self.last_members) - {self.peer_id})
+        joined = [self.peer_id]
         while True:
             if group is not None:
                 return group
@@ -261,6 +273,8 @@ class Matchmaker:
                 group = self._adopt(kind, round_id, self._get(group_key, left))
                 if group is None:
                     group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
+                if group is None:
+                    watch.check(joined[0], round_id)  # step 6
                 continue
             if read_joins:
                 reads = first_read or (self._start_get(join_key), self._start_get(group_key))
@@ -298,3 +312,32 @@ class Matchmaker:
         self.pushes.group(kind, round_id, members, value)
         self._store(group_key, self.peer_id, value, dht_time() + _GROUP_TTL)
         return self._group_of(kind, round_id, members)
+
+
+class _LeaderWatch:
+    """Step 6: whether the peer expected to lead a round is still connected, checked every
+    ``LEADER_CHECK_S`` seconds.
+
+    Only a peer known to have been up (connected at an earlier check, or a member of this peer's last
+    group) counts as gone when it is missing: one this peer never had a connection to may simply not
+    have dialled it yet.
+    """
+
+    def __init__(self, connected: Callable[[], set[str] | None], known: set[str]) -> None:
+        self.connected = connected
+        self.known = known
+        self.next_at = time.monotonic()
+
+    def check(self, leader: str, round_id: int) -> None:
+        """Raise ``MemberGone`` if ``leader`` was up and has no connection any more (when a check is due)."""
+        now = time.monotonic()
+        if now < self.next_at:
+            return
+        self.next_at = now + LEADER_CHECK_S
+        live = self.connected()
+        if live is None:
+            return
+        if leader in live:
+            self.known.add(leader)
+        elif leader in self.known:
+            raise MemberGone(f"leader {leader[:12]} of round {round_id} disconnected before its list arrived")

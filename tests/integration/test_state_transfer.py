@@ -133,10 +133,19 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
         waited = time.monotonic() - t0
         t1 = time.monotonic()
         _, meta2 = download_state(node, timeout=60, wait_for_donor=0.0, min_round=9, fresh_wait=1.0)
-        report(q, "result", rank, {
-            "first_seen": first_seen, "round": meta["round"], "w": float(t["w"][0]), "waited": waited,
-            "round_after_short_wait": meta2["round"], "short_wait": time.monotonic() - t1,
-        })
+        report(
+            q,
+            "result",
+            rank,
+            {
+                "first_seen": first_seen,
+                "round": meta["round"],
+                "w": float(t["w"][0]),
+                "waited": waited,
+                "round_after_short_wait": meta2["round"],
+                "short_wait": time.monotonic() - t1,
+            },
+        )
 
 
 def test_download_waits_for_a_fresh_enough_state_then_takes_the_freshest() -> None:

@@ -5,6 +5,8 @@ Pure logic: the real-peer path (hivemind DHT, libp2p pushes) is covered by the i
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +15,7 @@ import msgpack
 import pytest
 
 from peers.node import dht_time
-from peers.round_errors import RoundLate
+from peers.round_errors import MemberGone, RoundLate, RoundTimeout
 from peers.rounds import Matchmaker, Pushes
 
 
@@ -43,7 +45,13 @@ class FakeDHT:
         return fut
 
 
-def _matchmaker(dht: FakeDHT, me: str, expected: int, script: list[tuple[dict, frozenset]]) -> tuple:
+def _matchmaker(
+    dht: FakeDHT,
+    me: str,
+    expected: int,
+    script: list[tuple[dict, frozenset]],
+    connected: Callable[[], set[str] | None] = lambda: None,
+) -> tuple:
     calls: dict[str, list] = {"inbox": [], "push": [], "push_join": []}
 
     def inbox(kind: str, r: int, wait_s: float, n_joins: int) -> tuple[dict, frozenset]:
@@ -54,6 +62,7 @@ def _matchmaker(dht: FakeDHT, me: str, expected: int, script: list[tuple[dict, f
         inbox,
         lambda kind, r, members, value: calls["push"].append(members),
         lambda kind, r, peer: calls["push_join"].append(peer),
+        connected,
     )
     mm = Matchmaker(dht, me, "run", pushes, min_peers=1, expected_peers=expected, join_window=30.0, poll=0.01)
     return mm, calls
@@ -162,3 +171,37 @@ def _in(seconds: float) -> float:
     import time
 
     return time.monotonic() + seconds
+
+
+def _waiting_for_a(connected: Callable[[], set[str] | None], last: tuple[str, ...]) -> Matchmaker:
+    """B, with A's join in the records and no list ever coming: A is the leader B waits for."""
+    dht = FakeDHT()
+    dht.store("run.reduce.2.join", b"1", dht_time() + 60, subkey="A", return_future=True)
+    mm, _ = _matchmaker(dht, "B", 3, [], connected)
+    mm.last_members = last
+    return mm
+
+
+def test_a_leader_from_the_last_group_that_disconnected_fails_the_wait_at_once() -> None:
+    mm = _waiting_for_a(lambda: {"C"}, ("A", "B", "C"))
+    t0 = time.monotonic()
+    with pytest.raises(MemberGone, match="leader A"):
+        mm.form_group("reduce", 2, deadline=_in(30))
+    assert time.monotonic() - t0 < 10  # not the 30 s deadline
+
+
+def test_a_leader_seen_connected_then_gone_fails_the_wait() -> None:
+    answers = iter([{"A"}, {"A"}])
+    mm = _waiting_for_a(lambda: next(answers, set()), ())
+    with pytest.raises(MemberGone):
+        mm.form_group("reduce", 2, deadline=_in(30))
+
+
+def test_a_leader_never_connected_to_is_waited_for_until_the_deadline() -> None:
+    """No evidence that A was ever up here (a first round, not dialled yet): no early failure."""
+    mm = _waiting_for_a(set, ())
+    with pytest.raises(RoundTimeout):
+        mm.form_group("reduce", 2, deadline=_in(3))
+    mm = _waiting_for_a(lambda: None, ("A", "B"))  # connections unknown: no early failure either
+    with pytest.raises(RoundTimeout):
+        mm.form_group("reduce", 2, deadline=_in(3))
