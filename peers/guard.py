@@ -14,7 +14,8 @@ import logging
 import threading
 from typing import Any
 
-from peers.suspicion import AccusationTable, Signer, compute_bans, decode_signed, encode_signed, suspicion_key
+from peers.signing import Signer
+from peers.suspicion import AccusationTable, compute_bans, decode_signed, encode_signed, suspicion_key
 from swarmtrain.core.errors import ConfigError, ProtocolError
 
 __all__ = ["ByzantineGuard", "read_tables", "build_guard", "ensure_signing_identity"]

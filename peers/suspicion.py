@@ -21,25 +21,22 @@ lying accusers can never ban an honest peer on their own:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
+from peers.signing import Signer, verify_signed_by
 from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
     "AccusationTable",
-    "Signer",
     "encode_signed",
     "decode_signed",
     "decode_table",
-    "peer_id_from_public_der",
     "compute_bans",
     "suspicion_key",
     "MAX_SUSPICION_BYTES",
@@ -129,53 +126,6 @@ class AccusationTable:
         return t
 
 
-def peer_id_from_public_der(der: bytes) -> str:
-    """The base58 libp2p peer ID of an RSA public key (DER SubjectPublicKeyInfo), as libp2p derives it."""
-    import base58
-    from hivemind.proto import crypto_pb2
-
-    pub = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    mh = bytes([0x12, 0x20]) + hashlib.sha256(pub).digest()  # multihash sha2-256 (keys > 42 bytes)
-    return str(base58.b58encode(mh).decode())
-
-
-class Signer:
-    """Signs with a peer's libp2p identity key (the RSA key in its identity file).
-
-    Raises:
-        ConfigError: the file does not hold an RSA libp2p private key.
-    """
-
-    def __init__(self, identity_path: str | Path) -> None:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-        from hivemind.proto import crypto_pb2
-
-        try:
-            data = Path(identity_path).expanduser().read_bytes()
-            key = serialization.load_der_private_key(
-                crypto_pb2.PrivateKey.FromString(data).data, password=None
-            )
-        except Exception as e:
-            raise ConfigError(
-                f"identity file {identity_path} is not a libp2p RSA key: {type(e).__name__}"
-            ) from None
-        if not isinstance(key, rsa.RSAPrivateKey):
-            raise ConfigError("only RSA identities can sign accusations")
-        self._key = key
-        self.public_der = key.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        self.peer_id = peer_id_from_public_der(self.public_der)
-
-    def sign(self, data: bytes) -> bytes:
-        """PKCS#1 v1.5 / SHA-256 signature of ``data``."""
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import padding
-
-        return bytes(self._key.sign(data, padding.PKCS1v15(), hashes.SHA256()))
-
-
 def _signed_bytes(run_id: str, accuser: str, body: bytes) -> bytes:
     return b"swarmtrain-suspicion\0" + run_id.encode() + b"\0" + accuser.encode() + b"\0" + body
 
@@ -198,10 +148,6 @@ def decode_signed(run_id: str, subkey: str, value: Any) -> AccusationTable:
     Raises:
         ProtocolError: malformed, oversized, signed by a key that is not ``subkey``'s, or a bad signature.
     """
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
-
     if not isinstance(value, bytes) or len(value) > MAX_SUSPICION_BYTES:
         raise ProtocolError("suspicion record is not bytes or too large")
     obj = unpack(
@@ -219,19 +165,7 @@ def decode_signed(run_id: str, subkey: str, value: Any) -> AccusationTable:
         raise ProtocolError("suspicion record fields missing or ill-typed")
     if obj["a"] != subkey:
         raise ProtocolError("suspicion record stored under another peer's subkey")
-    try:
-        if peer_id_from_public_der(obj["k"]) != subkey:
-            raise ProtocolError("suspicion record key does not belong to its peer ID")
-        pub = serialization.load_der_public_key(obj["k"])
-        if not isinstance(pub, rsa.RSAPublicKey):
-            raise ProtocolError("suspicion record key is not RSA")
-        pub.verify(obj["s"], _signed_bytes(run_id, subkey, obj["b"]), padding.PKCS1v15(), hashes.SHA256())
-    except InvalidSignature:
-        raise ProtocolError("suspicion record signature is invalid") from None
-    except ProtocolError:
-        raise
-    except Exception as e:
-        raise ProtocolError(f"suspicion record key unusable: {type(e).__name__}") from None
+    verify_signed_by(subkey, obj["k"], _signed_bytes(run_id, subkey, obj["b"]), obj["s"])
     return decode_table(obj["b"])
 
 

@@ -31,8 +31,9 @@ from peers.messages import (
     encode_packet_bytes,
 )
 from peers.records import PeerRecord, decode_record, encode_record
+from peers.signing import Signer
 from peers.state_transfer import decode_announcement
-from peers.suspicion import AccusationTable, Signer, decode_signed, decode_table, encode_signed
+from peers.suspicion import AccusationTable, decode_signed, decode_table, encode_signed
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
 from swarmtrain.simulation.attacks.collusion import decode_rows, encode_rows

@@ -10,14 +10,8 @@ import torch
 
 from peers.owner_check import fit_reducer
 from peers.reducers import build_reducer
-from peers.suspicion import (
-    AccusationTable,
-    Signer,
-    compute_bans,
-    decode_signed,
-    encode_signed,
-    peer_id_from_public_der,
-)
+from peers.signing import Signer, peer_id_from_public_der
+from peers.suspicion import AccusationTable, compute_bans, decode_signed, encode_signed
 from peers.verify import outlier_rows, verified_partition, verifier_index
 from swarmtrain.core.errors import ConfigError, ProtocolError
 
@@ -117,7 +111,7 @@ def test_signed_record_roundtrip_and_forgeries_rejected(signers: list[Signer]) -
     # b signs but claims to be a: its key does not hash to a's peer ID
     obj = msgpack.unpackb(encode_signed(RUN, t, b), raw=False)
     obj["a"] = a.peer_id
-    with pytest.raises(ProtocolError, match="does not belong"):
+    with pytest.raises(ProtocolError, match="not the key of the claimed peer ID"):
         decode_signed(RUN, a.peer_id, msgpack.packb(obj, use_bin_type=True))
     # a's key and ID, but the body was altered after signing
     obj = msgpack.unpackb(value, raw=False)
