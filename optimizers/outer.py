@@ -17,6 +17,7 @@ DiLoCo can step one fragment's tensors at a time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["OuterSGD"]
+__all__ = ["OuterSGD", "saved_hyperparameters"]
 
 
 class OuterSGD:
@@ -89,8 +90,26 @@ class OuterSGD:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore buffers and hyper-parameters from ``state_dict()`` output."""
-        self.lr = float(state["lr"])
-        self.momentum = float(state["momentum"])
-        self.nesterov = bool(state["nesterov"])
+        """Restore buffers and hyper-parameters from ``state_dict()`` output.
+
+        Raises:
+            ConfigError: hyper-parameters the constructor would refuse (the state may be a peer's).
+        """
+        self.lr, self.momentum, self.nesterov = saved_hyperparameters(state)
         self.buffers = {str(k): v.clone() for k, v in dict(state["buffers"]).items()}
+
+
+def saved_hyperparameters(state: Mapping[str, Any]) -> tuple[float, float, bool]:
+    """``(lr, momentum, nesterov)`` of a saved outer optimizer state, checked as the constructor
+    checks its arguments: a donor's state with a NaN or negative learning rate or a momentum outside
+    [0, 1) would wreck every later outer step.
+
+    Raises:
+        ConfigError: such values.
+    """
+    lr, momentum = float(state["lr"]), float(state["momentum"])
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"outer state: lr must be finite and > 0, got {lr}")
+    if not 0 <= momentum < 1:
+        raise ConfigError(f"outer state: momentum must be in [0, 1), got {momentum}")
+    return lr, momentum, bool(state["nesterov"]) and momentum > 0

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from compression.blockwise import Int8Compressor
-from optimizers.outer import OuterSGD
+from optimizers.outer import OuterSGD, saved_hyperparameters
 from swarmtrain.core.config import BaseStrategyConfig, OuterLoopConfig
 from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.packet import Packet
@@ -246,6 +246,7 @@ class OuterStore:
             ConfigError: a momentum of an unknown name or a wrong shape, or 8-bit codes that do not
                 decode.
         """
+        hyper = saved_hyperparameters(outer)
         fp = {str(k): v for k, v in dict(outer.get("buffers", {})).items()}
         q = {
             str(k): _packet_from_state(v, k, self.shapes)
@@ -264,9 +265,7 @@ class OuterStore:
         else:
             decoded = {n: self.codec.decompress(p) for n, p in q.items()}
             momentum.update({n: self._home(n, t.detach()) for n, t in {**fp, **decoded}.items()})
-        self.outer.lr = float(outer["lr"])
-        self.outer.momentum = float(outer["momentum"])
-        self.outer.nesterov = bool(outer["nesterov"])
+        self.outer.lr, self.outer.momentum, self.outer.nesterov = hyper
         self.anchor.clear()
         self.anchor.update(new_anchor)
         self.momentum, self.momentum_q = momentum, momentum_q

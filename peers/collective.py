@@ -10,11 +10,10 @@ included, decodes the same bytes, so all members end bit-identical. Membership c
 back); every message carries the group digest and is checked against it. Messages travel on
 persistent per-peer channels (``peers.channels``), each acknowledged.
 
-Receive budgets (DESIGN.md section 4): capped concurrent streams per peer; a whole-message deadline
-and minimum rate (``peers.framereader``); a body read only after its bytes were reserved in the
-mailbox (``peers.mailbox``): members within the round's budget (``peers.mailbox.reduce_budget``),
-others within a small pre-group allowance until the group is known. Refusals are ``ProtocolError``
-acks, logged once per sender and round.
+Receive budgets (DESIGN.md section 4): only admitted senders (``peers.admission``); capped streams
+per peer; a whole-message deadline and minimum rate (``peers.framereader``); a body read only after
+its bytes were reserved in the mailbox (``peers.mailbox``): members within the round's budget, others
+within a small pre-group allowance until the group is known. Refusals are ``ProtocolError`` acks.
 
 Structure: this class owns the wire (the stream handler filling a ``peers.mailbox.Mailbox``, the
 channels, the matchmaker) and one ``peers.round_io.RoundIO`` per round, which it hands to the round's
@@ -214,6 +213,10 @@ class P2PCollective:
         single message); store each in the mailbox and acknowledge it. A peer over its cap of
         concurrent streams gets this one closed at once."""
         sender = str(info.peer_id.to_base58())
+        if not await self.node.admitted.acheck(sender):  # the run's admission policy (peers.admission)
+            self._log_refusal(sender, -1, ProtocolError("not admitted to the run"))
+            writer.close()
+            return
         open_now = self._streams.get(sender, 0)
         if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= self._max_streams:
             self._log_refusal(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
@@ -344,9 +347,7 @@ class P2PCollective:
     def _log_refusal(self, sender: str, round_id: int, err: object) -> None:
         """Log a refusal once per sender and round (a flood must not flood the log)."""
         key = (sender, round_id)
-        if key in self._logged:
-            return
-        if len(self._logged) >= _LOGGED_MAX:
+        if key in self._logged or len(self._logged) >= _LOGGED_MAX:
             logger.debug("refused a message from %s: %s", sender[:16], err)
             return
         self._logged.add(key)
@@ -453,6 +454,7 @@ class P2PCollective:
         clock = PhaseClock()
         self.last_timings = clock.phases
         group = self._form_group(kind, r, deadline, clock)
+        self.node.admitted.note(group.members)  # listed by an admitted leader
         b = budget(group.size)
         self._max_streams = max(_MAX_STREAMS, 4 * group.size + 16)
         self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
@@ -554,8 +556,7 @@ class P2PCollective:
                     self._finish(r)
 
     def _reduce_check(self, group: Group) -> ReduceCheck:
-        """The guard's step for this round's reduce: the owner check (two members or more), its outlier
-        flags alone, or nothing without a guard."""
+        """The guard's step for this round's reduce: owner check (2+ members), outlier flags, or none."""
         if self.guard is None:
             return NoCheck()
         if self.guard.owner_check and group.size >= 2:

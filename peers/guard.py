@@ -16,9 +16,9 @@ from typing import Any
 
 from peers.signing import Signer
 from peers.suspicion import AccusationTable, compute_bans, decode_signed, encode_signed, suspicion_key
-from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ProtocolError
 
-__all__ = ["ByzantineGuard", "read_tables", "build_guard", "ensure_signing_identity"]
+__all__ = ["ByzantineGuard", "read_tables", "build_guard"]
 
 logger = logging.getLogger(__name__)
 _RECORD_TTL = 3600.0
@@ -28,31 +28,26 @@ class ByzantineGuard:
     """Owner check on/off, accusation table, ban view of one peer.
 
     Args:
-        node: the started ``PeerNode`` (its DHT stores the records).
-        identity_path: the node's libp2p identity file (signs the records; must be the key behind
-            ``node.peer_id``).
+        node: the started ``PeerNode`` (its DHT stores the records; its identity key signs them).
         f: Byzantine peers tolerated (the ban rule needs ``f + 1`` accusers).
         owner_check: run the replicated-owner check in every all-reduce.
         strikes: outlier rounds an accuser must see before it counts.
         min_ratio: fraction of observed rounds that must be outliers.
 
     Raises:
-        ConfigError: the identity does not match the node, or bad thresholds.
+        ConfigError: bad thresholds.
     """
 
     def __init__(
         self,
         node: Any,
-        identity_path: str,
         *,
         f: int = 0,
         owner_check: bool = True,
         strikes: int = 3,
         min_ratio: float = 0.5,
     ) -> None:
-        self.signer = Signer(identity_path)
-        if self.signer.peer_id != node.peer_id:
-            raise ConfigError("the identity file is not the key of this node")
+        self.signer: Signer = node.signer
         compute_bans({}, f, strikes=strikes, min_ratio=min_ratio)  # validates the thresholds
         self.node = node
         self.f = f
@@ -138,26 +133,11 @@ def read_tables(dht: Any, run_id: str, timeout: float = 10.0) -> dict[str, Accus
     return out
 
 
-def ensure_signing_identity(peers_cfg: Any) -> None:
-    """Give ``peers_cfg`` a private identity file (in a fresh temporary folder) when it has none:
-    the guard signs with the node's libp2p key, which it can only read from a file."""
-    import atexit
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    if peers_cfg.identity_path is None:
-        folder = tempfile.mkdtemp(prefix="swarmtrain-id-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # a throwaway identity
-        peers_cfg.identity_path = str(Path(folder) / "identity.key")
-
-
 def build_guard(node: Any, peers_cfg: Any) -> ByzantineGuard:
     """The guard a peer runs from its ``PeersConfig`` (``owner_check``, ``byzantine_f``,
     ``ban_strikes``)."""
     return ByzantineGuard(
         node,
-        peers_cfg.identity_path,
         f=peers_cfg.byzantine_f,
         owner_check=peers_cfg.owner_check,
         strikes=peers_cfg.ban_strikes,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["ensure_identity", "peer_id_of"]
+__all__ = ["ensure_identity", "peer_id_of", "throwaway_identity"]
 
 logger = logging.getLogger(__name__)
 _MAX_KEY_BYTES = 16 * 1024
@@ -37,6 +37,25 @@ def ensure_identity(path: str | os.PathLike[str]) -> str:
         logger.info("generating a new peer identity in %s", p)
         P2P.generate_identity(str(p))
     return peer_id_of(p)
+
+
+def throwaway_identity() -> str:
+    """A fresh key file in a private temporary folder removed at exit; returns its path.
+
+    For a peer started without ``identity_path``: its DHT records are signed with its key, which it
+    can only read from a file (p2pd reads the same file).
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    from hivemind.p2p import P2P
+
+    folder = tempfile.mkdtemp(prefix="swarmtrain-id-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = str(Path(folder) / "identity.key")
+    P2P.generate_identity(path)
+    return path
 
 
 def peer_id_of(path: str | os.PathLike[str]) -> str:

@@ -20,9 +20,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from peers.admission import AdmittedPeers, admission_from, own_token
 from peers.ledger import ByteLedger
 from peers.memory import retain_freed_buffers
 from peers.records import PeerRecord, decode_record, encode_record, peers_key
+from peers.signing import Signer
 from peers.transport import LoopThread
 from swarmtrain.core.config import PeersConfig
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
@@ -132,11 +134,26 @@ class PeerNode:
         kwargs: dict[str, Any] = {"host_maddrs": host, "startup_timeout": startup_timeout}
         if announce:
             kwargs["announce_maddrs"] = announce
+        # every node has an identity file: its key signs the node's DHT records (peers.dht_records)
         if config.identity_path:
             from peers.identity import ensure_identity
 
             ensure_identity(config.identity_path)
             kwargs["identity_path"] = str(config.identity_path)
+        else:
+            from peers.identity import throwaway_identity
+
+            kwargs["identity_path"] = throwaway_identity()
+            kwargs["check_if_identity_free"] = False  # a fresh key is nobody else's
+        from peers.dht_records import SignedRecords
+
+        self.signer = Signer(kwargs["identity_path"])
+        self.admission = admission_from(config)
+        # a node that writes records must be admitted; a read-only monitor only checks others'
+        self.token = own_token(config, self.admission, self.signer.peer_id, check=publish_record)
+        kwargs["record_validators"] = [SignedRecords(self.signer, self.admission, self.token)]
+        #: who may send to this node's handlers (the collective's, the state server's)
+        self.admitted = AdmittedPeers(self.admission, lambda: [x.peer_id for x in self.live_peers(timeout=5)])
         self._closed = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -259,6 +276,8 @@ class PeerNode:
             raise PeerTimeoutError("the DHT did not answer the peer list query") from None
         if found is None or not isinstance(found.value, dict):
             return []
+        if run == self.run_id:  # the DHT returns only admitted writers' records (peers.dht_records)
+            self.admitted.note(k for k in found.value if isinstance(k, str))
         now = dht_time()
         out: list[PeerRecord] = []
         for subkey, item in found.value.items():

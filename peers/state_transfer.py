@@ -182,6 +182,8 @@ class StateServer:
         sender = str(info.peer_id.to_base58())
         sent = received = 0
         try:
+            if not await self.node.admitted.acheck(sender):  # the run's policy (peers.admission)
+                raise ProtocolError("not admitted to the run")
             body, received = await read_envelope(reader, _FRAME_TIMEOUT)
             env = decode_envelope(body)
             if env.type != "state_req" or env.run != self.run_id:

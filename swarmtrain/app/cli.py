@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "swarmtrain.app.commands.simulate",
     "swarmtrain.app.commands.join",
     "swarmtrain.app.commands.bench",
+    "swarmtrain.app.commands.trust",
 )
 
 app = typer.Typer(

@@ -145,10 +145,6 @@ def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None
     from peers import GracefulExit, PeerNode
 
     hooks = hooks or PeerHooks()
-    if cfg.peers.owner_check:
-        from peers.guard import ensure_signing_identity
-
-        ensure_signing_identity(cfg.peers)  # the guard signs with the node's key, read from its file
     with GracefulExit() as stop, PeerNode(cfg.peers, role="trainer") as node:
         peer = _Peer(cfg, node, membership, hooks, stop)
         try:

@@ -543,6 +543,7 @@ class Trainer:
         """
         check_fits(dict(self.model.named_parameters()), parameters)
         check_finite_state(dict(parameters), "parameters")
+        check_finite_state(strategy_state, "strategy state")  # anchors, momenta, outer lr...
         if optimizer_state is not None:
             check_optimizer_state(self.optimizer, self.config.train.optimizer, optimizer_state)
             check_finite_state(optimizer_state.get("state", {}), "optimizer state")

@@ -59,13 +59,15 @@ log = logging.getLogger(__name__)
 ENV_PREFIX = "SWARMTRAIN_"
 # SWARMTRAIN_* variables that are switches of their own, not config fields. Any other variable with
 # the prefix must be SECTION__FIELD, so a typo like SWARMTRAIN_LR is an error, not silently ignored.
-NON_CONFIG_ENV = frozenset({
-    "SWARMTRAIN_PEER_MARKER",  # peers.process: marks the processes of a peer we started
-    "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
-    "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
-    "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
-    "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
-})
+NON_CONFIG_ENV = frozenset(
+    {
+        "SWARMTRAIN_PEER_MARKER",  # peers.process: marks the processes of a peer we started
+        "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
+        "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
+        "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
+        "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
+    }
+)
 
 
 class _Section(BaseModel):
@@ -341,6 +343,14 @@ class PeersConfig(_Section):
         description="replicated-owner check, signed suspicion records and bans",
     )
     ban_strikes: int = Field(default=3, ge=1, description="outlier rounds an accuser needs before it counts")
+    admission: Literal["open", "allowlist", "token"] = Field(
+        default="open", description="who may take part: anyone, the allowlist, or holders of a join token"
+    )
+    allowlist: list[str] = Field(default_factory=list, description="admitted peer IDs (admission allowlist)")
+    run_public_key: str | None = Field(
+        default=None, description="the run key's public half, 64 hex digits (admission token)"
+    )
+    token: str | None = Field(default=None, description="this peer's join token (admission token)")
 
 
 class SimulationConfig(_Section):

@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue as queue_mod
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
+from swarmtrain.simulation.credentials import admitted_configs
 
 __all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical", "stop_peers"]
 
@@ -68,6 +71,7 @@ class SimulationResult:
     tokens: int
     final_val_loss: float
     params_identical: bool
+    admission: str
     bytes_sent_per_peer: float
     bytes_received_per_peer: float
     wall_s: float
@@ -207,21 +211,25 @@ def run_simulation(
     procs: list[Any] = []
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
-    try:
-        level = logging.getLogger().getEffectiveLevel()
-        level = level if level < logging.WARNING else logging.ERROR
-        procs.append(spawn_function(_bootstrap_main, (cfg.model_dump_json(), q, level), name="bootstrap"))
-        cfg.peers.initial_peers = _bootstrap_maddrs(q, deadline)
-        cfg_json = cfg.model_dump_json()
-        for rank in range(n_peers):
-            procs.append(spawn_function(_peer_main, (rank, n_peers, cfg_json, q, level), name=f"peer{rank}"))
-        outcomes = _collect(q, procs, n_peers, deadline, on_progress)
-    finally:
-        stop_peers(procs)
-        left = [o for p in procs for o in find_orphans(p.marker)]
-        if left:
-            logger.error("processes left behind after the simulation: %s", [o.pid for o in left])
-        q.close()
+    with tempfile.TemporaryDirectory(prefix="swarmtrain-sim-") as folder:
+        boot_cfg, rank_cfgs = admitted_configs(cfg, n_peers, Path(folder))
+        try:
+            level = logging.getLogger().getEffectiveLevel()
+            level = level if level < logging.WARNING else logging.ERROR
+            boot = spawn_function(_bootstrap_main, (boot_cfg.model_dump_json(), q, level), name="bootstrap")
+            procs.append(boot)
+            initial = _bootstrap_maddrs(q, deadline)
+            for rank, rc in enumerate(rank_cfgs):
+                rc.peers.initial_peers = initial
+                args = (rank, n_peers, rc.model_dump_json(), q, level)
+                procs.append(spawn_function(_peer_main, args, name=f"peer{rank}"))
+            outcomes = _collect(q, procs, n_peers, deadline, on_progress)
+        finally:
+            stop_peers(procs)
+            left = [o for p in procs for o in find_orphans(p.marker)]
+            if left:
+                logger.error("processes left behind after the simulation: %s", [o.pid for o in left])
+            q.close()
     return _summarise(cfg, outcomes, time.perf_counter() - t0)
 
 
@@ -285,6 +293,7 @@ def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> Simulati
         tokens=sum(o.tokens for o in ordered),
         final_val_loss=float(sum(o.final_val_loss or float("nan") for o in ordered) / n_peers),
         params_identical=params_identical(ordered),
+        admission=cfg.peers.admission,
         bytes_sent_per_peer=sum(o.bytes_sent for o in ordered) / n_peers,
         bytes_received_per_peer=sum(o.bytes_received for o in ordered) / n_peers,
         wall_s=wall,

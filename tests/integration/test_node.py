@@ -20,18 +20,10 @@ from swarmtrain.app.cli import run
 CLI = [sys.executable, "-c", "from swarmtrain.app.cli import main; main()"]
 
 
-def _start_dht(identity: Path) -> tuple[PeerProcess, str, list[str]]:
+def _start_dht(identity: Path, *extra: str) -> tuple[PeerProcess, str, list[str]]:
+    args = list(extra) or ["--run-id", "t-node"]
     proc = spawn_command(
-        [
-            *CLI,
-            "dht",
-            "--host-maddrs",
-            "/ip4/127.0.0.1/tcp/0",
-            "--identity",
-            str(identity),
-            "--run-id",
-            "t-node",
-        ],
+        [*CLI, "dht", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity", str(identity), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -89,6 +81,60 @@ def test_dht_status_and_identity(tmp_path: Path) -> None:
     finally:
         proc2.terminate(grace=5.0)
     assert find_orphans(proc2.marker) == []
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_run_init_token_issue_and_admission_from_the_command_line(tmp_path: Path) -> None:
+    """A run made by ``run init``: its bootstrap node (with the token run init printed) is listed by
+    ``status``; a volunteer without a token gets one line naming its peer ID; ``token issue`` makes
+    one that ``join``'s admission check accepts."""
+    run_dir = tmp_path / "run"
+    init = _cli("run", "init", str(run_dir), "--run-id", "t-trust")
+    assert init.returncode == 0, init.stderr
+    cfg = run_dir / "swarmtrain.toml"
+    assert "run_public_key" in cfg.read_text() and "run.key" not in cfg.read_text()
+    boot_cmd = next(x for x in init.stdout.splitlines() if "swarmtrain dht" in x).split()
+    token = boot_cmd[boot_cmd.index("--token") + 1]
+    assert _cli("run", "init", str(run_dir)).returncode == 2  # never overwrites a run
+    proc, boot_id, maddrs = _start_dht(run_dir / "bootstrap.key", "--config", str(cfg), "--token", token)
+    try:
+        status = _cli("status", "--config", str(cfg), "--initial-peers", maddrs[0], "--json")
+        assert status.returncode == 0, status.stderr[-2000:]
+        records = json.loads(status.stdout.strip().splitlines()[-1])
+        assert [(r["peer_id"], r["role"]) for r in records] == [(boot_id, "bootstrap")]
+        vol = _cli("identity", str(tmp_path / "vol.key")).stdout.strip()
+        base = [
+            "join",
+            "--config",
+            str(cfg),
+            "--initial-peers",
+            maddrs[0],
+            "--identity",
+            str(tmp_path / "vol.key"),
+        ]
+        refused = _cli(*base, "--steps", "1")
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines() == [
+            "swarmtrain: error: this peer is not admitted to run 't-trust': peer "
+            f"{vol[:16]} shows no join token; ask the run's creator for a token for peer ID {vol} "
+            "(swarmtrain token issue)"
+        ]
+        issued = _cli("token", "issue", "--run-key", str(run_dir / "run.key"), "--config", str(cfg), vol)
+        assert issued.returncode == 0, issued.stderr
+        other = _cli(*base, "--steps", "1", "--token", token)  # the bootstrap's token, not vol's
+        assert other.returncode == 2 and "for another run or peer" in other.stderr
+    finally:
+        proc.terminate(grace=5.0)
+    assert find_orphans(proc.marker) == []
+    from peers.admission import admission_from, own_token
+    from swarmtrain.core.config import load_config
+
+    peers = load_config(cfg, {"peers.token": issued.stdout.strip()}).peers
+    assert own_token(peers, admission_from(peers), vol) is not None
 
 
 def test_bad_multiaddr_is_one_clear_line(capsys: object) -> None:

@@ -46,7 +46,7 @@ def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
     cfg = loopback_config("t-owner", initial, identity_path=ident)
     with reporting_errors(q, rank), PeerNode(cfg) as node:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
-        guard = ByzantineGuard(node, ident, f=1, owner_check=True)
+        guard = ByzantineGuard(node, f=1, owner_check=True)
         coll = P2PCollective(node, min_peers=3, expected_peers=N, join_window=5.0, guard=guard)
         median = build_reducer("coordinate_median", 1)
         reducer = median

@@ -60,6 +60,7 @@ def test_simulate_cli_two_peers_writes_json(tmp_path: Path) -> None:
     ):
         assert key in data
     assert data["strategy"] == "diloco" and data["compressor"] == "int8" and data["peers"] == 2
+    assert data["admission"] == "token"  # its own run key and a token per peer, as run init makes
     assert data["params_identical"] is True
     assert data["tokens"] == 2 * 20 * 16 * 128
     assert data["bytes_sent_per_peer"] > 0

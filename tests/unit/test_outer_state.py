@@ -345,6 +345,18 @@ def test_bad_momentum_state_is_refused_and_changes_nothing() -> None:
     bad["outer"]["buffers"] = {"nope": torch.zeros(2)}
     with pytest.raises(ConfigError, match="momentum 'nope'"):
         strat.load_state_dict(bad)
+    # a donor's hyper-parameters that would wreck every later outer step (issue 13's state fuzz)
+    for field, value, why in [
+        ("lr", float("nan"), "lr must be finite"),
+        ("lr", -0.7, "lr must be finite"),
+        ("momentum", 5.0, r"momentum must be in \[0, 1\)"),
+        ("momentum", -0.1, r"momentum must be in \[0, 1\)"),
+    ]:
+        bad = copy.deepcopy(state)
+        bad["outer"][field] = value
+        with pytest.raises(ConfigError, match=why):
+            strat.load_state_dict(bad)
+    assert strat.state_dict()["outer"]["lr"] == before["outer"]["lr"]
     after = strat.state_dict()
     assert _equal(after["anchor"], before["anchor"])
     assert all(

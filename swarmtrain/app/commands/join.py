@@ -26,6 +26,9 @@ def join(
     announce_maddrs: list[str] | None = typer.Option(
         None, "--announce-maddrs", help="Public multiaddrs to announce."
     ),
+    token: str | None = typer.Option(
+        None, "--token", help="Join token from the run's creator (runs with admission 'token')."
+    ),
     region: str | None = typer.Option(None, "--region", help="A label shown in `swarmtrain status`."),
     strategy: str | None = typer.Option(None, "--strategy", "-s", help="Strategy (must match the run)."),
     compressor: str | None = typer.Option(None, "--compressor", help="Codec (must match the run)."),
@@ -45,6 +48,7 @@ def join(
         "peers.initial_peers": split_maddrs(initial_peers) or None,
         "peers.run_id": run_id,
         "peers.identity_path": identity,
+        "peers.token": token,
         "peers.host_maddrs": split_maddrs(host_maddrs) or None,
         "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
         "peers.region": region,

@@ -9,6 +9,7 @@ prints them as a rich table. Heavy imports (hivemind, torch) happen inside the c
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -38,23 +39,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def _peers_config(
-    run_id: str, initial: list[str], host: list[str], announce: list[str], identity: str | None
-) -> Any:
-    from pydantic import ValidationError
+def _peers_config(config: Path | None, overrides: dict[str, Any]) -> Any:
+    """``[peers]`` of the run's config file (if any) under the command's flags (``None``: not given)."""
+    from swarmtrain.core.config import load_config
 
-    from swarmtrain.core.config import PeersConfig, format_validation_error
-    from swarmtrain.core.errors import ConfigError
+    return load_config(config, overrides).peers
 
-    kw: dict[str, Any] = {"run_id": run_id, "initial_peers": initial, "identity_path": identity}
-    if host:
-        kw["host_maddrs"] = host
-    if announce:
-        kw["announce_maddrs"] = announce
-    try:
-        return PeersConfig(**kw)
-    except ValidationError as e:
-        raise ConfigError(f"peers.{format_validation_error(e)}") from None
+
+_CONFIG_HELP = "The run's TOML config (its [peers] admission settings and run ID)."
+_TOKEN_HELP = "This peer's join token (runs with admission 'token'; `swarmtrain token issue`)."
 
 
 def dht(
@@ -70,18 +63,24 @@ def dht(
         "--identity",
         help="Private key file; created if missing; keeps the peer ID across restarts.",
     ),
-    run_id: str = typer.Option("swarmtrain", "--run-id", help="Run ID to announce the node under."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run ID to announce the node under."),
+    config: Path | None = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
+    token: str | None = typer.Option(None, "--token", help=_TOKEN_HELP),
 ) -> None:
     """Run a bootstrap DHT node and print the multiaddrs to pass as --initial-peers."""
     from peers.node import PeerNode
     from peers.process import GracefulExit
 
     cfg = _peers_config(
-        run_id,
-        split_maddrs(initial_peers),
-        split_maddrs(host_maddrs),
-        split_maddrs(announce_maddrs),
-        identity,
+        config,
+        {
+            "peers.run_id": run_id,
+            "peers.initial_peers": split_maddrs(initial_peers) or None,
+            "peers.host_maddrs": split_maddrs(host_maddrs) or None,
+            "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
+            "peers.identity_path": identity,
+            "peers.token": token,
+        },
     )
     with GracefulExit() as stop, PeerNode(cfg, role="bootstrap") as node:
         typer.echo(f"peer id: {node.peer_id}")
@@ -95,7 +94,8 @@ def dht(
 
 def status(
     initial_peers: list[str] = typer.Option(..., "--initial-peers", help="Any peer of the run."),
-    run_id: str = typer.Option("swarmtrain", "--run-id", help="Run whose peers to list."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run whose peers to list."),
+    config: Path | None = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the DHT."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     tolerate: int = typer.Option(
@@ -116,17 +116,25 @@ def status(
     from peers.node import PeerNode
     from peers.suspicion import compute_bans
 
-    cfg = _peers_config(run_id, split_maddrs(initial_peers), ["/ip4/127.0.0.1/tcp/0"], [], None)
+    overrides = {
+        "peers.run_id": run_id,
+        "peers.initial_peers": split_maddrs(initial_peers),
+        "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+        "peers.identity_path": None,
+        "peers.token": None,
+    }
+    cfg = _peers_config(config, overrides)
+    cfg = cfg.model_copy(update={"identity_path": None, "token": None})  # a monitor writes nothing
     with PeerNode(
         cfg, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout
     ) as node:
         records = node.live_peers(timeout=timeout)
-        bans = compute_bans(read_tables(node.dht, run_id, timeout), tolerate, strikes=strikes)
+        bans = compute_bans(read_tables(node.dht, cfg.run_id, timeout), tolerate, strikes=strikes)
     if json_out:
         rows = [{**asdict(r), "banned": bans.get(r.peer_id)} for r in records]
         typer.echo(json.dumps(rows, default=str))
         return
-    Console(width=160).print(_peer_table(run_id, records))
+    Console(width=160).print(_peer_table(cfg.run_id, records))
     for peer, why in sorted(bans.items()):
         typer.echo(f"banned {peer}: {why}")
     if not bans:

@@ -112,6 +112,7 @@ class SimulateOptions:
 
 # simulate's defaults: the README's tiny run
 _DEFAULTS: dict[str, Any] = {
+    "peers": {"admission": "token"},  # a run key and a token per peer, as `swarmtrain run init` makes
     "strategy": {"name": "diloco", "inner_steps": 30},
     "compression": {"codec": "int8"},
     "train": {"steps": 300, "eval_interval": 10_000},
@@ -159,7 +160,9 @@ def simulate(
     """Train with N real peer processes on this machine (127.0.0.1) and report loss and bytes.
 
     Defaults: the tiny preset, 300 steps per peer of batch 16 x 128, DiLoCo with H=30 and the
-    int8 codec. With --baseline, DataParallel with fp32 runs on the same data and tokens.
+    int8 codec. With --baseline, DataParallel with fp32 runs on the same data and tokens. The run
+    admits its peers as `swarmtrain run init` would: its own run key and a join token per peer
+    (set peers.admission to allowlist or open in --config to simulate those policies).
     """
     # every parameter is a field of the same name, and there are no other locals yet
     run_simulate(SimulateOptions(**locals()))

@@ -1,0 +1,108 @@
+"""``swarmtrain run init``, ``swarmtrain token issue``, ``swarmtrain identity``: a run's root of trust.
+
+The run's creator makes the run key once (``run init``), shares the config it writes (it holds the
+run's public key, never the secret), and issues a join token per volunteer peer ID
+(``token issue``); a volunteer learns its peer ID with ``identity`` and passes the token to
+``swarmtrain join --token``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+__all__ = ["register", "run_init", "token_issue", "identity"]
+
+_CONFIG = "swarmtrain.toml"
+_HOUR = 3600.0
+
+
+def run_init(
+    directory: Path = typer.Argument(..., help="Folder for the run key and the shared config (created)."),
+    run_id: str = typer.Option("swarmtrain", "--run-id", help="The run's ID."),
+    admission: str = typer.Option("token", "--admission", help="Who may join: token, allowlist or open."),
+    hours: float = typer.Option(24 * 30, "--hours", min=0.01, help="Validity of the bootstrap's token."),
+) -> None:
+    """Create a run: its key (secret), a shared config, and the bootstrap node's identity and token."""
+    from peers.admission import POLICIES, RunKey, encode_token_text
+    from peers.identity import ensure_identity
+    from peers.node import RUN_ID_PATTERN
+    from swarmtrain.core.errors import ConfigError
+
+    if admission not in POLICIES:
+        raise ConfigError(f"--admission must be one of {', '.join(POLICIES)}, not {admission!r}")
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ConfigError(f"--run-id {run_id!r}: use 1-64 letters, digits, '_', '.', '-'")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create {directory}: {e.strerror}") from None
+    cfg_path = directory / _CONFIG
+    if cfg_path.exists():
+        raise ConfigError(f"{cfg_path} exists; run init never overwrites a run")
+    key = RunKey.generate(directory / "run.key")
+    boot_id = ensure_identity(directory / "bootstrap.key")
+    lines = ["[peers]", f'run_id = "{run_id}"', f'admission = "{admission}"']
+    if admission == "token":
+        lines.append(f'run_public_key = "{key.public_hex}"')
+    if admission == "allowlist":
+        lines.append(f'allowlist = ["{boot_id}"]')
+    # the training settings of the README's default run; the creator edits them before sharing
+    lines += ["", "[strategy]", 'name = "diloco"', "inner_steps = 30", "", "[compression]", 'codec = "int8"']
+    cfg_path.write_text("\n".join(lines) + "\n")
+    typer.echo(f"run key (keep it secret): {directory / 'run.key'}")
+    typer.echo(f"shared config (give it to volunteers): {cfg_path}")
+    boot = f"swarmtrain dht --config {cfg_path} --identity {directory / 'bootstrap.key'}"
+    if admission == "token":
+        tok = encode_token_text(key.issue(run_id, boot_id, time.time() + hours * _HOUR))
+        boot += f" --token {tok}"
+    typer.echo(f"start the bootstrap node:\n  {boot}")
+    if admission == "token":
+        typer.echo(
+            "admit a volunteer (they print their peer ID with `swarmtrain identity FILE`):\n"
+            f"  swarmtrain token issue --run-key {directory / 'run.key'} --config {cfg_path} PEER_ID"
+        )
+
+
+def token_issue(
+    peer_id: str = typer.Argument(..., help="The volunteer's peer ID (`swarmtrain identity FILE`)."),
+    run_key: Path = typer.Option(..., "--run-key", help="The run key written by `swarmtrain run init`."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="The run's config (for its run ID)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="The run ID (default: the config's)."),
+    hours: float = typer.Option(24 * 30, "--hours", min=0.01, help="Hours the token stays valid."),
+) -> None:
+    """Print a join token admitting PEER_ID to the run (pass it to `swarmtrain join --token`)."""
+    from peers.admission import RunKey, encode_token_text
+    from swarmtrain.core.config import load_config
+    from swarmtrain.core.errors import ConfigError
+
+    cfg = load_config(config, {"peers.run_id": run_id})
+    key = RunKey.load(run_key)
+    if cfg.peers.run_public_key and cfg.peers.run_public_key != key.public_hex:
+        raise ConfigError(f"{run_key} is not the key of this run (its public key differs from the config's)")
+    if not peer_id.isalnum() or len(peer_id) > 128:
+        raise ConfigError(f"{peer_id!r} is not a peer ID")
+    token = key.issue(cfg.peers.run_id, peer_id, time.time() + hours * _HOUR)
+    typer.echo(encode_token_text(token))
+
+
+def identity(
+    path: Path = typer.Argument(..., help="Private key file; created if missing."),
+) -> None:
+    """Print the peer ID of an identity file (creating the file if it does not exist)."""
+    from peers.identity import ensure_identity
+
+    typer.echo(ensure_identity(path))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run init``, ``token issue`` and ``identity`` to ``app``."""
+    run_app = typer.Typer(help="Create a run's root of trust.", no_args_is_help=True)
+    run_app.command("init")(run_init)
+    token_app = typer.Typer(help="Join tokens for the run's volunteers.", no_args_is_help=True)
+    token_app.command("issue")(token_issue)
+    app.add_typer(run_app, name="run")
+    app.add_typer(token_app, name="token")
+    app.command("identity")(identity)
