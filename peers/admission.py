@@ -46,6 +46,7 @@ __all__ = [
     "admission_from",
     "AdmittedPeers",
     "own_token",
+    "check_own_admission",
 ]
 
 logger = logging.getLogger(__name__)
@@ -251,9 +252,8 @@ class Admission:
             if peer_id not in self.allowlist:
                 raise NotAdmitted(f"peer {peer_id[:16]} is not on the run's allowlist")
             return
-        if not token:
+        if not token or self.run_public is None:  # (__post_init__ made sure of a run key)
             raise NotAdmitted(f"peer {peer_id[:16]} shows no join token")
-        assert self.run_public is not None  # __post_init__
         tok = decode_token(token, self.run_public)
         if tok.run_id != self.run_id or tok.peer_id != peer_id:
             raise NotAdmitted(f"the join token of {peer_id[:16]} is for another run or peer")
@@ -303,6 +303,26 @@ def own_token(cfg: PeersConfig, admission: Admission, peer_id: str, *, check: bo
         }.get(admission.policy, "")
         raise ConfigError(f"this peer is not admitted to run {cfg.run_id!r}: {e}{hint}") from None
     return token
+
+
+def check_own_admission(cfg: PeersConfig) -> None:
+    """Fail at once, before any work, when the policy keeps this peer out (``swarmtrain join``).
+
+    Raises:
+        ConfigError: one line: no identity file where a token or the allowlist names a peer ID, or
+            what :func:`own_token` says.
+    """
+    admission = admission_from(cfg)
+    if admission.policy == "open":
+        return
+    if not cfg.identity_path:
+        raise ConfigError(
+            f"run {cfg.run_id!r} admits by {admission.policy}, which names peer IDs: pass --identity FILE "
+            "(keep the file; `swarmtrain identity FILE` prints its peer ID)"
+        )
+    from peers.identity import ensure_identity
+
+    own_token(cfg, admission, ensure_identity(cfg.identity_path))
 
 
 class AdmittedPeers:

@@ -134,24 +134,7 @@ class PeerNode:
         kwargs: dict[str, Any] = {"host_maddrs": host, "startup_timeout": startup_timeout}
         if announce:
             kwargs["announce_maddrs"] = announce
-        # every node has an identity file: its key signs the node's DHT records (peers.dht_records)
-        if config.identity_path:
-            from peers.identity import ensure_identity
-
-            ensure_identity(config.identity_path)
-            kwargs["identity_path"] = str(config.identity_path)
-        else:
-            from peers.identity import throwaway_identity
-
-            kwargs["identity_path"] = throwaway_identity()
-            kwargs["check_if_identity_free"] = False  # a fresh key is nobody else's
-        from peers.dht_records import SignedRecords
-
-        self.signer = Signer(kwargs["identity_path"])
-        self.admission = admission_from(config)
-        # a node that writes records must be admitted; a read-only monitor only checks others'
-        self.token = own_token(config, self.admission, self.signer.peer_id, check=publish_record)
-        kwargs["record_validators"] = [SignedRecords(self.signer, self.admission, self.token)]
+        kwargs.update(self._trust(config, publish_record))
         #: who may send to this node's handlers (the collective's, the state server's)
         self.admitted = AdmittedPeers(self.admission, lambda: [x.peer_id for x in self.live_peers(timeout=5)])
         self._closed = False
@@ -192,6 +175,31 @@ class PeerNode:
             )
             self._hb_thread.start()
         logger.info("peer %s up, role %s, maddrs %s", self.peer_id, role, self.visible_maddrs)
+
+    def _trust(self, config: PeersConfig, publish_record: bool) -> dict[str, Any]:
+        """Set the identity (``signer``), the policy and this node's token; returns the DHT's identity
+        and record-validator arguments. Every node has an identity file: its key signs the node's DHT
+        records (``peers.dht_records``); without one configured, a throwaway key.
+
+        Raises:
+            ConfigError: an unusable identity file, an incomplete policy, or (for a node that writes
+                records; a read-only monitor only checks others') a policy that keeps this node out.
+        """
+        from peers.dht_records import SignedRecords
+        from peers.identity import ensure_identity, throwaway_identity
+
+        kw: dict[str, Any] = {}
+        if config.identity_path:
+            ensure_identity(config.identity_path)
+            kw["identity_path"] = str(config.identity_path)
+        else:
+            kw["identity_path"] = throwaway_identity()
+            kw["check_if_identity_free"] = False  # a fresh key is nobody else's
+        self.signer = Signer(kw["identity_path"])
+        self.admission = admission_from(config)
+        self.token = own_token(config, self.admission, self.signer.peer_id, check=publish_record)
+        kw["record_validators"] = [SignedRecords(self.signer, self.admission, self.token)]
+        return kw
 
     # --- records ------------------------------------------------------------------------------------
 

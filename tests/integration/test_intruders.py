@@ -5,7 +5,8 @@ The outsider is a separate process with its own libp2p identity on the same DHT.
 every round ahead: group records for a fake leader "1" (members ``["1"]``) and fake joins for "1"
 (unsigned: on the code before signed records, 0 of N rounds formed), plus joins and a one-member
 group list signed with its *own* key; then it pushes joins and member lists (itself first) straight
-to the honest peers' collective handlers. Three honest peers then all-reduce a few rounds.
+to the honest peers' collective handlers and downloads the state they serve. Three honest peers
+then all-reduce a few rounds.
 
 * ``token`` policy (the honest peers hold join tokens from the run key, the outsider none): every
   round commits on every honest peer, with the honest peers only, and they end identical.
@@ -60,6 +61,13 @@ def _outsider(initial: list[str], q: Any, rank: int) -> None:
             futs.append(coll._send(h, env, [], time.monotonic() + 10))
             grp = Envelope(type="grp", run=RUN, kind="reduce", round=r, frames=1, nbytes=len(listed))
             futs.append(coll._send(h, grp, [listed], time.monotonic() + 10))
+    from peers.state_transfer import download_state
+
+    try:  # the state the honest peers announce (their announcements are readable: signed, not secret)
+        download_state(node, timeout=30, wait_for_donor=20)
+        state_downloaded = True
+    except Exception:
+        state_downloaded = False
     accepted = 0
     for f in futs:
         attempts["messages"] += 1
@@ -68,7 +76,9 @@ def _outsider(initial: list[str], q: Any, rank: int) -> None:
             accepted += 1
         except Exception:
             pass  # refused: what admission is for
-    report(q, "attacked", rank, {"attempts": attempts, "accepted_messages": accepted})
+    report(
+        q, "attacked", rank, {"attempts": attempts, "accepted_messages": accepted, "state": state_downloaded}
+    )
     while True:  # stay on the DHT (serving its records) until the test stops the group
         time.sleep(1.0)
 
@@ -79,6 +89,7 @@ def worker(rank: int, initial: list[str], q: Any, creds: list[dict[str, str]], p
             _outsider(initial, q, rank)
         return
     from peers import P2PCollective, PeerNode
+    from peers.state_transfer import StateServer
 
     c = creds[rank]
     extra = {"identity_path": c["identity"], "admission": policy}
@@ -86,11 +97,13 @@ def worker(rank: int, initial: list[str], q: Any, creds: list[dict[str, str]], p
         extra.update(run_public_key=c["run_public"], token=c["token"])
     with reporting_errors(q, rank), PeerNode(loopback_config(RUN, initial, **extra)) as node:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        server = StateServer(node, lambda: ({"w": torch.zeros(1000)}, {"round": 0}))
+        server.refresh()  # a donor: what a newcomer (or the outsider) downloads
+        coll = P2PCollective(node, min_peers=2, expected_peers=HONEST, join_window=3.0)
         node.wait_for_peers(HONEST, timeout=60)
-        go = Path(c["go"])  # the test creates it once the outsider's records are out
+        go = Path(c["go"])  # the test creates it once the outsider's attack is out
         while not go.exists():
             time.sleep(0.1)
-        coll = P2PCollective(node, min_peers=2, expected_peers=HONEST, join_window=3.0)
         state = torch.full((10_000,), float(rank))
         for _ in range(ROUNDS):
             res = coll.all_reduce({"x": state}, compressor=Fp32Identity(), timeout=15)
@@ -140,8 +153,10 @@ def test_an_outsiders_records_cannot_block_the_rounds(policy: str, tmp_path: Pat
     if policy == "open":  # the control: without admission the outsider's records break rounds
         failed = [h["reason"] for r in hist for h in hist[r] if not h["committed"]]
         assert failed, "the outsider's admitted records should have broken a round under 'open'"
+        assert attack["accepted_messages"] > 0 and attack["state"]
         return
     assert attack["accepted_messages"] == 0  # every stream of the outsider's was refused
+    assert not attack["state"]  # the state servers refused it too
     for r, rounds in hist.items():
         for h in rounds:
             assert h["committed"], f"peer {r}: {h['reason']}"

@@ -65,12 +65,14 @@ def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | N
     """Load the run's config, join it as a volunteer with a live status line, and print a summary."""
     from rich.console import Console
 
+    from peers.admission import check_own_admission
     from swarmtrain.app.commands.peers import human_bytes
     from swarmtrain.app.volunteer import VolunteerStatus, run_volunteer
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
     cfg = load_config(config, overrides)
+    check_own_admission(cfg.peers)  # a peer the run keeps out learns it before any work
     if cfg.strategy.name == "local":
         raise ConfigError("strategy 'local' trains alone; choose a networked one, e.g. --strategy diloco")
     if cfg.peers.min_peers < 2:
