@@ -9,6 +9,8 @@ it are fuzzed in ``test_wire_fuzz.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,13 @@ import msgpack
 import pytest
 import torch
 from fuzz_helpers import EDIT, Edit, mutate
+from hivemind.dht.validation import DHTRecord
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizers.demo_payload import TensorSpec, decode_payload, encode_payload
+from peers.admission import Admission, RunKey, decode_token
+from peers.dht_records import SignedRecords
 from peers.messages import (
     Envelope,
     decode_ack,
@@ -32,7 +37,7 @@ from peers.messages import (
 )
 from peers.records import PeerRecord, decode_record, encode_record
 from peers.signing import Signer
-from peers.state_transfer import decode_announcement
+from peers.state_transfer import decode_announcement, parse_state, serialize_state
 from peers.suspicion import AccusationTable, decode_signed, decode_table, encode_signed
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
@@ -73,9 +78,15 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Decode
     """Decoder name -> (decode one input, valid inputs to mutate)."""
     from peers.identity import ensure_identity
 
-    path: Path = tmp_path_factory.mktemp("fuzz-id") / "id.key"
+    folder = tmp_path_factory.mktemp("fuzz-id")
+    path: Path = folder / "id.key"
     ensure_identity(path)
     signer = Signer(path)
+    run_key = RunKey.generate(folder / "run.key")
+    pub = bytes.fromhex(run_key.public_hex)
+    token = run_key.issue(RUN, signer.peer_id, time.time() + 3600)
+    records = SignedRecords(signer, Admission("token", RUN, run_public=pub), token)
+    rec = DHTRecord(b"k" * 20, msgpack.packb(signer.peer_id), msgpack.packb(b"join"), 1.0e9)
     table = _table()
     envelopes = [
         Envelope("part", RUN, "reduce", 4, b"d" * 16, index=1, weight=2.0, frames=3, nbytes=99, numel=7),
@@ -109,6 +120,15 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Decode
             lambda b: decode_payload(b, DEMO_SPECS, "sign"),
             [_demo_seed("sign")],
         ),
+        "join token": (lambda b: decode_token(b, pub), [token]),
+        "state": (
+            parse_state,
+            [serialize_state({"model.w": torch.arange(6.0).reshape(2, 3)}, {"round": 3, "step": 9})],
+        ),
+        "DHT record": (
+            lambda b: records.check(dataclasses.replace(rec, value=b)),
+            [records.sign_value(rec)],
+        ),
         "collusion rows": (
             lambda b: decode_rows(b, ROWS),
             [
@@ -131,7 +151,12 @@ NAMES = [
     "demo payload",
     "demo payload (sign)",
     "collusion rows",
+    "join token",
+    "DHT record",
+    "state",
 ]
+
+NOT_MSGPACK = {"state"}  # safetensors bytes: no msgpack fields to replace
 
 
 def _only_protocol_errors(decode: Decoder, data: bytes) -> None:
@@ -212,7 +237,7 @@ def _replace_field(obj: Any, key: str, value: Any, path: int) -> Any:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in NOT_MSGPACK])
 @settings(FUZZ, max_examples=25)
 @given(
     batch=st.lists(
@@ -230,3 +255,38 @@ def test_valid_messages_with_one_field_replaced(
     for pick, key, value, path in batch:
         obj = msgpack.unpackb(seeds[pick % len(seeds)], raw=False, strict_map_key=False)
         _only_protocol_errors(decode, msgpack.packb(_replace_field(obj, key, value, path), use_bin_type=True))
+
+
+N_LONG = 100_000  # inputs per decoder in the long run (issue 13: >= 100,000, nothing but ProtocolError)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", NAMES)
+def test_a_hundred_thousand_inputs_raise_nothing_but_protocol_errors(
+    decoders: dict[str, tuple[Decoder, list[bytes]]], name: str
+) -> None:
+    """A seeded plain loop (hypothesis would spend most of the time on its own bookkeeping): a tenth
+    random bytes, the rest valid messages with one to four byte edits (``fuzz_helpers.mutate``)."""
+    import random
+
+    decode, seeds = decoders[name]
+    rng = random.Random(f"fuzz-{name}")
+    ops = ["flip", "set", "insert", "delete", "cut"]
+    others: list[str] = []
+    for i in range(N_LONG):
+        if i % 10 == 0:
+            data = rng.randbytes(rng.randrange(0, 600))
+        else:
+            edits = [
+                (rng.choice(ops), rng.randrange(1 << 16), rng.randrange(256))
+                for _ in range(rng.randint(1, 4))
+            ]
+            data = mutate(seeds[i % len(seeds)], edits)
+        try:
+            decode(data)
+        except ProtocolError:
+            pass
+        except Exception as e:  # collected, so one run reports every kind at once
+            others.append(f"{type(e).__name__}: {e}"[:200])
+    assert others == [], f"{len(others)} of {N_LONG} inputs raised something else, e.g. {others[:3]}"
