@@ -279,6 +279,34 @@ def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[in
     return sorted(out, key=lambda a: (-a[0], a[1]))
 
 
+#: rounds a donor's announcement may be ahead of the most advanced other live peer's record (records
+#: are published after a round, announcements right after its commit)
+ROUND_SLACK = 2
+
+
+def _witnessed(
+    node: PeerNode, run: str, found: list[tuple[int, str, bytes, int]], errors: list[str]
+) -> list[tuple[int, str, bytes, int]]:
+    """The announcements whose round the *other* live peers' records bear out: at most
+    :data:`ROUND_SLACK` past the highest round any other peer (not the announcer, not this one)
+    published. A donor alone cannot claim round 10^12 to be picked first. Peers at round 0 (newcomers)
+    are no witnesses; with none, every announcement stands."""
+    if not found:
+        return found
+    try:
+        rounds = {r.peer_id: r.round for r in node.live_peers(run, timeout=15.0) if r.round > 0}
+    except SwarmError:
+        return found
+    out = []
+    for a in found:
+        seen = [r for p, r in rounds.items() if p not in (a[1], node.peer_id)]
+        if seen and a[0] > max(seen) + ROUND_SLACK:
+            errors.append(f"{a[1][:12]}: announced round {a[0]}, the others are at {max(seen)}")
+            continue
+        out.append(a)
+    return out
+
+
 def download_state(
     node: PeerNode,
     timeout: float = 300.0,
@@ -323,6 +351,7 @@ def download_state(
     errors: list[str] = []
     while True:
         found = [a for a in _announcements(node, run, 15.0) if a[1] not in exclude]
+        found = _witnessed(node, run, found, errors)
         if time.monotonic() < fresh_deadline:
             found = [a for a in found if a[0] >= min_round]
             if not found:

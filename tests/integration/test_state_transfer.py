@@ -159,3 +159,45 @@ def test_download_waits_for_a_fresh_enough_state_then_takes_the_freshest() -> No
     assert res["first_seen"] == [5]  # the stale state was there when the download started
     assert res["round"] == 6 and res["w"] == 6.0 and res["waited"] > 0.5
     assert res["round_after_short_wait"] == 6 and res["short_wait"] >= 1.0
+
+
+FORGED_ROUND = 10**12
+
+
+def forged_round_worker(rank: int, initial: list[str], q: Any) -> None:
+    """Rank 0: an honest donor of round 5 (its record says round 6, as after committing round 5).
+    Rank 1: a donor announcing round 10^12, its own record saying the same. Rank 2: the newcomer."""
+    from peers import PeerNode, StateServer, download_state
+    from peers.process import GracefulExit
+
+    with (
+        reporting_errors(q, rank),
+        GracefulExit() as stop,
+        PeerNode(loopback_config("t-forged", initial), heartbeat_ttl=TTL) as node,
+    ):
+        if rank < 2:
+            rnd = 5 if rank == 0 else FORGED_ROUND
+            fill = 5.0 if rank == 0 else 0.0123
+            server = StateServer(node, lambda: ({"w": torch.full((1000,), fill)}, {"round": rnd}))
+            server.refresh()
+            node.publish(round=rnd + 1)
+            report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+            stop.wait(120)
+            server.close()
+            return
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        while len([p for p in node.live_peers() if p.round > 0]) < 2:  # both records published
+            time.sleep(0.2)
+        tensors, meta = download_state(node, timeout=60)
+        report(q, "result", rank, {"round": meta["round"], "w": float(tensors["w"][0])})
+
+
+def test_a_donor_alone_cannot_claim_a_far_future_round() -> None:
+    """Issue 13: a forged state announced at round 10^12 was adopted because the freshest announcement
+    wins and its round had no bound. The other live peers' records bound it now."""
+    with PeerGroup(forged_round_worker, 2) as g:
+        g.spawn(2, g.bootstrap_maddrs)
+        g.ready[2] = g.wait_for("ready", 2, 90)
+        res = g.wait_for("result", 2, 120)
+    assert g.orphans == []
+    assert res == {"round": 5, "w": 5.0}
