@@ -70,6 +70,26 @@ def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor
     return torch.cat([tensors[k].detach().reshape(-1).to(torch.float32) for k in names])
 
 
+#: a sender's weight counts at most this many times the median weight of the chunk's rows
+WEIGHT_CAP = 2.0
+
+
+def bound_weights(weights: list[float]) -> list[float]:
+    """``weights`` with each capped at :data:`WEIGHT_CAP` times the median of the positive ones.
+
+    A weight is what its sender claims (tokens processed since its last sync); uncapped, one member
+    claiming 1e30 makes the weighted mean its own row. Honest weights are equal under one run config
+    (up to a factor 2 after a failed round), so the cap leaves them as they are; a claimant's share
+    of the mean is bounded by ``WEIGHT_CAP / (n - 1 + WEIGHT_CAP)``. Bounding is not robustness:
+    that is the robust reducers' job (they ignore weights).
+    """
+    positive = sorted(w for w in weights if w > 0)
+    if not positive:
+        return weights
+    cap = WEIGHT_CAP * positive[(len(positive) - 1) // 2]  # the lower median: no average of two
+    return [min(w, cap) for w in weights]
+
+
 def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
     """Weighted mean of ``rows`` accumulated in place into ``acc`` (``MeanReducer``'s rule and errors)."""
     total = float(sum(weights))
@@ -348,7 +368,7 @@ class ButterflyRound:
             except (ProtocolError, ValueError, RuntimeError) as e:
                 self.excluded.add(p)
                 logger.warning("round %d: contribution of %s left out: %s", self.io.round_id, p[:12], e)
-        return rows, weights, who
+        return rows, bound_weights(weights), who
 
     def reduce_chunk(self, slot: Slot, c: int) -> None:
         """Reduce my chunk ``c``, send its encoded aggregate to every other member, decode it into my

@@ -104,14 +104,7 @@ def _check_reduce(results: dict[int, Any], tol: float) -> None:
 
 
 def test_butterfly_all_reduce_and_gather() -> None:
-    codecs = ["fp32-test"]
-    try:
-        import compression  # noqa: F401
-        from swarmtrain import wire  # noqa: F401
-
-        codecs += ["none", "int8"]
-    except ImportError:
-        pass
+    codecs = ["fp32-test", "none", "int8"]
     with PeerGroup(reduce_worker, N_PEERS, args=(N_PEERS, codecs)) as g:
         reduces = [g.collect("reduce", 90) for _ in codecs]
         gathers = g.collect("gather", 60)
@@ -148,3 +141,34 @@ def test_single_peer_round_commits_alone(n: int) -> None:
     assert res["committed"] and len(res["participants"]) == 1
     for k, v in res["tensors"].items():
         assert torch.equal(tensor_from_bytes(v), make_tensors(0)[k])
+
+
+def weight_worker(rank: int, initial: list[str], q: Any, n: int) -> None:
+    """Ranks 0..n-2 reduce 1.0 with weight 1; the last rank claims weight 1e30 for -1000.0."""
+    from peers import P2PCollective, PeerNode
+
+    with reporting_errors(q, rank), PeerNode(loopback_config("t-weight", initial)) as node:
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        coll = P2PCollective(node, min_peers=n, expected_peers=n)
+        liar = rank == n - 1
+        x = torch.full((1000,), -1000.0 if liar else 1.0)
+        res = coll.all_reduce({"x": x}, compressor=build_codec("fp32-test"), weight=1e30 if liar else 1.0)
+        report(
+            q,
+            "reduce",
+            rank,
+            {"committed": res.committed, "reason": res.reason, "x": res.tensors["x"].tolist()},
+        )
+
+
+def test_a_claimed_weight_counts_at_most_twice_the_median() -> None:
+    """Issue 13: one member claiming weight 1e30 made every peer commit its own value (-1000). The
+    owners cap each weight at 2x the median: the claimant's row counts as 2 honest ones, no more."""
+    n = 4
+    with PeerGroup(weight_worker, n, args=(n,)) as g:
+        res = g.collect("reduce", 90)
+    assert g.orphans == []
+    expected = (3 * 1.0 + 2 * -1000.0) / 5  # -399.4, not -1000
+    for r, out in res.items():
+        assert out["committed"], f"peer {r}: {out['reason']}"
+        assert torch.allclose(torch.tensor(out["x"]), torch.full((1000,), expected)), out["x"][:3]

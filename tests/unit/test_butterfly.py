@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peers.butterfly import _flat, _mean_into, bounds
+from peers.butterfly import _flat, _mean_into, bound_weights, bounds
 from peers.reducers import MeanReducer
 from swarmtrain.core.errors import ConfigError
 
@@ -47,3 +47,11 @@ def test_flat_is_a_view_of_one_fp32_tensor_and_a_copy_otherwise() -> None:
     assert f2.dtype == torch.float32 and f2.shape == (17,)
     assert torch.equal(f2[:12], x.reshape(-1)) and torch.equal(f2[12:], torch.ones(5))
     assert _flat({}, []).numel() == 0
+
+
+def test_claimed_weights_are_capped_at_twice_the_lower_median() -> None:
+    assert bound_weights([1.0, 1.0, 1.0, 1e30]) == [1.0, 1.0, 1.0, 2.0]
+    assert bound_weights([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]  # within 2x of the median: unchanged
+    assert bound_weights([4.0, 1.0]) == [2.0, 1.0]  # two members: the lower median, not their mean
+    assert bound_weights([0.0, 0.0]) == [0.0, 0.0]  # nothing positive: left to the reducer's check
+    assert bound_weights([0.0, 3.0, 1e9]) == [0.0, 3.0, 6.0]
