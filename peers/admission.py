@@ -383,4 +383,7 @@ class AdmittedPeers:
         known = self.decided(peer_id)
         if known is not None:
             return known
-        return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id)
+        except RuntimeError:  # the loop's executor is shutting down with the node: refuse quietly
+            return False

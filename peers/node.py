@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from dataclasses import replace
@@ -46,6 +47,14 @@ async def _tie_to_parent(dht: Any, node: Any) -> None:
     a process-group kill handles supervised peers, this handles a peer started by hand.
     """
     parent = int(dht._parent_pid)
+    # a forked DHT child inherits the app's stop-signal handlers (peers.process.GracefulExit), which
+    # turn a second signal into KeyboardInterrupt: hivemind's own hard stop (terminate) then printed
+    # a traceback. Here a signal just ends the process.
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+    except ValueError:  # not the DHT process's main thread: keep what is there
+        logger.debug("could not reset the DHT process's signal handlers")
 
     async def _watch() -> None:
         while True:
@@ -192,6 +201,7 @@ class PeerNode:
         if config.identity_path:
             ensure_identity(config.identity_path)
             kw["identity_path"] = str(config.identity_path)
+            kw["check_if_identity_free"] = config.identity_check
         else:
             kw["identity_path"] = throwaway_identity()
             kw["check_if_identity_free"] = False  # a fresh key is nobody else's

@@ -327,6 +327,9 @@ class PeersConfig(_Section):
     host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce_maddrs: list[str] = Field(default_factory=list)
     identity_path: str | None = None
+    identity_check: bool = Field(
+        default=True, description="at start, check that no live peer uses this identity already"
+    )
     region: str = "unknown"
     min_peers: int = Field(default=1, ge=1)
     round_timeout: float = Field(default=60.0, gt=0)
