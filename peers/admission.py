@@ -260,14 +260,6 @@ class Admission:
         if tok.expires < (time.time() if now is None else now):
             raise NotAdmitted(f"the join token of {peer_id[:16]} has expired")
 
-    def admits(self, peer_id: str, token: bytes | None, now: float | None = None) -> bool:
-        """Whether :meth:`check` passes."""
-        try:
-            self.check(peer_id, token, now)
-        except NotAdmitted:
-            return False
-        return True
-
 
 def admission_from(cfg: PeersConfig) -> Admission:
     """The policy of ``[peers]`` (``admission``, ``allowlist``, ``run_public_key``).
