@@ -15,7 +15,8 @@ Scheme (one DHT key pair per round and kind):
    published record of its sender (``_adopt``: the sender must be the list's smallest member, not
    banned, the member must be on it), so it starts without waiting for its next DHT poll.
 5. *Pushed joins* (the same kind of shortcut for step 1): a peer also sends its join straight to the
-   likely leader, the smallest member of the last group it was in (a ``join`` message, authenticated
+   likely leader, the smallest member of the last group it was in that it still has a connection to
+   and has not banned (a ``join`` message, authenticated
    the same way, so a peer can only join as itself). A peer that may lead counts pushed joins like
    join records and wakes up when one arrives, so it closes the round as soon as the last join
    reaches it rather than at its next DHT poll; its join store is not waited for either (the record
@@ -24,11 +25,15 @@ Scheme (one DHT key pair per round and kind):
    that may lead reads the group key beside them, so one that arrives after the others formed the
    round (a newcomer with the smallest ID) is late instead of leading a round of its own.
 6. *Dead leader.* A member waiting for the list checks every ``LEADER_CHECK_S`` seconds that the peer
-   it expects to lead (the smallest joiner it sees) is still connected. A leader that dropped out
+   it expects to lead (the smallest joiner, the join records re-read for each check: a leader whose
+   record arrived late is still the one watched) is still connected. A leader that dropped out
    after it was seen connected (or after a group with this peer) fails the wait at once (``MemberGone``)
    instead of at the deadline: a leader killed between closing the round and its push reaching every
    member otherwise leaves those members waiting a whole deadline while the others have moved on, so
    the survivors would enter the next round a deadline apart and miss each other's join window.
+   Members of the last group that have no connection any more at the start of a round are not
+   expected in it: a leader waiting for ``expected_peers`` does not wait its whole join window for
+   peers it knows are gone, so survivors that noticed a death a few seconds apart still meet.
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
@@ -145,6 +150,8 @@ class Matchmaker:
         self.banned: frozenset[str] = frozenset()
         #: members of the last group this peer was in (its smallest is the likely next leader)
         self.last_members: tuple[str, ...] = ()
+        #: members of the last group gone by the start of the current round (``form_group``)
+        self._departed: frozenset[str] = frozenset()
 
     def _key(self, kind: str, round_id: int, what: str) -> str:
         return f"{self.run_id}.{kind}.{round_id}.{what}"
@@ -223,7 +230,8 @@ class Matchmaker:
         arrived = time.monotonic()
         close_at = arrived + self.join_window
         ttl = max(deadline - arrived, 0.0) + 60.0
-        likely = min(self.last_members, default=self.peer_id)
+        self._departed = self._gone_since_last_group()
+        likely = min(set(self.last_members) - self._departed - self.banned, default=self.peer_id)
         if likely < self.peer_id:
             self.pushes.join(kind, round_id, likely)  # step 5; the record below is the fallback
         self._store(join_key, self.peer_id, b"1", dht_time() + ttl)
@@ -270,11 +278,15 @@ class Matchmaker:
             if left <= 0:
                 raise RoundTimeout(f"no group for round {round_id} before the deadline")
             if not may_lead:  # wait for the leader's list: pushed, or read from the DHT next poll
-                group = self._adopt(kind, round_id, self._get(group_key, left))
+                # (a slow read must not hold up the leader check)
+                group = self._adopt(kind, round_id, self._get(group_key, min(left, LEADER_CHECK_S)))
                 if group is None:
                     group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
-                if group is None:
-                    watch.check(joined[0], round_id)  # step 6
+                if group is None and watch.due():  # step 6, on a fresh view of the joiners
+                    recorded |= set(self._get(join_key, min(deadline - time.monotonic(), LEADER_CHECK_S)))
+                    joined = self._joiners(recorded | pushed)
+                    may_lead = joined[0] == self.peer_id
+                    watch.check(joined[0], round_id)
                 continue
             if read_joins:
                 reads = first_read or (self._start_get(join_key), self._start_get(group_key))
@@ -285,9 +297,9 @@ class Matchmaker:
                 )
                 if group is not None:
                     return group
-            joined = sorted((recorded | pushed | {self.peer_id}) - (self.banned - {self.peer_id}))
+            joined = self._joiners(recorded | pushed)
             may_lead = joined[0] == self.peer_id
-            if may_lead and self._may_close(len(joined), close_at):
+            if may_lead and self._may_close(joined, close_at):
                 return self._publish(kind, round_id, tuple(joined[:_MAX_MEMBERS]), group_key)
             # sleep until a pushed list or join arrives or the next poll is due; a pushed join alone
             # needs no new DHT read (the records were read at least once; they are re-read each poll)
@@ -296,12 +308,28 @@ class Matchmaker:
             group, pushed = self._inbox(kind, round_id, self.poll, n_before)
             read_joins = len(pushed) == n_before or time.monotonic() - t0 >= self.poll
 
-    def _may_close(self, n_joined: int, close_at: float) -> bool:
-        """Whether a leader with ``n_joined`` joiners closes the round now: enough joined, and all that
-        are expected (the banned ones aside) or the join window is over."""
-        expected = None if self.expected_peers is None else self.expected_peers - len(self.banned)
-        full = expected is not None and n_joined >= expected
-        return n_joined >= self.min_peers and (full or time.monotonic() >= close_at)
+    def _joiners(self, seen: set[str] | frozenset[str]) -> list[str]:
+        """The joiners this peer knows of, itself included and the banned left out, sorted (the first
+        one leads)."""
+        return sorted((set(seen) | {self.peer_id}) - (self.banned - {self.peer_id}))
+
+    def _gone_since_last_group(self) -> frozenset[str]:
+        """Members of this peer's last group it has no connection to any more (they left or died):
+        not expected back this round (empty when the connections are unknown)."""
+        others = set(self.last_members) - {self.peer_id}
+        live = self.pushes.connected() if others else None
+        return frozenset() if live is None else frozenset(others - live)
+
+    def _may_close(self, joined: list[str], close_at: float) -> bool:
+        """Whether a leader with these joiners closes the round now: enough joined, and all that are
+        expected (the banned ones and the members of the last group that have gone aside) or the join
+        window is over."""
+        n = len(joined)
+        full = False
+        if self.expected_peers is not None:
+            absent = (self.banned | self._departed) - set(joined)
+            full = n >= self.expected_peers - len(absent)
+        return n >= self.min_peers and (full or time.monotonic() >= close_at)
 
     def _publish(self, kind: str, round_id: int, members: tuple[str, ...], group_key: str) -> Group:
         """Leader: push the list to the members (they start at once), store the record (their
@@ -328,12 +356,16 @@ class _LeaderWatch:
         self.known = known
         self.next_at = time.monotonic()
 
-    def check(self, leader: str, round_id: int) -> None:
-        """Raise ``MemberGone`` if ``leader`` was up and has no connection any more (when a check is due)."""
+    def due(self) -> bool:
+        """Whether a check is due (and, if so, the next one is scheduled)."""
         now = time.monotonic()
         if now < self.next_at:
-            return
+            return False
         self.next_at = now + LEADER_CHECK_S
+        return True
+
+    def check(self, leader: str, round_id: int) -> None:
+        """Raise ``MemberGone`` if ``leader`` was up and has no connection any more."""
         live = self.connected()
         if live is None:
             return

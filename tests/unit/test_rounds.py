@@ -205,3 +205,39 @@ def test_a_leader_never_connected_to_is_waited_for_until_the_deadline() -> None:
     mm = _waiting_for_a(lambda: None, ("A", "B"))  # connections unknown: no early failure either
     with pytest.raises(RoundTimeout):
         mm.form_group("reduce", 2, deadline=_in(3))
+
+
+class _LateRecordDHT(FakeDHT):
+    """A's join record shows up only after the first read of the join key (a slow store)."""
+
+    def get(self, key: str, *, latest: bool, return_future: bool) -> Future:
+        if key.endswith(".join") and any(g == key for g in self.gets):
+            self.data.setdefault(key, {}).setdefault("A", _Item(b"1", dht_time() + 60))
+        return super().get(key, latest=latest, return_future=return_future)
+
+
+def test_the_leader_check_rereads_the_joins_so_a_leader_seen_late_is_the_one_watched() -> None:
+    """C first sees only B's join, so it waits for B's list; the real leader A (gone since the last
+    group) shows in the records later. Each check re-reads the joins: C notices A is gone instead of
+    watching the live B until the deadline (seen with a leader killed as it closed the round)."""
+    dht = _LateRecordDHT()
+    dht.store("run.reduce.2.join", b"1", dht_time() + 60, subkey="B", return_future=True)
+    mm, _ = _matchmaker(dht, "C", 3, [], lambda: {"B"})
+    mm.last_members = ("A", "B", "C")
+    t0 = time.monotonic()
+    with pytest.raises(MemberGone, match="leader A"):
+        mm.form_group("reduce", 2, deadline=_in(30))
+    assert time.monotonic() - t0 < 10  # not the 30 s deadline
+
+
+def test_a_member_of_the_last_group_that_has_gone_is_neither_pushed_to_nor_waited_for() -> None:
+    """A (the last leader) has no connection any more: B pushes its join to no one (it is now the
+    smallest live member) and closes as soon as C joins, not after the 30 s join window."""
+    dht = FakeDHT()
+    dht.store("run.reduce.2.join", b"1", dht_time() + 60, subkey="C", return_future=True)
+    mm, calls = _matchmaker(dht, "B", 3, [], lambda: {"C"})
+    mm.last_members = ("A", "B", "C")
+    t0 = time.monotonic()
+    group = mm.form_group("reduce", 2, deadline=_in(60))
+    assert group.members == ("B", "C") and calls["push_join"] == []
+    assert time.monotonic() - t0 < 10
