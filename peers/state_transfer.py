@@ -279,27 +279,31 @@ def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[in
     return sorted(out, key=lambda a: (-a[0], a[1]))
 
 
-#: rounds a donor's announcement may be ahead of the most advanced other live peer's record (records
-#: are published after a round, announcements right after its commit)
+#: rounds a donor's announcement may be ahead of the most advanced other peer (records are published
+#: after a round, announcements right after its commit)
 ROUND_SLACK = 2
 
 
 def _witnessed(
     node: PeerNode, run: str, found: list[tuple[int, str, bytes, int]], errors: list[str]
 ) -> list[tuple[int, str, bytes, int]]:
-    """The announcements whose round the *other* live peers' records bear out: at most
-    :data:`ROUND_SLACK` past the highest round any other peer (not the announcer, not this one)
-    published. A donor alone cannot claim round 10^12 to be picked first. Peers at round 0 (newcomers)
-    are no witnesses; with none, every announcement stands."""
+    """The announcements whose round the *other* peers bear out: at most :data:`ROUND_SLACK` past the
+    highest round any other peer (not the announcer, not this one) announced or published in its
+    record. A donor alone cannot claim round 10^12 to be picked first. Other donors' announcements
+    count as well as records: records lag (a peer re-publishes its record after a round, and a loaded
+    DHT stores it a few rounds late when rounds take a second), announcements do not, so honest donors
+    bear each other out. Peers at round 0 (newcomers) are no witnesses; with none, every announcement
+    stands."""
     if not found:
         return found
     try:
-        rounds = {r.peer_id: r.round for r in node.live_peers(run, timeout=15.0) if r.round > 0}
+        records = [(r.peer_id, r.round) for r in node.live_peers(run, timeout=15.0)]
     except SwarmError:
         return found
+    rounds = [(p, r) for p, r in records + [(a[1], a[0]) for a in found] if r > 0 and p != node.peer_id]
     out = []
     for a in found:
-        seen = [r for p, r in rounds.items() if p not in (a[1], node.peer_id)]
+        seen = [r for p, r in rounds if p != a[1]]
         if seen and a[0] > max(seen) + ROUND_SLACK:
             errors.append(f"{a[1][:12]}: announced round {a[0]}, the others are at {max(seen)}")
             continue
