@@ -322,10 +322,17 @@ class AdmittedPeers:
     once; under ``token`` a peer is admitted once a record it signed was read (the DHT returns only
     records of admitted writers, ``peers.dht_records``) or a round's admitted leader listed it.
 
+    An unknown peer is decided by the first read of the records that *starts after it asked*: one
+    read runs at a time, at most once per ``min_interval`` seconds, and every peer that asked before
+    it started gets its answer from it. So a stranger's flood of streams costs one DHT read per
+    interval, and an admitted peer whose first message arrives just after a read (before this node
+    saw its record) waits for the next read instead of being refused (a round's first messages, from
+    a leader whose record this member had not read yet, failed whole rounds that way).
+
     Args:
         admission: the run's policy.
-        lookup: reads the run's peer records; returns their writers (all admitted). Called at most
-            once per ``min_interval`` seconds, so a stranger's flood of streams costs no DHT reads.
+        lookup: reads the run's peer records; returns their writers (all admitted).
+        min_interval: seconds between the starts of two reads.
     """
 
     def __init__(
@@ -335,13 +342,15 @@ class AdmittedPeers:
         self.lookup = lookup
         self.min_interval = min_interval
         self._known: set[str] = set()
-        self._last_lookup = -float("inf")
-        self._lock = threading.Lock()
+        self._last_start = -float("inf")  # when the last read started
+        self._answered = -float("inf")  # when the last finished read started
+        self._reading = False
+        self._cond = threading.Condition()
 
     def note(self, peers: Iterable[str]) -> None:
         """Record peers seen as writers of validated records, or listed by an admitted leader."""
         if self.admission.policy == "token":
-            with self._lock:
+            with self._cond:
                 self._known.update(peers)
 
     def decided(self, peer_id: str) -> bool | None:
@@ -350,32 +359,54 @@ class AdmittedPeers:
             return True
         if self.admission.policy == "allowlist":
             return peer_id in self.admission.allowlist
-        with self._lock:
+        with self._cond:
             return True if peer_id in self._known else None
 
-    def check(self, peer_id: str) -> bool:
-        """Whether ``peer_id`` is admitted, reading the run's peer records if needed (blocking)."""
+    def check(self, peer_id: str, asked: float | None = None) -> bool:
+        """Whether ``peer_id`` is admitted, reading the run's peer records if needed (blocking: up to
+        ``min_interval`` plus one read).
+
+        Args:
+            asked: ``time.monotonic()`` when the question arose (default: now); a read that started
+                after it answers it.
+        """
         known = self.decided(peer_id)
         if known is not None:
             return known
-        with self._lock:
-            now = time.monotonic()
-            due = now - self._last_lookup >= self.min_interval
-            if due:
-                self._last_lookup = now
-        if due:
-            try:
-                self.note(self.lookup())
-            except Exception as e:  # a flaky DHT: refuse now, the next read may succeed
-                logger.info("reading the run's peer records failed: %s", e)
-        return self.decided(peer_id) is True
+        asked = time.monotonic() if asked is None else asked
+        with self._cond:
+            while True:
+                if peer_id in self._known:
+                    return True
+                if self._answered >= asked:  # a read that started after the question found nothing
+                    return False
+                wait = self._last_start + self.min_interval - time.monotonic()
+                if self._reading or wait > 0:
+                    self._cond.wait(wait if not self._reading else None)
+                    continue
+                self._reading, start = True, time.monotonic()
+                self._last_start = start
+                break
+        try:
+            found = list(self.lookup())
+        except Exception as e:  # a flaky DHT: this read found nobody, the next may succeed
+            logger.info("reading the run's peer records failed: %s", e)
+            found = []
+        with self._cond:
+            self._known.update(found)
+            self._reading, self._answered = False, start
+            self._cond.notify_all()
+            return peer_id in self._known
 
     async def acheck(self, peer_id: str) -> bool:
-        """:meth:`check` for an event loop: a DHT read, if one is needed, runs in a worker thread."""
+        """:meth:`check` for an event loop: a DHT read, if one is needed, runs in a worker thread (the
+        question counts as asked now, not when a worker is free: a flood queued behind it shares one
+        read)."""
         known = self.decided(peer_id)
         if known is not None:
             return known
+        asked = time.monotonic()
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id)
+            return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id, asked)
         except RuntimeError:  # the loop's executor is shutting down with the node: refuse quietly
             return False

@@ -340,7 +340,8 @@ def download_state(
         exclude: peers not to download from (e.g. the ones this peer has banned).
 
     Returns:
-        ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt.
+        ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt, ``meta["donor"]`` the
+        peer ID that served it.
 
     Raises:
         PeerTimeoutError: no donor answered with a valid state in time.
@@ -374,6 +375,7 @@ def download_state(
                 if meta.get("round") != rnd:
                     raise ProtocolError("state meta round differs from the announcement")
                 logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
+                meta["donor"] = peer  # whatever the donor wrote there: who served it
                 return tensors, meta
             except SwarmError as e:
                 errors.append(f"{peer[:12]}: {e}")

@@ -101,7 +101,8 @@ class PeerRun:
     final_val_loss: float | None = None
     final_digest: str = ""
     sync_digests: dict[int, str] = field(default_factory=dict)  # round id -> digest after that commit
-    downloads: list[dict[str, Any]] = field(default_factory=list)  # states adopted: round, step, digest
+    # states adopted: round, step, digest, donor
+    downloads: list[dict[str, Any]] = field(default_factory=list)
     committed_rounds: int = 0
     late_rounds: int = 0  # rounds formed without this peer
     late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
@@ -239,7 +240,7 @@ class _Peer:
     def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
         """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
         fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
-        if not adopt_swarm_state(
+        donor = adopt_swarm_state(
             self.node,
             self.trainer,
             self.p2p,
@@ -247,10 +248,12 @@ class _Peer:
             wait_for_donor=wait_for_donor,
             min_round=min_round,
             fresh_wait=fresh_wait,
-        ):
+        )
+        if donor is None:
             return False
         step, rnd = self.trainer.step, self.p2p.round_id
-        self.result.downloads.append({"round": rnd, "step": step, "digest": shared_digest(self.trainer)})
+        digest = shared_digest(self.trainer)
+        self.result.downloads.append({"round": rnd, "step": step, "digest": digest, "donor": donor})
         logger.info("adopted the swarm's state: step %d, round %d", step, rnd)
         return True
 

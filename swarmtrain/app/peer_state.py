@@ -118,11 +118,12 @@ def adopt_swarm_state(
     wait_for_donor: float = 0.0,
     min_round: int = 0,
     fresh_wait: float = 0.0,
-) -> bool:
+) -> str | None:
     """Download the run's state from a donor this peer has not banned and load it into ``trainer``
     (``peers.download_state`` says what ``min_round``/``fresh_wait`` do). The collective's round number
     never goes back: a donor's snapshot can name a round whose group has formed since, and re-joining
-    it would only be late again. Returns False (logged) when no usable state came; nothing changed then.
+    it would only be late again. Returns the donor's peer ID, or None (logged) when no usable state
+    came; nothing changed then.
     """
     from peers import download_state
 
@@ -138,5 +139,5 @@ def adopt_swarm_state(
         collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
     except (PeerTimeoutError, ProtocolError) as e:
         logger.warning("no usable state from the swarm (%s)", e)
-        return False
-    return True
+        return None
+    return str(meta["donor"])

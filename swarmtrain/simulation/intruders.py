@@ -9,7 +9,8 @@ hopes"). They report what the victim let them do, so tests can assert the defenc
   allocation before the bytes arrive);
 * :func:`zero_byte_flood`: many zero-byte messages on one stream (entries that cost no bytes);
 * :func:`trickle`: a message sent one byte at a time (a stream held for a timeout per frame);
-* :func:`future_flood`: large messages for rounds this peer is not a member of.
+* :func:`future_flood`: large messages for rounds this peer is not a member of;
+* :func:`offer`: well-formed messages (a join, a member list, a part) as a member would send them.
 
 Nothing in the library imports this module.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from peers.messages import Envelope, decode_ack, encode_envelope, encode_frame_length
 
-__all__ = ["Target", "stalled_streams", "zero_byte_flood", "trickle", "future_flood"]
+__all__ = ["Target", "stalled_streams", "zero_byte_flood", "trickle", "future_flood", "offer"]
 
 _FRAME = 16 * 1024 * 1024  # the largest frame length a prefix may announce
 
@@ -213,3 +214,29 @@ async def future_flood(
         finally:
             writer.close()
     return {"offered": offered, "accepted": accepted}
+
+
+async def offer(t: Target, messages: list[tuple[Envelope, list[bytes]]], timeout: float) -> int:
+    """Send well-formed messages (header and frames) on one stream, each waiting for its ack.
+
+    Returns:
+        How many the victim acknowledged as accepted (a refused sender's stream is closed: 0).
+    """
+    accepted = 0
+    end = time.monotonic() + timeout
+    try:
+        reader, writer = await t.open()
+    except Exception:
+        return 0
+    try:
+        for env, frames in messages:
+            writer.write(_frame(encode_envelope(env)) + b"".join(_frame(f) for f in frames))
+            await asyncio.wait_for(writer.drain(), max(end - time.monotonic(), 0.01))
+            prefix = await asyncio.wait_for(reader.readexactly(4), max(end - time.monotonic(), 0.01))
+            good, _ = decode_ack(await reader.readexactly(int.from_bytes(prefix, "big")))
+            accepted += int(good)
+    except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+    return accepted

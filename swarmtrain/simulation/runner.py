@@ -58,6 +58,8 @@ class PeerOutcome:
     late_rounds: int = 0  # rounds formed without this peer; it then adopted the state they committed
     # attackers only: what the attack did (poisoned batches, collusion exchanges and failures)
     attack_stats: dict[str, int] = field(default_factory=dict)
+    donors: list[str] = field(default_factory=list)  # the peers each adopted state came from
+    rss_growth_mib: float = 0.0  # peak resident memory over the run minus that at the first step
 
 
 @dataclass
@@ -77,7 +79,11 @@ class SimulationResult:
     wall_s: float
     peak_sync_bytes_sent: int = 0  # the most bytes any peer sent in any single sync
     compute_utilization: float = 1.0  # 1 - (time waiting on communication / training wall time)
+    intruders: int = 0  # non-admitted attacker processes (``swarmtrain.simulation.outsider``)
     outcomes: list[PeerOutcome] = field(default_factory=list)
+    # each intruder's last report (peer_id, attempts and accepted per kind) and any intruder failure
+    intruder_reports: list[dict[str, Any]] = field(default_factory=list)
+    intruder_errors: list[str] = field(default_factory=list)
 
     @property
     def bytes_per_token(self) -> float:
@@ -88,7 +94,8 @@ class SimulationResult:
     def summary(self) -> dict[str, Any]:
         """Plain-data summary (no per-peer details)."""
         d = asdict(self)
-        d.pop("outcomes")
+        for detail in ("outcomes", "intruder_reports", "intruder_errors"):
+            d.pop(detail)
         d["bytes_per_token"] = self.bytes_per_token
         return d
 
@@ -118,6 +125,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
     final ``PeerOutcome``."""
     from swarmtrain.app.peer_loop import Membership, PeerRun, PeerStatus, run_peer
+    from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
     _quiet_logs(log_level)
@@ -125,8 +133,10 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
     try:
         cfg = Config.model_validate_json(cfg_json)
         wiring = RankWiring(cfg, rank, n_peers)
+        rss = RssWatch()
 
         def status(s: PeerStatus) -> None:
+            rss.start()  # from the first step: the model, data and optimizer are in memory
             q.put(("step", rank, (s.step, s.loss)))
 
         def finished(run: PeerRun) -> None:
@@ -135,7 +145,8 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
             if run.stopped_by_signal:
                 q.put(("error", rank, f"peer {rank}: stopped by a signal before its last step"))
             else:
-                q.put(("done", rank, asdict(_outcome(rank, run, wiring.stats()))))
+                outcome = replace(_outcome(rank, run, wiring.stats()), rss_growth_mib=rss.stop())
+                q.put(("done", rank, asdict(outcome)))
 
         hooks = replace(wiring.hooks(), on_status=status, on_finished=finished)
         run_peer(cfg, Membership.fixed(rank, n_peers, cfg.peers), hooks)
@@ -167,6 +178,7 @@ def _outcome(rank: int, run: Any, attack_stats: dict[str, int]) -> PeerOutcome:
         banned=run.banned,
         late_rounds=run.late_caught_up,
         attack_stats=attack_stats,
+        donors=[str(d.get("donor", "")) for d in run.downloads],
     )
 
 
@@ -188,12 +200,15 @@ def run_simulation(
     *,
     timeout: float = 1800.0,
     on_progress: Callable[[int, int, float], None] | None = None,
+    intruders: int = 0,
 ) -> SimulationResult:
     """Train ``cfg`` with ``n_peers`` real peer processes on loopback and collect their outcomes.
 
     Args:
         cfg: the run configuration (strategy, codec, steps...). Peers listen on 127.0.0.1 only.
         n_peers: number of training peers (a bootstrap DHT node is started besides them).
+        intruders: non-admitted processes that attack the run until it ends
+            (``swarmtrain.simulation.outsider``); their reports land in the result.
         timeout: seconds for the whole run; every process is torn down after it.
         on_progress: called with (rank, step, loss) as peers report.
 
@@ -223,14 +238,33 @@ def run_simulation(
                 rc.peers.initial_peers = initial
                 args = (rank, n_peers, rc.model_dump_json(), q, level)
                 procs.append(spawn_function(_peer_main, args, name=f"peer{rank}"))
-            outcomes = _collect(q, procs, n_peers, deadline, on_progress)
+            if intruders:
+                from swarmtrain.simulation.outsider import intruder_main
+
+                for i in range(intruders):
+                    iargs = (i, cfg.model_dump_json(), initial, q, level)
+                    procs.append(spawn_function(intruder_main, iargs, name=f"intruder{i}"))
+            seen = _Intrusion({}, [])
+            outcomes = _collect(q, procs, n_peers, deadline, on_progress, seen)
         finally:
             stop_peers(procs)
             left = [o for p in procs for o in find_orphans(p.marker)]
             if left:
                 logger.error("processes left behind after the simulation: %s", [o.pid for o in left])
             q.close()
-    return _summarise(cfg, outcomes, time.perf_counter() - t0)
+    res = _summarise(cfg, outcomes, time.perf_counter() - t0)
+    res.intruders = intruders
+    res.intruder_reports = [seen.reports[i] for i in sorted(seen.reports)]
+    res.intruder_errors = seen.errors
+    return res
+
+
+@dataclass
+class _Intrusion:
+    """What the intruders reported while the peers ran: the last report of each, and failures."""
+
+    reports: dict[int, dict[str, Any]]
+    errors: list[str]
 
 
 def _loopback_copy(cfg: Config) -> Config:
@@ -261,6 +295,7 @@ def _collect(
     n_peers: int,
     deadline: float,
     on_progress: Callable[[int, int, float], None] | None,
+    intrusion: _Intrusion,
 ) -> list[PeerOutcome]:
     """Read the peers' messages until every peer reported its outcome; returns them in rank order.
 
@@ -276,8 +311,13 @@ def _collect(
             on_progress(rank, int(payload[0]), float(payload[1]))
         elif kind == "done":
             outcomes[rank] = PeerOutcome(**payload)
+        elif kind == "intruder":
+            intrusion.reports[rank] = payload
+        elif kind == "intruder_error":
+            logger.warning("%s", payload)
+            intrusion.errors.append(str(payload))
         elif kind == "tick":
-            dead = [p for p in procs[1:] if not p.alive and p.exitcode not in (0, None)]
+            dead = [p for p in procs[1 : n_peers + 1] if not p.alive and p.exitcode not in (0, None)]
             if dead:
                 raise SwarmError(f"a peer process died (exit code {dead[0].exitcode})")
     return [outcomes[r] for r in range(n_peers)]

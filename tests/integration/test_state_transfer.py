@@ -92,7 +92,7 @@ def test_newcomer_downloads_freshest_state_and_donor_deregisters() -> None:
     assert g.orphans == []
     expected, meta = donor_state(1)
     assert res["digest"] == digest(expected), "downloaded tensors differ from the freshest donor's"
-    assert res["meta"] == meta and res["round_id"] == ROUNDS[1]
+    assert res["meta"] == {**meta, "donor": g.ready[1]["peer_id"]} and res["round_id"] == ROUNDS[1]
     assert res["dtypes"]["model.b"] == "torch.bfloat16" and res["dtypes"]["step"] == "torch.int64"
     nbytes = sum(t.numel() * t.element_size() for t in expected.values())
     assert res["state_bytes"] >= nbytes, "the ledger must count the state bytes received"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgpack
@@ -194,8 +195,31 @@ def test_admitted_peers_decide_by_policy_and_read_the_dht_at_most_once_a_second(
     assert tok.check("A") and len(reads) == 1
     assert tok.check("A") and len(reads) == 1  # known now: no read
     time.sleep(0.35)
-    for _ in range(50):  # a stranger's flood of streams: one read, not fifty
-        assert not tok.check("X")
-    assert len(reads) == 2
+    asked = time.monotonic()  # a stranger's flood of streams, all queued at once: one read, not fifty
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: tok.check("X", asked), range(50)))
+    assert not any(answers) and len(reads) == 2
     tok.note(["G"])  # listed by an admitted leader
     assert tok.decided("G") is True
+
+
+def test_an_admitted_peer_seen_just_after_a_read_waits_for_the_next_one(run_key: RunKey) -> None:
+    """B's first stream arrives right after a read that did not show B's record yet: B is admitted
+    at the next read (at most ``min_interval`` later), not refused (that failed whole rounds)."""
+    from peers.admission import AdmittedPeers
+
+    records = ["A"]
+    reads: list[float] = []
+
+    def lookup() -> list[str]:
+        reads.append(time.monotonic())
+        return list(records)
+
+    policy = Admission("token", RUN, run_public=bytes.fromhex(run_key.public_hex))
+    tok = AdmittedPeers(policy, lookup, min_interval=0.5)
+    assert tok.check("A") and len(reads) == 1
+    records.append("B")  # B's record lands just after that read
+    t0 = time.monotonic()
+    assert tok.check("B") and len(reads) == 2
+    assert reads[1] - reads[0] >= 0.5 and time.monotonic() - t0 < 5
+    assert not tok.check("X") and len(reads) == 3  # a stranger: refused by a read after it asked

@@ -71,6 +71,7 @@ class SimulateOptions:
     lr: float | None = None
     seed: int | None = None
     baseline: bool = False
+    intruders: int = 0
     json_path: Path | None = None
     config: Path | None = None
     timeout: float = 3600.0
@@ -153,6 +154,13 @@ def simulate(
     baseline: bool = typer.Option(
         False, "--baseline", help="Also run DataParallel with fp32 on the same data and tokens."
     ),
+    intruders: int = typer.Option(
+        0,
+        "--intruders",
+        min=0,
+        max=16,
+        help="Non-admitted processes attacking the run throughout (a clean run goes first).",
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON here."),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file."),
     timeout: float = typer.Option(3600.0, "--timeout", min=10, help="Seconds before giving up."),
@@ -162,7 +170,9 @@ def simulate(
     Defaults: the tiny preset, 300 steps per peer of batch 16 x 128, DiLoCo with H=30 and the
     int8 codec. With --baseline, DataParallel with fp32 runs on the same data and tokens. The run
     admits its peers as `swarmtrain run init` would: its own run key and a join token per peer
-    (set peers.admission to allowlist or open in --config to simulate those policies).
+    (set peers.admission to allowlist or open in --config to simulate those policies). With
+    --intruders K, the same run is made twice: clean, then with K outsiders attacking it; the exit
+    code is 1 when they had any effect.
     """
     # every parameter is a field of the same name, and there are no other locals yet
     run_simulate(SimulateOptions(**locals()))
@@ -180,8 +190,14 @@ def run_simulate(opts: SimulateOptions) -> None:
     _validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
     strategy, compressor = cfg.strategy.name, cfg.compression.codec
     console = Console(stderr=True)
-    main = _run_one(console, f"{strategy}+{compressor}", cfg, opts)
-    runs = [(f"{strategy} {compressor}", main)]
+    clean = None
+    runs = []
+    if opts.intruders:
+        clean = _run_one(console, f"{strategy}+{compressor} clean", cfg, opts, intruders=0)
+        runs.append((f"{strategy} {compressor} clean", clean))
+    main = _run_one(console, f"{strategy}+{compressor}", cfg, opts, intruders=opts.intruders)
+    label = f"{strategy} {compressor}" + (f" +{opts.intruders} intruders" if opts.intruders else "")
+    runs.append((label, main))
     base = None
     if opts.baseline:
         base = _run_one(console, "data_parallel+fp32", _baseline_config(cfg), opts)
@@ -202,6 +218,19 @@ def run_simulate(opts: SimulateOptions) -> None:
             f"{strategy}+{compressor}: val loss {main.final_val_loss:.4f} vs {base.final_val_loss:.4f} "
             f"({(out['loss_ratio'] - 1) * 100:+.1f}%), {out['bytes_reduction']:.0f}x fewer bytes sent"
         )
+    harmed = False
+    if clean is not None:
+        from swarmtrain.simulation.intrusion import intrusion_summary
+
+        intr = intrusion_summary(main, clean, cfg.simulation.attackers, cfg.simulation.malicious_owners)
+        out.update(intr)
+        harmed = any(intr["intruder_effects"].values()) or bool(intr["intruder_errors"])
+        effects = ", ".join(f"{k} {v}" for k, v in intr["intruder_effects"].items() if v) or "none"
+        typer.echo(
+            f"{opts.intruders} intruders, {sum(intr['intruder_attempts'].values()):,} attempts; "
+            f"effects: {effects}; honest RSS growth {intr['honest_rss_growth_mib']:.0f} MiB "
+            f"(clean {intr['clean_rss_growth_mib']:.0f} MiB)"
+        )
     if opts.json_path is not None:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_text(json.dumps(out, indent=2) + "\n")
@@ -209,9 +238,12 @@ def run_simulate(opts: SimulateOptions) -> None:
     if not main.params_identical or (base is not None and not base.params_identical):
         typer.echo("warning: peers did not end with identical parameters", err=True)
         raise typer.Exit(1)
+    if harmed:
+        typer.echo("error: the intruders had an effect on the run (see intruder_effects)", err=True)
+        raise typer.Exit(1)
 
 
-def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions) -> Any:
+def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions, intruders: int = 0) -> Any:
     """One simulated run with a status line showing the slowest peer's step."""
     from swarmtrain.simulation.runner import run_simulation
 
@@ -223,7 +255,9 @@ def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions) -> An
             done = min(seen.values()) if len(seen) == opts.peers else 0
             status.update(f"{label}: step {done}/{cfg.train.steps}, loss {loss:.3f}")
 
-        return run_simulation(cfg, opts.peers, timeout=opts.timeout, on_progress=progress)
+        return run_simulation(
+            cfg, opts.peers, timeout=opts.timeout, on_progress=progress, intruders=intruders
+        )
 
 
 def _baseline_config(cfg: Config) -> Config:

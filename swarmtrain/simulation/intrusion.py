@@ -1,0 +1,69 @@
+"""What intruders did to a simulated run (``swarmtrain simulate --intruders K``), against a clean run.
+
+The intruders (``swarmtrain.simulation.outsider``) count their attempts per kind and what the honest
+peers let through; the honest peers' outcomes show the rest. Effects, all zero when the defences hold:
+
+* ``rounds_failed``: rounds the honest peers failed (or were late for) beyond the clean run's count;
+* ``forged_states_accepted``: states an honest peer adopted from an intruder;
+* ``honest_peers_banned``: honest peers some honest peer banned;
+* ``messages_accepted``: pushed joins, lists, parts and zero-byte messages an honest peer acknowledged;
+* ``bytes_accepted``: bytes of future-round messages an honest peer stored;
+* ``streams_held``: stalled or trickling streams an honest peer kept open to the intruder's limit;
+* ``states_served``: state downloads an honest donor served to an intruder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from swarmtrain.simulation.outsider import KINDS
+from swarmtrain.simulation.runner import PeerOutcome, SimulationResult, params_identical
+
+__all__ = ["intrusion_summary", "honest_outcomes"]
+
+
+def honest_outcomes(res: SimulationResult, attackers: int, malicious_owners: int) -> list[PeerOutcome]:
+    """The outcomes of the ranks that run no attack (the attackers and malicious owners come first)."""
+    return res.outcomes[attackers + malicious_owners :]
+
+
+def intrusion_summary(
+    run: SimulationResult, clean: SimulationResult, attackers: int = 0, malicious_owners: int = 0
+) -> dict[str, Any]:
+    """The JSON fields of an intruder run: attempts, effects, memory and the clean run's loss."""
+    honest = honest_outcomes(run, attackers, malicious_owners)
+    clean_honest = honest_outcomes(clean, attackers, malicious_owners)
+    honest_ids = {o.peer_id for o in honest}
+    intruder_ids = {str(r.get("peer_id")) for r in run.intruder_reports}
+    attempts: Counter[str] = Counter()
+    accepted: Counter[str] = Counter()
+    for r in run.intruder_reports:
+        attempts.update(r.get("attempts", {}))
+        accepted.update(r.get("accepted", {}))
+    failed = sum(o.failed_rounds for o in honest) - sum(o.failed_rounds for o in clean_honest)
+    effects = {
+        "rounds_failed": max(failed, 0),
+        "forged_states_accepted": sum(d in intruder_ids for o in honest for d in o.donors),
+        "honest_peers_banned": len({p for o in honest for p in o.banned if p in honest_ids}),
+        "messages_accepted": accepted["pushed_messages"] + accepted["zero_byte_flood"],
+        "bytes_accepted": accepted["future_flood"],
+        "streams_held": accepted["stalled_streams"] + accepted["trickle"],
+        "states_served": accepted["state_downloads"],
+    }
+    return {
+        "intruders": run.intruders,
+        "intruder_attempts": {k: int(attempts[k]) for k in KINDS},
+        "intruder_effects": effects,
+        "intruder_errors": list(run.intruder_errors),
+        "honest_identical": params_identical(honest),
+        "honest_rss_growth_mib": max((o.rss_growth_mib for o in honest), default=0.0),
+        "clean_rss_growth_mib": max((o.rss_growth_mib for o in clean_honest), default=0.0),
+        "clean_val_loss": clean.final_val_loss,
+        "loss_vs_clean": _finite(run.final_val_loss / clean.final_val_loss - 1.0),
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None

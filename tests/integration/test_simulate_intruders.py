@@ -1,0 +1,67 @@
+"""``swarmtrain simulate --intruders K``: outsider processes attack a run for its whole length.
+
+Each intruder (``swarmtrain.simulation.outsider``) has its own identity but no join token and tries
+every attack of issue 13 in a loop: unsigned and own-signed join/group records, junk records,
+tombstones and a fake peer record, accusations, pushed joins/lists/parts (weight 1e30), stalled,
+zero-byte, trickling and future-round streams, state downloads and a forged state at round 10^12.
+The same command runs the configuration clean first.
+
+* ``token`` (simulate's default): every kind of attack is tried, none has any effect, the honest
+  peers end identical, within 1 % of the clean run's loss, and their memory grows less than 200 MiB.
+* ``open``, the control: the same intruder is let in (messages acknowledged, streams held, rounds
+  failed), so the zero effects above come from admission, not from an attack that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarmtrain.app.commands.simulate import _DEFAULTS
+from swarmtrain.core.config import load_config
+from swarmtrain.simulation.outsider import KINDS
+from swarmtrain.simulation.runner import run_simulation
+
+SMALL = ["--peers", "3", "--steps", "60", "-H", "10"]
+
+
+@pytest.mark.slow
+def test_intruders_try_every_attack_and_change_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "intruders.json"
+    cmd = [sys.executable, "-m", "swarmtrain", "simulate", *SMALL, "--intruders", "2", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["intruders"] == 2 and data["admission"] == "token"
+    assert data["intruder_errors"] == []
+    for kind in KINDS:
+        assert data["intruder_attempts"][kind] > 0, kind
+    assert all(v == 0 for v in data["intruder_effects"].values()), data["intruder_effects"]
+    assert data["honest_identical"] and data["params_identical"]
+    assert abs(data["final_val_loss"] / data["clean_val_loss"] - 1) <= 0.01
+    assert 0 < data["honest_rss_growth_mib"] < 200
+    assert "effects: none" in proc.stdout
+
+
+@pytest.mark.slow
+def test_without_admission_the_same_intruder_gets_in() -> None:
+    cfg = load_config(
+        None,
+        {
+            "train.steps": 20,
+            "strategy.inner_steps": 10,
+            "peers.min_peers": 2,
+            "peers.admission": "open",
+            "peers.round_timeout": 10.0,  # the rounds it breaks fail sooner
+        },
+        base=_DEFAULTS,
+        env={},
+    )
+    res = run_simulation(cfg, 3, timeout=900, intruders=1)
+    assert res.intruder_errors == []
+    accepted = res.intruder_reports[0]["accepted"]
+    assert accepted["pushed_messages"] > 0 and accepted["future_flood"] > 0, accepted
