@@ -408,5 +408,8 @@ class AdmittedPeers:
         asked = time.monotonic()
         try:
             return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id, asked)
-        except RuntimeError:  # the loop's executor is shutting down with the node: refuse quietly
+        except (RuntimeError, asyncio.CancelledError):
+            # the node is shutting down (its executor closed, or the stream's handler task cancelled
+            # while it waited for a read): refuse quietly, so the handler ends normally instead of
+            # asyncio printing the cancelled handler's traceback
             return False

@@ -214,9 +214,9 @@ def intruder_main(
 
     from peers import PeerNode
     from peers.process import GracefulExit
-    from swarmtrain.simulation.runner import _quiet_logs
+    from swarmtrain.simulation.logs import quiet_logs
 
-    _quiet_logs(log_level)
+    quiet_logs(log_level)
     try:
         cfg = Config.model_validate_json(cfg_json)
         # an outsider: its own throwaway identity, no token, and it admits anyone on its side

@@ -26,6 +26,7 @@ from typing import Any
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
 from swarmtrain.simulation.credentials import admitted_configs
+from swarmtrain.simulation.logs import quiet_logs
 
 __all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical", "stop_peers"]
 
@@ -101,16 +102,13 @@ class SimulationResult:
 
 
 # ------------------------------------------------------------------------------ child processes
-def _quiet_logs(level: int) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
-    logging.getLogger("hivemind").setLevel(max(level, logging.ERROR))
 
 
 def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
     """A DHT bootstrap node: reports its multiaddrs, then serves until its group is terminated."""
     from peers import GracefulExit, PeerNode
 
-    _quiet_logs(log_level)
+    quiet_logs(log_level)
 
     cfg = Config.model_validate_json(cfg_json)
     try:
@@ -128,7 +126,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
-    _quiet_logs(log_level)
+    quiet_logs(log_level)
 
     try:
         cfg = Config.model_validate_json(cfg_json)

@@ -45,6 +45,7 @@ def test_intruders_try_every_attack_and_change_nothing(tmp_path: Path) -> None:
     assert abs(data["final_val_loss"] / data["clean_val_loss"] - 1) <= 0.01
     assert 0 < data["honest_rss_growth_mib"] < 200
     assert "effects: none" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.slow
