@@ -19,8 +19,9 @@ unsigned records) beside a :class:`peers.PeerNode` that signs with its own key, 
 * ``forged_state``: a state of round 10^12 announced for newcomers to adopt.
 
 After each attack it reports its counts (``("intruder", index, report)`` on the queue): attempts per
-kind, and ``accepted`` per kind, what the honest peers let through (messages acknowledged, streams
-held, states served). An intruder that fails reports ``("intruder_error", index, message)``.
+kind (records, messages, streams or downloads), and ``accepted`` per kind, what the honest peers let
+through (messages acknowledged, streams held, states served; bytes stored for ``future_flood``).
+An intruder that fails reports ``("intruder_error", index, message)``.
 Nothing in the library imports this module.
 """
 
@@ -57,6 +58,7 @@ KINDS = (
 _AHEAD = 4  # rounds ahead the records and messages aim at
 _LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 _JUNK = 2048  # bytes of one junk value
+_FLOOD = 256 * 1024  # bytes of one future-round message
 
 
 class _Intruder:
@@ -181,9 +183,9 @@ class _Intruder:
         slow = run(fl.trickle(t, now, nbytes=4096, interval=0.5, limit=5.0), 20.0)
         self.attempts["trickle"] += 1
         self.accepted["trickle"] += int(not slow["closed"])
-        fut = run(fl.future_flood(t, range(now, now + _AHEAD), 2, 256 * 1024, timeout=5.0), 20.0)
-        self.attempts["future_flood"] += fut["offered"]
-        self.accepted["future_flood"] += fut["accepted"]
+        fut = run(fl.future_flood(t, range(now, now + _AHEAD), 2, _FLOOD, timeout=5.0), 20.0)
+        self.attempts["future_flood"] += fut["offered"] // _FLOOD  # messages
+        self.accepted["future_flood"] += fut["accepted"]  # bytes
 
     def state(self, honest: list[str]) -> None:
         from peers.state_transfer import download_state
