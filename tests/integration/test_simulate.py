@@ -80,6 +80,15 @@ def test_simulate_rejects_unknown_codec_in_one_line() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_simulate_refuses_a_reducer_beyond_its_breakdown_point_in_one_line() -> None:
+    """centered_clip tolerating f=2 needs 5 peers: with 3, no round could commit (issue 17)."""
+    cmd = [sys.executable, "-m", "swarmtrain", "simulate", "--peers", "3", "--reducer", "centered_clip"]
+    proc = subprocess.run([*cmd, "--tolerate", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "needs n >= 5" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_diloco_four_peers_within_3_percent_of_data_parallel_with_100x_fewer_bytes() -> None:

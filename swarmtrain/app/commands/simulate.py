@@ -210,6 +210,10 @@ def run_simulate(opts: SimulateOptions) -> None:
         "baseline_bytes_sent_per_peer": base.bytes_sent_per_peer if base else None,
         "baseline_params_identical": base.params_identical if base else None,
         "baseline_wall_s": base.wall_s if base else None,
+        "rounds_per_peer": [
+            {"rank": o.rank, "committed": o.committed_rounds, "failed": o.failed_rounds}
+            for o in main.outcomes
+        ],
     }
     if base is not None:
         out["loss_ratio"] = main.final_val_loss / base.final_val_loss
@@ -238,6 +242,10 @@ def run_simulate(opts: SimulateOptions) -> None:
     if not main.params_identical or (base is not None and not base.params_identical):
         typer.echo("warning: peers did not end with identical parameters", err=True)
         raise typer.Exit(1)
+    for label, res in runs:
+        if any(o.failed_rounds for o in res.outcomes) and not any(o.committed_rounds for o in res.outcomes):
+            typer.echo(f"error: {label}: no peer committed a single round (run with -v for why)", err=True)
+            raise typer.Exit(1)
     if harmed:
         typer.echo("error: the intruders had an effect on the run (see intruder_effects)", err=True)
         raise typer.Exit(1)
@@ -285,15 +293,17 @@ def _validate_names(cfg: Any, n_peers: int) -> None:
     optimizers.STRATEGIES.get(cfg.strategy.name)
     build_compressor(cfg.compression)
     REDUCERS.get(cfg.peers.reducer)
+    from peers.reducers import build_reducer
+
+    # with fewer peers than the reducer's breakdown point needs, no round could ever commit
+    build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options).check(n_peers)
     if cfg.simulation.attackers and cfg.simulation.attack != "none":
-        from peers.reducers import build_reducer
         from swarmtrain.core.errors import ConfigError
         from swarmtrain.simulation.attacks import build_attack
         from swarmtrain.simulation.wiring import attack_options
 
         if cfg.simulation.attackers >= n_peers:
             raise ConfigError(f"--byzantine {cfg.simulation.attackers} leaves no honest peer among {n_peers}")
-        build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options)
         # every registered attack runs with real peers; this rejects an unknown name or bad options
         build_attack(cfg.simulation.attack, **attack_options(cfg, n_peers))
     from swarmtrain.simulation.wiring import check_attack_fits_strategy
