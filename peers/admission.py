@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 
 from swarmtrain.core.config import PeersConfig
-from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
@@ -45,6 +45,8 @@ __all__ = [
     "MAX_TOKEN_BYTES",
     "admission_from",
     "AdmittedPeers",
+    "AdmissionEnded",
+    "OwnAdmission",
     "own_token",
     "check_own_admission",
 ]
@@ -295,6 +297,42 @@ def own_token(cfg: PeersConfig, admission: Admission, peer_id: str, *, check: bo
         }.get(admission.policy, "")
         raise ConfigError(f"this peer is not admitted to run {cfg.run_id!r}: {e}{hint}") from None
     return token
+
+
+class AdmissionEnded(SwarmError):
+    """This peer's own admission ended while it ran (its join token expired): others now refuse it."""
+
+
+#: seconds between a running peer's checks of its own admission (:class:`OwnAdmission`)
+OWN_CHECK_S = 30.0
+
+
+class OwnAdmission:
+    """A running peer's check that the policy still admits it (a token expires mid-run): once the
+    token has expired every other peer refuses its records and streams, so it stops with one line
+    instead of failing rounds with warnings.
+
+    Args:
+        admission: the run's policy; token: this peer's token; peer_id: this peer.
+    """
+
+    def __init__(self, admission: Admission, token: bytes | None, peer_id: str) -> None:
+        self.admission, self.token, self.peer_id = admission, token, peer_id
+        self._next = time.monotonic() + OWN_CHECK_S
+
+    def check(self, now: float | None = None) -> None:
+        """Raise :class:`AdmissionEnded` (at most every :data:`OWN_CHECK_S` s) once the policy refuses
+        this peer; ``now``: the wall-clock time to judge the token by (default: now)."""
+        if self.admission.policy == "open" or (now is None and time.monotonic() < self._next):
+            return
+        self._next = time.monotonic() + OWN_CHECK_S
+        try:
+            self.admission.check(self.peer_id, self.token, now)
+        except NotAdmitted as e:
+            hint = " (ask the run's creator for a new one: swarmtrain token issue)" if self.token else ""
+            raise AdmissionEnded(
+                f"this peer is no longer admitted to run {self.admission.run_id!r}: {e}{hint}"
+            ) from None
 
 
 def check_own_admission(cfg: PeersConfig) -> None:

@@ -163,6 +163,7 @@ class _Peer:
 
     def __init__(self, cfg: Config, node: Any, membership: Membership, hooks: PeerHooks, stop: Any) -> None:
         from peers import P2PCollective, StateServer
+        from peers.admission import OwnAdmission
         from peers.reducers import build_reducer
         from swarmtrain.app.trainer import Trainer
 
@@ -196,6 +197,7 @@ class _Peer:
         if hooks.wrap_batches is not None:
             self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
         self.server = StateServer(node, lambda: state_snapshot(self.trainer, self.p2p.round_id))
+        self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
 
@@ -283,6 +285,7 @@ class _Peer:
             )
         if self.stop.requested:
             raise _Stop
+        self.own_admission.check()  # an expired token: one line and out, not failing rounds
 
     def _after_sync(self, r: StepReport) -> str:
         """Count one sync and adopt the swarm's state when this peer missed a step; returns a note."""

@@ -137,6 +137,53 @@ def test_run_init_token_issue_and_admission_from_the_command_line(tmp_path: Path
     assert own_token(peers, admission_from(peers), vol) is not None
 
 
+@pytest.mark.slow
+def test_a_volunteer_whose_token_expires_mid_run_stops_with_one_line(tmp_path: Path) -> None:
+    """A join token valid for 36 s: ``join`` starts, trains, and once the token has expired (the
+    others refuse it from then on) it leaves with one line and exit 1, not rounds failing forever."""
+    run_dir = tmp_path / "run"
+    init = _cli("run", "init", str(run_dir), "--run-id", "t-expiry")
+    assert init.returncode == 0, init.stderr
+    cfg = run_dir / "swarmtrain.toml"
+    boot_cmd = next(x for x in init.stdout.splitlines() if "swarmtrain dht" in x).split()
+    proc, _, maddrs = _start_dht(
+        run_dir / "bootstrap.key", "--config", str(cfg), "--token", boot_cmd[boot_cmd.index("--token") + 1]
+    )
+    try:
+        vol = _cli("identity", str(tmp_path / "vol.key")).stdout.strip()
+        key = str(run_dir / "run.key")
+        token = _cli("token", "issue", "--run-key", key, "--config", str(cfg), "--hours", "0.01", vol)
+        assert token.returncode == 0, token.stderr
+        t0 = time.monotonic()
+        join = subprocess.run(
+            [
+                *CLI,
+                "join",
+                "--config",
+                str(cfg),
+                "--initial-peers",
+                maddrs[0],
+                "--identity",
+                str(tmp_path / "vol.key"),
+                "--token",
+                token.stdout.strip(),
+                "--steps",
+                "1000000",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+    finally:
+        proc.terminate(grace=5.0)
+    assert find_orphans(proc.marker) == []
+    assert join.returncode == 1, join.stderr[-2000:]
+    last = join.stderr.strip().splitlines()[-1]
+    assert last.startswith("swarmtrain: error: this peer is no longer admitted to run 't-expiry'"), last
+    assert "expired" in last and "Traceback" not in join.stderr
+    assert time.monotonic() - t0 >= 30  # it did run while the token was valid
+
+
 def test_bad_multiaddr_is_one_clear_line(capsys: object) -> None:
     rc = run(["status", "--initial-peers", "/ip4/not-an-ip/tcp/1"])
     err = capsys.readouterr().err  # type: ignore[attr-defined]

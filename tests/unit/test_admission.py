@@ -223,3 +223,19 @@ def test_an_admitted_peer_seen_just_after_a_read_waits_for_the_next_one(run_key:
     assert tok.check("B") and len(reads) == 2
     assert reads[1] - reads[0] >= 0.5 and time.monotonic() - t0 < 5
     assert not tok.check("X") and len(reads) == 3  # a stranger: refused by a read after it asked
+
+
+def test_a_running_peer_whose_token_expires_stops_with_one_line(run_key: RunKey) -> None:
+    """Its token expired mid-run: every other peer refuses it now, so the peer loop's periodic check
+    raises one clear error (the CLI prints it, exit 1) instead of failing rounds with warnings."""
+    from peers.admission import AdmissionEnded, OwnAdmission
+
+    policy = Admission("token", RUN, run_public=bytes.fromhex(run_key.public_hex))
+    token = run_key.issue(RUN, "PEER", time.time() + 100)
+    own = OwnAdmission(policy, token, "PEER")
+    own.check()  # within its interval: nothing read
+    own.check(now=time.time() + 50)  # still valid
+    with pytest.raises(AdmissionEnded, match="no longer admitted.*expired.*token issue") as e:
+        own.check(now=time.time() + 200)
+    assert "\n" not in str(e.value)
+    OwnAdmission(Admission("open", RUN), None, "PEER").check(now=time.time() + 10**9)  # open: never
