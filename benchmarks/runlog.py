@@ -16,7 +16,6 @@ temporary file, rename), so an interrupted append leaves the old file intact.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -26,20 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "recorded", "git_commit", "loadavg", "append_run", "load_runs"]
+from swarmtrain.core.jsonsafe import finite
+
+__all__ = ["finite", "RESULTS", "recorded", "git_commit", "loadavg", "append_run", "load_runs"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def finite(obj: Any) -> Any:
-    """``obj`` with non-finite floats (diverged runs) as ``None``, so the JSON stays standard."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [finite(v) for v in obj]
-    return obj
 
 
 def loadavg() -> list[float] | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from swarmtrain.core.jsonsafe import dumps
 
 __all__ = ["register", "join", "run_join"]
 
@@ -106,7 +107,7 @@ def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | N
     )
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
+        json_path.write_text(dumps(asdict(result), indent=2, default=str) + "\n")
 
 
 def register(app: typer.Typer) -> None:

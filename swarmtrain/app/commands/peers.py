@@ -107,7 +107,6 @@ def status(
 
     Below it: the peers banned by the run's signed suspicion records, and why.
     """
-    import json
     from dataclasses import asdict
 
     from rich.console import Console
@@ -115,6 +114,7 @@ def status(
     from peers.guard import read_tables
     from peers.node import PeerNode
     from peers.suspicion import compute_bans
+    from swarmtrain.core.jsonsafe import dumps
 
     overrides = {
         "peers.run_id": run_id,
@@ -132,7 +132,7 @@ def status(
         bans = compute_bans(read_tables(node.dht, cfg.run_id, timeout), tolerate, strikes=strikes)
     if json_out:
         rows = [{**asdict(r), "banned": bans.get(r.peer_id)} for r in records]
-        typer.echo(json.dumps(rows, default=str))
+        typer.echo(dumps(rows, default=str))
         return
     Console(width=160).print(_peer_table(cfg.run_id, records))
     for peer, why in sorted(bans.items()):

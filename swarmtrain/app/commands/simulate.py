@@ -5,12 +5,13 @@ The simulation package is imported lazily, inside the command: nothing else in t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
     from swarmtrain.core.config import Config
@@ -237,7 +238,7 @@ def run_simulate(opts: SimulateOptions) -> None:
         )
     if opts.json_path is not None:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_path.write_text(json.dumps(out, indent=2) + "\n")
+        opts.json_path.write_text(dumps(out, indent=2) + "\n")
         typer.echo(f"wrote {opts.json_path}")
     if not main.params_identical or (base is not None and not base.params_identical):
         typer.echo("warning: peers did not end with identical parameters", err=True)
