@@ -126,6 +126,7 @@ def round_report(res: RoundResult, extra: Mapping[str, float]) -> StepReport:
         bytes_received=res.bytes_received,
         extra=dict(extra),
         late=res.late,
+        reason=res.reason,
     )
 
 

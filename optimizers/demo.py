@@ -284,6 +284,7 @@ class DeMo:
             bytes_received=res.bytes_received,
             extra=extra,
             late=res.late if late is None else late,
+            reason=res.reason,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmtrain.app.peer_state import adopt_swarm_state, shared_digest, state_snapshot
 from swarmtrain.core.config import Config, PeersConfig
+from swarmtrain.core.errors import SwarmError
 
 if TYPE_CHECKING:
     from swarmtrain.app.data import BatchSampler
@@ -54,6 +55,8 @@ class Membership:
         catch_up_timeout: seconds for one state download.
         linger_s: seconds to stay reachable after the last step, so that a peer finishing its last
             round can still sync with this one.
+        give_up_after: seconds of failed rounds, none committed, after which the peer stops with the
+            last failure's reason (``RoundsKeepFailing``); 0: never.
     """
 
     rank: int | None
@@ -62,18 +65,20 @@ class Membership:
     catch_up_after_failure: bool
     catch_up_timeout: float
     linger_s: float
+    give_up_after: float = 0.0
 
     @classmethod
     def fixed(cls, rank: int, n_peers: int, peers: PeersConfig) -> Membership:
         """Rank ``rank`` of ``n_peers`` started together (``simulate``): all present from the start,
         a late peer waits up to a round's timeout for the state the others committed; it lingers a
-        round's timeout, until the parent has every peer's outcome."""
+        round's timeout, until the parent has every peer's outcome; it never gives up (attackers'
+        rounds fail by design, and simulate has its own timeout)."""
         return cls(rank, n_peers, False, False, 2 * peers.round_timeout, peers.round_timeout)
 
     @classmethod
     def open(cls, peers: PeersConfig, download_timeout: float) -> Membership:
         """A volunteer (``join``): downloads the state at start and after any failed round."""
-        return cls(None, None, True, True, download_timeout, min(peers.join_window, 5.0))
+        return cls(None, None, True, True, download_timeout, min(peers.join_window, 5.0), peers.give_up_after)
 
 
 @dataclass
@@ -154,6 +159,42 @@ def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None
             peer.close()
 
 
+class RoundsKeepFailing(SwarmError):
+    """A volunteer's rounds kept failing (``Membership.give_up_after`` seconds, none committed)."""
+
+
+#: consecutive failed rounds after which their reason is logged at normal verbosity
+SAY_AFTER = 3
+
+
+class _FailureStreak:
+    """Consecutive failed rounds: says why after :data:`SAY_AFTER` of them (a warning, so a volunteer
+    sees it without ``-v``), and gives up after ``give_up_after`` seconds without a commit."""
+
+    def __init__(self, give_up_after: float) -> None:
+        self.give_up_after = give_up_after
+        self.count = 0
+        self.since = 0.0
+
+    def committed(self) -> None:
+        self.count = 0
+
+    def failed(self, reason: str) -> None:
+        """Count one failed round; raise :class:`RoundsKeepFailing` once they lasted too long."""
+        now = time.monotonic()
+        if self.count == 0:
+            self.since = now
+        self.count += 1
+        why = reason or "no reason given"
+        if self.count == SAY_AFTER:
+            logger.warning("%d rounds in a row failed; the last: %s", self.count, why)
+        if self.give_up_after and now - self.since >= self.give_up_after:
+            raise RoundsKeepFailing(
+                f"no round committed in {now - self.since:.0f} s ({self.count} failed); the last "
+                f"failure: {why}"
+            )
+
+
 class _Stop(Exception):
     """Raised from the step callback when a stop signal arrived (caught in ``_Peer.run``)."""
 
@@ -198,6 +239,7 @@ class _Peer:
             self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
         self.server = StateServer(node, lambda: state_snapshot(self.trainer, self.p2p.round_id))
         self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
+        self.streak = _FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
 
@@ -293,6 +335,7 @@ class _Peer:
         self._peers_seen = r.participants
         res.peak_sync_bytes_sent = max(res.peak_sync_bytes_sent, r.bytes_sent)
         if r.committed:
+            self.streak.committed()
             res.committed_rounds += 1
             res.sync_digests[r.round_id] = shared_digest(self.trainer)
             self.server.refresh()
@@ -306,11 +349,13 @@ class _Peer:
                 self.server.refresh()
             return "round went on without us: catching up"
         res.failed_rounds += 1
+        self.streak.failed(r.reason)
+        note = f"round failed: {r.reason[:60]}" if r.reason else "round failed"
         if not self.membership.catch_up_after_failure:
-            return "round failed"
+            return note
         if self.catch_up():
             self.server.refresh()
-        return "round failed: catching up"
+        return f"{note}; catching up"
 
     def close(self) -> None:
         self.server.close()

@@ -333,6 +333,12 @@ class PeersConfig(_Section):
     region: str = "unknown"
     min_peers: int = Field(default=1, ge=1)
     round_timeout: float = Field(default=60.0, gt=0)
+    give_up_after: float = Field(
+        default=300.0,
+        ge=0,
+        description="a volunteer stops (exit 1) after this many seconds of failed rounds and no "
+        "committed one; 0: never",
+    )
     join_window: float = Field(
         default=3.0, gt=0, le=600, description="seconds a round's leader waits for late joiners"
     )

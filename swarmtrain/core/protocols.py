@@ -129,6 +129,8 @@ class StepReport:
     extra: Mapping[str, float] = field(default_factory=dict)
     #: the round went on without this peer (``RoundResult.late``): it should catch up with the swarm
     late: bool = False
+    #: why the round failed (``RoundResult.reason``), empty when it committed
+    reason: str = ""
 
 
 @runtime_checkable

@@ -164,3 +164,41 @@ def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
     finally:
         for p in procs:
             p.terminate(grace=3.0)
+
+
+@pytest.mark.slow
+def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path) -> None:
+    """The README's robust config (centered_clip tolerating f=2, which needs 5 peers) with two
+    volunteers: every round fails. Each says why at normal verbosity after a few rounds and exits 1
+    with that reason once ``peers.give_up_after`` passed, instead of looping forever (issue 17)."""
+    run = "give-up"
+    env = {
+        "SWARMTRAIN_PEERS__REDUCER": "centered_clip",
+        "SWARMTRAIN_PEERS__BYZANTINE_F": "2",
+        "SWARMTRAIN_PEERS__GIVE_UP_AFTER": "30",
+        "SWARMTRAIN_PEERS__ROUND_TIMEOUT": "15",
+    }
+    procs: list[PeerProcess] = []
+    try:
+        dht, maddr = _start_dht(tmp_path, run)
+        procs.append(dht)
+        os.environ.update(env)  # _join passes _env(), a copy of os.environ
+        try:
+            vols = [
+                _join(tmp_path, n, maddr, run, "-s", "diloco", "-H", "2", "--steps", "100000") for n in "ab"
+            ]
+        finally:
+            for k in env:
+                del os.environ[k]
+        procs += vols
+        for name, p in zip("ab", vols, strict=True):
+            assert p.join(300), f"{name} did not give up: {(tmp_path / f'{name}.err').read_text()[-2000:]}"
+            err = (tmp_path / f"{name}.err").read_text()
+            assert p.exitcode == 1, err[-2000:]
+            assert "rounds in a row failed; the last:" in err and "needs n >= 5" in err, err[-2000:]
+            last = err.strip().splitlines()[-1]
+            assert last.startswith("swarmtrain: error: no round committed in"), last
+            assert "needs n >= 5" in last and "Traceback" not in err
+    finally:
+        for p in procs:
+            p.terminate(grace=3.0)
