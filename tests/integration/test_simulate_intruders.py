@@ -15,6 +15,7 @@ The same command runs the configuration clean first.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,8 @@ def test_intruders_try_every_attack_and_change_nothing(tmp_path: Path) -> None:
     assert 0 < data["honest_rss_growth_mib"] < 200
     assert "effects: none" in proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    # piped, it still shows progress: plain timestamped lines (issue 17)
+    assert re.search(r"^\d\d:\d\d:\d\d diloco\+int8.*: step \d+/60, loss", proc.stderr, re.M), proc.stderr
 
 
 @pytest.mark.slow

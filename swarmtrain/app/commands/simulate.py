@@ -252,17 +252,29 @@ def run_simulate(opts: SimulateOptions) -> None:
         raise typer.Exit(1)
 
 
+#: seconds between plain progress lines when stderr is not a terminal
+PLAIN_EVERY_S = 15.0
+
+
 def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions, intruders: int = 0) -> Any:
-    """One simulated run with a status line showing the slowest peer's step."""
+    """One simulated run with a status line showing the slowest peer's step (on a terminal), or a
+    plain timestamped line every :data:`PLAIN_EVERY_S` seconds (piped or redirected)."""
+    import time
+
     from swarmtrain.simulation.runner import run_simulation
 
     with console.status(f"{label}: starting {opts.peers} peers") as status:
         seen: dict[int, int] = {}
+        last = [time.monotonic()]
 
         def progress(rank: int, step: int, loss: float) -> None:
             seen[rank] = step
             done = min(seen.values()) if len(seen) == opts.peers else 0
-            status.update(f"{label}: step {done}/{cfg.train.steps}, loss {loss:.3f}")
+            line = f"{label}: step {done}/{cfg.train.steps}, loss {loss:.3f}"
+            status.update(line)
+            if not console.is_terminal and time.monotonic() - last[0] >= PLAIN_EVERY_S:
+                last[0] = time.monotonic()
+                console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False)
 
         return run_simulation(
             cfg, opts.peers, timeout=opts.timeout, on_progress=progress, intruders=intruders
