@@ -14,7 +14,6 @@ peers let through; the honest peers' outcomes show the rest. Effects, all zero w
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -61,9 +60,5 @@ def intrusion_summary(
         "honest_rss_growth_mib": max((o.rss_growth_mib for o in honest), default=0.0),
         "clean_rss_growth_mib": max((o.rss_growth_mib for o in clean_honest), default=0.0),
         "clean_val_loss": clean.final_val_loss,
-        "loss_vs_clean": _finite(run.final_val_loss / clean.final_val_loss - 1.0),
+        "loss_vs_clean": run.final_val_loss / clean.final_val_loss - 1.0,  # (dumps nulls a NaN)
     }
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None

@@ -87,18 +87,26 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
 
 
+def _run_init(tmp: Path, run_id: str) -> tuple[Path, Path, str]:
+    """``swarmtrain run init``: the run folder, its config and the bootstrap token it printed."""
+    run_dir = tmp / "run"
+    init = _cli("run", "init", str(run_dir), "--run-id", run_id)
+    assert init.returncode == 0, init.stderr
+    boot_cmd = next(x for x in init.stdout.splitlines() if "swarmtrain dht" in x).split()
+    return run_dir, run_dir / "swarmtrain.toml", boot_cmd[boot_cmd.index("--token") + 1]
+
+
+def _join_args(cfg: Path, maddr: str, identity: Path, *extra: str) -> list[str]:
+    return ["join", "--config", str(cfg), "--initial-peers", maddr, "--identity", str(identity), *extra]
+
+
 @pytest.mark.slow
 def test_run_init_token_issue_and_admission_from_the_command_line(tmp_path: Path) -> None:
     """A run made by ``run init``: its bootstrap node (with the token run init printed) is listed by
     ``status``; a volunteer without a token gets one line naming its peer ID; ``token issue`` makes
     one that ``join``'s admission check accepts."""
-    run_dir = tmp_path / "run"
-    init = _cli("run", "init", str(run_dir), "--run-id", "t-trust")
-    assert init.returncode == 0, init.stderr
-    cfg = run_dir / "swarmtrain.toml"
+    run_dir, cfg, token = _run_init(tmp_path, "t-trust")
     assert "run_public_key" in cfg.read_text() and "run.key" not in cfg.read_text()
-    boot_cmd = next(x for x in init.stdout.splitlines() if "swarmtrain dht" in x).split()
-    token = boot_cmd[boot_cmd.index("--token") + 1]
     assert _cli("run", "init", str(run_dir)).returncode == 2  # never overwrites a run
     proc, boot_id, maddrs = _start_dht(run_dir / "bootstrap.key", "--config", str(cfg), "--token", token)
     try:
@@ -107,15 +115,7 @@ def test_run_init_token_issue_and_admission_from_the_command_line(tmp_path: Path
         records = json.loads(status.stdout.strip().splitlines()[-1])
         assert [(r["peer_id"], r["role"]) for r in records] == [(boot_id, "bootstrap")]
         vol = _cli("identity", str(tmp_path / "vol.key")).stdout.strip()
-        base = [
-            "join",
-            "--config",
-            str(cfg),
-            "--initial-peers",
-            maddrs[0],
-            "--identity",
-            str(tmp_path / "vol.key"),
-        ]
+        base = _join_args(cfg, maddrs[0], tmp_path / "vol.key")
         refused = _cli(*base, "--steps", "1")
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines() == [
@@ -141,38 +141,17 @@ def test_run_init_token_issue_and_admission_from_the_command_line(tmp_path: Path
 def test_a_volunteer_whose_token_expires_mid_run_stops_with_one_line(tmp_path: Path) -> None:
     """A join token valid for 36 s: ``join`` starts, trains, and once the token has expired (the
     others refuse it from then on) it leaves with one line and exit 1, not rounds failing forever."""
-    run_dir = tmp_path / "run"
-    init = _cli("run", "init", str(run_dir), "--run-id", "t-expiry")
-    assert init.returncode == 0, init.stderr
-    cfg = run_dir / "swarmtrain.toml"
-    boot_cmd = next(x for x in init.stdout.splitlines() if "swarmtrain dht" in x).split()
-    proc, _, maddrs = _start_dht(
-        run_dir / "bootstrap.key", "--config", str(cfg), "--token", boot_cmd[boot_cmd.index("--token") + 1]
-    )
+    run_dir, cfg, boot_token = _run_init(tmp_path, "t-expiry")
+    proc, _, maddrs = _start_dht(run_dir / "bootstrap.key", "--config", str(cfg), "--token", boot_token)
     try:
         vol = _cli("identity", str(tmp_path / "vol.key")).stdout.strip()
         key = str(run_dir / "run.key")
         token = _cli("token", "issue", "--run-key", key, "--config", str(cfg), "--hours", "0.01", vol)
         assert token.returncode == 0, token.stderr
         t0 = time.monotonic()
+        args = _join_args(cfg, maddrs[0], tmp_path / "vol.key", "--token", token.stdout.strip())
         join = subprocess.run(
-            [
-                *CLI,
-                "join",
-                "--config",
-                str(cfg),
-                "--initial-peers",
-                maddrs[0],
-                "--identity",
-                str(tmp_path / "vol.key"),
-                "--token",
-                token.stdout.strip(),
-                "--steps",
-                "1000000",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=400,
+            [*CLI, *args, "--steps", "1000000"], capture_output=True, text=True, timeout=400
         )
     finally:
         proc.terminate(grace=5.0)
