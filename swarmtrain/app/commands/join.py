@@ -36,6 +36,9 @@ def join(
     inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H."),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Stop after this many steps."),
     device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda, cuda:1..."),
+    data: list[str] | None = typer.Option(
+        None, "--data", help="Text file/folder or .bin token file (repeatable); default: the config's."
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write a summary of the run here."),
 ) -> None:
     """Join a training run: download its current state from live peers, train, and sync.
@@ -44,6 +47,7 @@ def join(
     current step and leaves cleanly; a second one aborts.
     """
     from swarmtrain.app.commands.peers import split_maddrs
+    from swarmtrain.app.commands.train import data_overrides
 
     overrides: dict[str, Any] = {
         "peers.initial_peers": split_maddrs(initial_peers) or None,
@@ -59,6 +63,7 @@ def join(
         "train.steps": steps,
         "train.device": device,
     }
+    overrides.update(data_overrides(list(data or [])))
     run_join(config, overrides, json_path)
 
 
