@@ -103,3 +103,52 @@ def test_an_old_checkpoint_config_with_moved_keys_loads_them_in_their_new_place(
     saved["peers"].update(attack="sign_flip", attackers=1, attack_options={}, malicious_owners=0)
     cfg = load_config(None, {"train.lr": 1e-3}, env={}, base=saved)
     assert cfg.simulation.attack == "sign_flip" and cfg.simulation.attackers == 1
+
+
+# --- data.source follows data.paths (issue 17: paths without source trained on the stdlib) ---
+
+
+@pytest.mark.parametrize(
+    ("paths", "source"),
+    [(["notes.txt"], "text"), (["a.bin", "val.bin"], "bin"), (["corpus/"], "text"), ([], "stdlib")],
+)
+def test_data_source_inferred_from_paths(tmp_path: Path, paths: list[str], source: str) -> None:
+    body = "[data]\npaths = [" + ", ".join(repr(p) for p in paths) + "]\n"
+    assert load_config(_write(tmp_path, body), env={}).data.source == source
+
+
+def test_data_source_bin_for_a_token_folder(tmp_path: Path) -> None:
+    (tmp_path / "owt").mkdir()
+    (tmp_path / "owt" / "train.bin").write_bytes(b"\0\0")
+    assert load_config(overrides={"data.paths": [str(tmp_path / "owt")]}, env={}).data.source == "bin"
+
+
+def test_data_source_explicit_wins_and_assignment_infers() -> None:
+    explicit = {"data.paths": ["x.bin"], "data.source": "text"}
+    assert load_config(overrides=explicit, env={}).data.source == "text"
+    cfg = load_config(env={})
+    cfg.data.paths = ["x.bin"]  # source never given: follows the new paths
+    assert cfg.data.source == "bin"
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"data.paths": ["a.bin", "b.txt"]}, "data: cannot mix .bin token files with text files"),
+        ({"data.paths": ["a.txt"], "data.source": "stdlib"}, "data: paths given but source is stdlib"),
+    ],
+)
+def test_data_source_conflicts_are_one_line(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=data, env={})
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_data_paths_over_a_lower_source_reinfer(tmp_path: Path) -> None:
+    """A checkpoint's saved source described its own paths; new paths above it pick their own."""
+    base = Config().model_dump(mode="json")  # source = "stdlib", written out
+    cfg = load_config(_write(tmp_path, "[data]\npaths = ['mine.txt']\n"), env={}, base=base)
+    assert cfg.data.source == "text"
+    base = Config(data={"paths": ["old.txt"]}).model_dump(mode="json")  # type: ignore[arg-type]
+    assert load_config(overrides={"data.paths": ["new.bin"]}, env={}, base=base).data.source == "bin"
+    assert load_config(env={}, base=base).data == Config(data={"paths": ["old.txt"]}).data  # type: ignore[arg-type]

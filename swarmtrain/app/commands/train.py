@@ -7,7 +7,6 @@ the same run. Heavy imports (torch) happen inside the command so ``--help`` stay
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -18,17 +17,9 @@ __all__ = ["register", "data_overrides"]
 
 
 def data_overrides(paths: list[str]) -> dict[str, Any]:
-    """``--data`` values -> ``data.source``/``data.paths``: all ``.bin`` (or token folders) -> bin, else text.
-
-    Raises:
-        ConfigError: a mix of token files and text.
-    """
-    if not paths:
-        return {}
-    is_bin = [p.endswith(".bin") or (Path(p).is_dir() and (Path(p) / "train.bin").is_file()) for p in paths]
-    if any(is_bin) and not all(is_bin):
-        raise ConfigError("--data: cannot mix .bin token files with text files in one run")
-    return {"data.source": "bin" if all(is_bin) else "text", "data.paths": list(paths)}
+    """``--data`` values -> ``data.paths``; the config infers ``data.source`` from them (all ``.bin`` or
+    token folders: bin, else text), over any source a lower layer set for other paths."""
+    return {"data.paths": list(paths)} if paths else {}
 
 
 def register(app: typer.Typer) -> None:
