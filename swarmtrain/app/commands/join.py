@@ -73,6 +73,7 @@ def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | N
 
     from peers.admission import check_own_admission
     from swarmtrain.app.commands.peers import human_bytes
+    from swarmtrain.app.data import describe_data
     from swarmtrain.app.volunteer import VolunteerStatus, run_volunteer
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
@@ -102,6 +103,7 @@ def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | N
     from swarmtrain.app.trainer import resolve_device
 
     print(budget_report(cfg, resolve_device(cfg.train.device)), file=sys.stderr, flush=True)
+    print(describe_data(cfg.data), file=sys.stderr, flush=True)
     with console.status("joining the swarm...") as status:
         result = run_volunteer(cfg, on_status=show)
     how = "stopped by signal" if result.stopped_by_signal else "done"
