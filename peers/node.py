@@ -24,6 +24,7 @@ from typing import Any
 from peers.admission import AdmittedPeers, admission_from, own_token
 from peers.ledger import ByteLedger
 from peers.memory import retain_freed_buffers
+from peers.probe import serve_probes
 from peers.records import PeerRecord, decode_record, encode_record, peers_key
 from peers.signing import Signer
 from peers.transport import LoopThread
@@ -183,6 +184,7 @@ class PeerNode:
                 target=self._heartbeat, name="swarmtrain-heartbeat", daemon=True
             )
             self._hb_thread.start()
+            serve_probes(self)  # every listed peer answers `swarmtrain doctor`'s RTT/bandwidth probes
         logger.info("peer %s up, role %s, maddrs %s", self.peer_id, role, self.visible_maddrs)
 
     def _trust(self, config: PeersConfig, publish_record: bool) -> dict[str, Any]:
