@@ -19,32 +19,28 @@ if TYPE_CHECKING:
 __all__ = ["register", "simulate", "run_simulate", "SimulateOptions"]
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
-
-
 def _table(rows: list[Any]) -> Any:
+    """The runs side by side, one column each and one row per measure: at most three runs, so it
+    reads at 80 columns, and a long run name wraps in its header instead of cutting a number."""
     from rich.table import Table
 
+    from swarmtrain.app.commands.peers import human_bytes
+
     t = Table(title="swarmtrain simulate")
-    cols = ("run", "peers", "tokens", "final val loss", "sent / peer", "bytes / token", "identical", "wall")
-    for col in cols:
-        t.add_column(col, justify="right" if col not in ("run", "identical") else "left")
-    for label, r in rows:
-        t.add_row(
-            label,
-            str(r.peers),
-            f"{r.tokens:,}",
-            f"{r.final_val_loss:.4f}",
-            _fmt_bytes(r.bytes_sent_per_peer),
-            f"{r.bytes_per_token:.3f}",
-            "yes" if r.params_identical else "NO",
-            f"{r.wall_s:.0f} s",
-        )
+    t.add_column("", no_wrap=True)
+    for label, _ in rows:
+        t.add_column(label, justify="right", overflow="fold")
+    measures: list[tuple[str, Any]] = [
+        ("peers", lambda r: str(r.peers)),
+        ("tokens", lambda r: f"{r.tokens:,}"),
+        ("final val loss", lambda r: f"{r.final_val_loss:.4f}"),
+        ("sent / peer", lambda r: human_bytes(r.bytes_sent_per_peer)),
+        ("bytes / token", lambda r: f"{r.bytes_per_token:.3f}"),
+        ("params identical", lambda r: "yes" if r.params_identical else "NO"),
+        ("wall", lambda r: f"{r.wall_s:,.0f} s"),
+    ]
+    for name, cell in measures:
+        t.add_row(name, *(cell(r) for _, r in rows))
     return t
 
 
@@ -71,6 +67,7 @@ class SimulateOptions:
     batch_size: int | None = None
     lr: float | None = None
     seed: int | None = None
+    data: list[str] | None = None
     baseline: bool = False
     intruders: int = 0
     json_path: Path | None = None
@@ -79,6 +76,8 @@ class SimulateOptions:
 
     def overrides(self) -> dict[str, Any]:
         """The flags as dotted config keys (the highest config layer)."""
+        from swarmtrain.app.commands.train import data_overrides
+
         return {
             "strategy.name": self.strategy,
             "compression.codec": self.compressor,
@@ -99,6 +98,7 @@ class SimulateOptions:
             "train.lr": self.lr,
             "train.seed": self.seed,
             "peers.min_peers": min(2, self.peers),
+            **data_overrides(list(self.data or [])),
         }
 
     def load_config(self) -> Config:
@@ -152,6 +152,9 @@ def simulate(
     batch_size: int | None = typer.Option(None, "--batch-size", min=1),
     lr: float | None = typer.Option(None, "--lr", help="Inner learning rate."),
     seed: int | None = typer.Option(None, "--seed"),
+    data: list[str] | None = typer.Option(
+        None, "--data", help="Text file/folder or .bin token file (repeatable); default: Python stdlib."
+    ),
     baseline: bool = typer.Option(
         False, "--baseline", help="Also run DataParallel with fp32 on the same data and tokens."
     ),
@@ -187,10 +190,18 @@ def run_simulate(opts: SimulateOptions) -> None:
     """
     from rich.console import Console
 
+    from swarmtrain.app.data import describe_data
+
     cfg = opts.load_config()
     _validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
     strategy, compressor = cfg.strategy.name, cfg.compression.codec
     console = Console(stderr=True)
+    console.print(
+        f"swarmtrain simulate: {opts.peers} peers x {cfg.train.steps} steps, {strategy}+{compressor}, "
+        f"{cfg.model.preset} model",
+        highlight=False,
+    )
+    console.print(describe_data(cfg.data), highlight=False, markup=False)
     clean = None
     runs = []
     if opts.intruders:
@@ -307,11 +318,15 @@ def _validate_names(cfg: Any, n_peers: int) -> None:
     build_compressor(cfg.compression)
     REDUCERS.get(cfg.peers.reducer)
     from peers.reducers import build_reducer
+    from swarmtrain.core.errors import ConfigError
+
+    for raw in cfg.data.paths:  # every peer would fail on it, after starting
+        if not Path(raw).expanduser().exists():
+            raise ConfigError(f"data.paths: {raw} does not exist")
 
     # with fewer peers than the reducer's breakdown point needs, no round could ever commit
     build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options).check(n_peers)
     if cfg.simulation.attackers and cfg.simulation.attack != "none":
-        from swarmtrain.core.errors import ConfigError
         from swarmtrain.simulation.attacks import build_attack
         from swarmtrain.simulation.wiring import attack_options
 

@@ -96,6 +96,7 @@ def register(app: typer.Typer) -> None:
 def _run(cfg: Any, resume: str | None) -> None:
     from rich.console import Console
 
+    from swarmtrain.app.data import describe_data
     from swarmtrain.app.trainer import StepInfo, Trainer
 
     out = Console(highlight=False, soft_wrap=True)
@@ -105,9 +106,10 @@ def _run(cfg: Any, resume: str | None) -> None:
     tc = cfg.train
     out.print(
         f"swarmtrain train: {cfg.model.preset} ({trainer.model.num_params() / 1e6:.2f}M params) on "
-        f"{trainer.device}, data {trainer.corpus.name} ({len(trainer.corpus.train):,} tokens), "
+        f"{trainer.device}, {len(trainer.corpus.train):,} training tokens, "
         f"steps {trainer.step}->{tc.steps}" + (f", max {tc.max_time:g} s" if tc.max_time else "")
     )
+    out.print(describe_data(cfg.data), markup=False)
     from swarmtrain.app.memory_budget import budget_report
 
     out.print(budget_report(cfg, trainer.device), markup=False)
