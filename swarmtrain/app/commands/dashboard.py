@@ -1,0 +1,103 @@
+"""``swarmtrain dashboard``: serve a local web page that shows a run live.
+
+Joins the DHT as a read-only monitor (like ``status``: a client that publishes nothing), polls the
+run's peer records and suspicion records every ``--interval`` seconds and serves the page at
+``http://HOST:PORT/`` until Ctrl-C or SIGTERM. It prints one line with the URL once everything is up
+(flushed, so scripts can read it). Heavy imports happen inside the command.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import typer
+
+__all__ = ["register", "dashboard"]
+
+
+def dashboard(
+    initial_peers: list[str] = typer.Option(..., "--initial-peers", help="Any peer of the run (repeatable)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run to show."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="The run's TOML config (its [peers] admission settings and run ID)."
+    ),
+    port: int = typer.Option(8470, "--port", min=0, max=65535, help="Port to serve on (0: any free port)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to serve on (the default keeps the page on this machine)."
+    ),
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between reads of the run's records."),
+    timeout: float = typer.Option(
+        30.0, "--timeout", help="Seconds to wait for the DHT (start and each read)."
+    ),
+    tolerate: int = typer.Option(
+        1, "--tolerate", min=0, help="f of the run's ban rule (bans need f + 1 accusers)."
+    ),
+    strikes: int = typer.Option(3, "--ban-strikes", min=1, help="The run's peers.ban_strikes."),
+) -> None:
+    """Serve a live web page of the run: peers, loss curve, bytes per round, round outcomes, bans.
+
+    The page is self-contained (no external assets; works offline) and reads the same records as
+    `swarmtrain status`. Runs until Ctrl-C.
+    """
+    import time
+
+    from peers.guard import read_tables
+    from peers.node import PeerNode
+    from peers.process import GracefulExit
+    from peers.records import PeerRecord
+    from peers.suspicion import compute_bans
+    from swarmtrain.app.commands.peers import _peers_config, split_maddrs
+    from swarmtrain.app.dashboard import DashboardServer, History, Poller
+    from swarmtrain.core.errors import ConfigError
+
+    if not (math.isfinite(interval) and interval > 0):
+        raise ConfigError(f"--interval must be a positive number of seconds, not {interval}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"--timeout must be a positive number of seconds, not {timeout}")
+    maddrs = split_maddrs(initial_peers)
+    if not maddrs:
+        raise ConfigError("--initial-peers: give the multiaddr of at least one peer of the run")
+    overrides = {
+        "peers.run_id": run_id,
+        "peers.initial_peers": maddrs,
+        "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+        "peers.identity_path": None,
+        "peers.token": None,
+    }
+    cfg = _peers_config(config, overrides)
+    cfg = cfg.model_copy(update={"identity_path": None, "token": None})  # a monitor writes nothing
+    history = History(cfg.run_id)
+    try:
+        server = DashboardServer(host, port, lambda: history.snapshot(time.time()))
+    except OSError as e:
+        raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {e.strerror or e}") from None
+    try:
+        with (
+            GracefulExit() as stop,
+            PeerNode(
+                cfg, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout
+            ) as node,
+        ):
+
+            def read() -> tuple[list[PeerRecord], dict[str, str]]:
+                records = node.live_peers(timeout=timeout)
+                bans = compute_bans(read_tables(node.dht, cfg.run_id, timeout), tolerate, strikes=strikes)
+                return records, bans
+
+            poller = Poller(read, history, interval)
+            poller.start()
+            server.start()
+            typer.echo(f"dashboard of run {cfg.run_id!r}: {server.url}  (Ctrl-C to stop)")
+            sys.stdout.flush()  # scripts and tests read the URL while the server keeps running
+            stop.wait()
+            typer.echo("shutting down")
+            poller.stop()
+    finally:
+        server.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``dashboard`` to the CLI."""
+    app.command("dashboard")(dashboard)
