@@ -200,8 +200,9 @@ def run_simulate(opts: SimulateOptions) -> None:
         f"swarmtrain simulate: {opts.peers} peers x {cfg.train.steps} steps, {strategy}+{compressor}, "
         f"{cfg.model.preset} model",
         highlight=False,
+        soft_wrap=True,
     )
-    console.print(describe_data(cfg.data), highlight=False, markup=False)
+    console.print(describe_data(cfg.data), highlight=False, markup=False, soft_wrap=True)  # paths whole
     clean = None
     runs = []
     if opts.intruders:
