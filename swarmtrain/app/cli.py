@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "swarmtrain.app.commands.join",
     "swarmtrain.app.commands.bench",
     "swarmtrain.app.commands.trust",
+    "swarmtrain.app.commands.doctor",
     "swarmtrain.app.commands.dashboard",
 )
 
