@@ -31,7 +31,7 @@ from peers.transport import LoopThread
 from swarmtrain.core.config import PeersConfig
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
-__all__ = ["PeerNode", "validate_maddrs", "dht_time", "RUN_ID_PATTERN"]
+__all__ = ["PeerNode", "validate_maddrs", "dht_time", "live_records", "RUN_ID_PATTERN"]
 
 logger = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -298,20 +298,7 @@ class PeerNode:
             return []
         if run == self.run_id:  # the DHT returns only admitted writers' records (peers.dht_records)
             self.admitted.note(k for k in found.value if isinstance(k, str))
-        now = dht_time()
-        out: list[PeerRecord] = []
-        for subkey, item in found.value.items():
-            if item.expiration_time < now:
-                continue
-            try:
-                rec = decode_record(item.value)
-            except ProtocolError as e:
-                logger.warning("skipping a malformed peer record: %s", e)
-                continue
-            if rec.left or rec.peer_id != subkey or rec.run_id != run:
-                continue
-            out.append(rec)
-        return sorted(out, key=lambda r: r.peer_id)
+        return live_records(found.value, run)
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -368,3 +355,23 @@ class PeerNode:
             if time.monotonic() >= deadline:
                 raise PeerTimeoutError(f"saw {len(peers)} of {n} peers within {timeout:.0f} s")
             time.sleep(poll)
+
+
+def live_records(entries: dict[Any, Any], run_id: str) -> list[PeerRecord]:
+    """The live peers of ``run_id`` among the DHT entries (subkey -> value with expiration) of its
+    peer key: unexpired, well-formed, not deregistered, stored under their own peer ID. Malformed
+    records are skipped with a warning. Sorted by peer ID."""
+    now = dht_time()
+    out: list[PeerRecord] = []
+    for subkey, item in entries.items():
+        if item.expiration_time < now:
+            continue
+        try:
+            rec = decode_record(item.value)
+        except ProtocolError as e:
+            logger.warning("skipping a malformed peer record: %s", e)
+            continue
+        if rec.left or rec.peer_id != subkey or rec.run_id != run_id:
+            continue
+        out.append(rec)
+    return sorted(out, key=lambda r: r.peer_id)

@@ -308,8 +308,17 @@ class _Peer:
         note = ""
         if r.synced:
             note = self._after_sync(r)
+            res = self.result
             self.node.publish(
-                step=self.trainer.step, round=self.p2p.round_id, throughput=info.tokens_per_s, loss=info.loss
+                step=self.trainer.step,
+                round=self.p2p.round_id,
+                throughput=info.tokens_per_s,
+                loss=info.loss,
+                # round outcomes for `status` and the dashboard: counts and the last one
+                committed=res.committed_rounds,
+                late=res.late_rounds,
+                failed=res.failed_rounds,
+                outcome="committed" if r.committed else "late" if r.late else "failed",
             )
         if self.hooks.on_status is not None and (r.synced or info.step % self.cfg.train.log_interval == 0):
             ledger = self.node.ledger

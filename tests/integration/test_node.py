@@ -68,7 +68,7 @@ def test_dht_status_and_identity(tmp_path: Path) -> None:
             text=True,
             timeout=120,
         )
-        assert table.returncode == 0 and peer_id[-12:] in table.stdout and "bootstrap" in table.stdout
+        assert table.returncode == 0 and peer_id[-8:] in table.stdout and "bootstrap" in table.stdout
         proc.signal(signal.SIGTERM)  # the CLI deregisters and exits cleanly
         assert proc.join(30) and proc.exitcode == 0
     finally:

@@ -15,11 +15,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:  # imported for real inside the commands, so --help stays fast
-    from rich.table import Table
-
     from peers.records import PeerRecord
 
-__all__ = ["register", "dht", "status", "split_maddrs", "human_bytes"]
+__all__ = ["register", "dht", "status", "split_maddrs", "human_bytes", "peer_rows", "peer_table"]
 
 
 def split_maddrs(values: list[str] | None) -> list[str]:
@@ -107,12 +105,11 @@ def status(
 
     Below it: the peers banned by the run's signed suspicion records, and why.
     """
+    import shutil
     from dataclasses import asdict
 
-    from rich.console import Console
-
     from peers.guard import read_tables
-    from peers.node import PeerNode
+    from peers.monitor import RunReader
     from peers.suspicion import compute_bans
     from swarmtrain.core.jsonsafe import dumps
 
@@ -124,52 +121,112 @@ def status(
         "peers.token": None,
     }
     cfg = _peers_config(config, overrides)
-    cfg = cfg.model_copy(update={"identity_path": None, "token": None})  # a monitor writes nothing
-    with PeerNode(
-        cfg, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout
-    ) as node:
-        records = node.live_peers(timeout=timeout)
-        bans = compute_bans(read_tables(node.dht, cfg.run_id, timeout), tolerate, strikes=strikes)
+    with RunReader(cfg, startup_timeout=timeout) as reader:  # reads records; writes nothing
+        records = reader.live_peers(timeout=timeout)
+        bans = compute_bans(read_tables(reader, cfg.run_id, timeout), tolerate, strikes=strikes)
     if json_out:
         rows = [{**asdict(r), "banned": bans.get(r.peer_id)} for r in records]
         typer.echo(dumps(rows, default=str))
         return
-    Console(width=160).print(_peer_table(cfg.run_id, records))
+    for row in peer_table(cfg.run_id, records, width=max(shutil.get_terminal_size((80, 24)).columns, 60)):
+        typer.echo(row)
     for peer, why in sorted(bans.items()):
         typer.echo(f"banned {peer}: {why}")
     if not bans:
         typer.echo("banned: none")
 
 
-_COLUMNS = ("peer", "role", "region", "step", "round", "throughput", "loss", "up", "down", "version", "seen")
-_NUMERIC = frozenset({"step", "round", "throughput", "up", "down"})
+#: (header, right-aligned) of the status table, in order; the ones in _OPTIONAL go first when the
+#: table would not fit its width (least useful first)
+_COLUMNS = (
+    ("peer", False),
+    ("role", False),
+    ("region", False),
+    ("step", True),
+    ("round", True),
+    ("tok/s", True),
+    ("loss", True),
+    ("sent", True),
+    ("recv", True),
+    ("ok/late/fail", True),
+    ("version", False),
+    ("seen", True),
+)
+_OPTIONAL = ("region", "role", "seen", "version")
 
 
-def _peer_table(run_id: str, records: list[PeerRecord]) -> Table:
-    """A rich table of peer records, one row each (``status``'s output)."""
-    from rich.table import Table
+def peer_rows(records: list[PeerRecord], now: float) -> list[dict[str, str]]:
+    """One row of display strings per record (``status``'s table and the dashboard's)."""
+    rows = []
+    for r in records:
+        x = r.extra
+        rows.append(
+            {
+                "peer": r.peer_id[-8:],
+                "role": r.role,
+                "region": r.region,
+                "step": str(r.step),
+                "round": str(r.round),
+                "tok/s": f"{r.throughput:,.0f}",
+                "loss": "-" if r.loss != r.loss else f"{r.loss:.3f}",  # NaN: no loss reported yet
+                "sent": human_bytes(r.bytes_sent),
+                "recv": human_bytes(r.bytes_received),
+                "ok/late/fail": "-"
+                if "committed" not in x
+                else f"{x.get('committed', 0)}/{x.get('late', 0)}/{x.get('failed', 0)}",
+                "version": r.version,
+                "seen": f"{max(now - r.time, 0):.0f}s" if r.time else "-",
+            }
+        )
+    return rows
+
+
+def peer_table(run_id: str, records: list[PeerRecord], width: int = 80) -> list[str]:
+    """``status``'s table as plain lines no wider than ``width``: the optional columns go (region,
+    then role, seen, version) until the rest fits; nothing is cut. A version shared by every peer is
+    said once below the table instead of in a column, and differing ones below it when their column
+    went."""
+    import textwrap
 
     from peers.node import dht_time
 
-    now = dht_time()
-    table = Table(title=f"run {run_id!r}: {len(records)} live peer(s)")
-    for col in _COLUMNS:
-        table.add_column(col, justify="right" if col in _NUMERIC else "left")
-    for r in records:
-        table.add_row(
-            r.peer_id[-12:],
-            r.role,
-            r.region,
-            str(r.step),
-            str(r.round),
-            f"{r.throughput:.1f}",
-            "-" if r.loss != r.loss else f"{r.loss:.4f}",  # NaN: no loss reported yet
-            human_bytes(r.bytes_sent),
-            human_bytes(r.bytes_received),
-            r.version,
-            f"{max(now - r.time, 0):.0f}s ago" if r.time else "-",
+    rows = peer_rows(records, dht_time())
+    cols = [c for c in _COLUMNS]
+    footer = []
+    versions = {r["version"] for r in rows}
+    if len(versions) == 1:
+        cols = [c for c in cols if c[0] != "version"]
+        footer.append(f"every peer runs swarmtrain {versions.pop() or '?'}")
+    widths = {h: max([len(h)] + [len(r[h]) for r in rows]) for h, _ in _COLUMNS}
+
+    def total(cs: list[tuple[str, bool]]) -> int:
+        return sum(widths[h] for h, _ in cs) + 2 * (len(cs) - 1)
+
+    for drop in _OPTIONAL:
+        if total(cols) <= width:
+            break
+        cols = [c for c in cols if c[0] != drop]
+
+    if versions and not any(h == "version" for h, _ in cols):  # they differ and the column went
+        by: dict[str, list[str]] = {}
+        for r in rows:
+            by.setdefault(r["version"] or "?", []).append(r["peer"])
+        footer.append("versions differ:")
+        footer += textwrap.wrap(
+            "; ".join(f"{v} on {', '.join(ps)}" for v, ps in sorted(by.items())),
+            width,
+            initial_indent="  ",
+            subsequent_indent="  ",
         )
-    return table
+
+    def line(values: dict[str, str]) -> str:
+        cells = [values[h].rjust(widths[h]) if right else values[h].ljust(widths[h]) for h, right in cols]
+        return "  ".join(cells).rstrip()
+
+    out = [f"run {run_id!r}: {len(records)} live peer(s)"]
+    out.append(line({h: h for h, _ in _COLUMNS}))
+    out += [line(r) for r in rows]
+    return out + footer
 
 
 def register(app: typer.Typer) -> None:
