@@ -25,8 +25,11 @@ def load(path: str) -> list[CodecResult]:
     return [CodecResult(**r) for r in doc["results"]]
 
 
-def plot(results: list[CodecResult], out: str) -> None:
-    """Scatter of error vs bits per element; each point says its compress/decompress GB/s."""
+def plot(results: list[CodecResult], out: str) -> Path:
+    """Scatter of error vs bits per element; each point says its compress/decompress GB/s.
+
+    Returns the file written: ``out``, with ``.png`` added when it names no image format.
+    """
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in results:
         err = max(r.rel_l2_error, 1e-8)  # lossless codecs sit on the floor of the log axis
@@ -45,8 +48,12 @@ def plot(results: list[CodecResult], out: str) -> None:
     ax.set_title(f"codecs on {results[0].numel:,} float32 elements (labels: compress / decompress)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    path = Path(out)
+    if path.suffix.lstrip(".").lower() not in fig.canvas.get_supported_filetypes():
+        path = path.with_name(path.name + ".png")  # what savefig would write, said out loud
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
 
 
 def main() -> None:
@@ -57,8 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     results = load(args.from_json) if args.from_json else benchmark_codecs(args.size, reps=2)
     print(format_table(results))
-    plot(results, args.out)
-    print(f"wrote {args.out}")
+    print(f"wrote {plot(results, args.out)}")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,79 @@ commands to ``bench_app``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-__all__ = ["register", "bench_app"]
+if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
+    from rich.table import Table
+
+    from compression.benchmark import CodecResult
+
+__all__ = ["register", "bench_app", "codec_table", "last_level_cache_bytes", "cache_warning"]
+
+#: the last-level cache assumed where none can be read (a large desktop or server L3)
+DEFAULT_LLC_BYTES = 32 << 20
+_SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+def _parse_cache_size(text: str) -> int:
+    """sysfs's ``32768K`` (or ``32M``, or plain bytes) -> bytes."""
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def last_level_cache_bytes(device: str = "cpu", sys_cpu: Path = _SYS_CPU) -> int:
+    """The last-level cache the benchmark's tensors could sit in, in bytes.
+
+    CPU: every distinct highest-level cache in sysfs summed (a server with several L3 slices has
+    them all); CUDA: the GPU's L2. :data:`DEFAULT_LLC_BYTES` where neither can be read.
+    """
+    if device.startswith("cuda"):
+        import torch
+
+        l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
+        return int(l2) or DEFAULT_LLC_BYTES
+    caches: dict[tuple[int, str], int] = {}  # (level, the cpus sharing it) -> size
+    for index in sys_cpu.glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            shared = (index / "shared_cpu_list").read_text().strip()
+            caches[(level, shared)] = _parse_cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+    if not caches:
+        return DEFAULT_LLC_BYTES
+    top = max(level for level, _ in caches)
+    return sum(size for (level, _), size in caches.items() if level == top)
+
+
+def cache_warning(numel: int, llc_bytes: int, above_one: dict[str, float]) -> str | None:
+    """One line when the results measure a cache rather than memory, else ``None``.
+
+    A float32 tensor under twice the last-level cache stays (mostly) in it between repetitions, so
+    codec and copy run at cache speed and fractions above 1 mean nothing about memory. Fractions
+    above 1 with a large tensor are named too: a codec beat the copy it is measured against.
+    """
+    mib = 1 << 20
+    over = ", ".join(f"{codec} {frac:.2f}" for codec, frac in above_one.items())
+    if 4 * numel < 2 * llc_bytes:
+        return (
+            f"warning: --size {numel:,} is {4 * numel / mib:.0f} MiB of float32, under twice the "
+            f"{llc_bytes / mib:.0f} MiB last-level cache: the data stays in cache, so the roofline "
+            f"fractions measure the cache, not memory"
+            + (f" (above 1: {over})" if over else "")
+            + f"; use --size {llc_bytes} (4x the cache in float32) or more"
+        )
+    if over:
+        return f"warning: roofline fractions above 1 ({over}): faster than the copy they are measured against"
+    return None
+
 
 bench_app = typer.Typer(
     name="bench",
@@ -20,6 +88,34 @@ bench_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
+
+
+def codec_table(results: Sequence[CodecResult], size: int, device: str) -> Table:
+    """The results as a rich table that reads at 80 columns: headers wrap at their spaces and no
+    cell has one, so no number is cut. A roofline fraction above 1 is marked ``!``."""
+    from rich.table import Table
+
+    from compression.benchmark import TABLE_HEADER, table_rows
+
+    copy = results[0].copy_rw_gbps if results else 0.0
+    roofline_cols = [i for i, col in enumerate(TABLE_HEADER) if "roofline" in col]
+    rows = [
+        [f"{c}!" if i in roofline_cols and float(c) > 1 else c for i, c in enumerate(row)]
+        for row in table_rows(results)
+    ]
+    table = Table(
+        title=f"codecs on {size:,} float32 elements ({device}); copy {copy:.1f} GB/s r+w",
+        box=None,  # no rules: two spaces between columns leave room for the widest cells at 80
+        pad_edge=False,
+        header_style="bold",
+    )
+    for i, col in enumerate(TABLE_HEADER):
+        widest = max([len(word) for word in col.split()] + [len(row[i]) for row in rows])
+        # fixed at its widest word or cell: rich's own shrinking would cut cells before headers wrap
+        table.add_column(col, justify="left" if i == 0 else "right", width=widest, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 @bench_app.command("codecs")
@@ -34,9 +130,8 @@ def codecs(
     """Compress/decompress throughput of every codec, as GB/s and as a fraction of the copy roofline."""
     import torch
     from rich.console import Console
-    from rich.table import Table
 
-    from compression.benchmark import DEFAULT_CODECS, TABLE_HEADER, benchmark_codecs, report, table_rows
+    from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, report
     from swarmtrain.core.errors import ConfigError
 
     if size < 1024:
@@ -54,15 +149,11 @@ def codecs(
         block=block,
         progress=lambda msg: console.log(msg),
     )
-    table = Table(
-        title=f"codecs on {size:,} float32 elements ({device}); copy {results[0].copy_rw_gbps:.1f} GB/s r+w"
-    )
-    for col in TABLE_HEADER:
-        table.add_column(col, justify="left" if col == "codec" else "right", no_wrap=True)
-    for row in table_rows(results):
-        table.add_row(*row)
-    out = Console()
-    Console(width=max(out.width, 132)).print(table)
+    Console().print(codec_table(results, size, device))
+    above = {r.codec: max(r.compress_roofline, r.decompress_roofline) for r in results}
+    warning = cache_warning(size, last_level_cache_bytes(device), {k: v for k, v in above.items() if v > 1})
+    if warning:
+        typer.echo(warning, err=True)
     if json_path:
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
