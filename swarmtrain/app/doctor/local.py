@@ -18,9 +18,11 @@ MiB = 1 << 20
 
 
 def human_rate(x: float, unit: str) -> str:
-    """``4100.0, "tok/s"`` -> ``"4.1k tok/s"``."""
+    """``4100.0, "tok/s"`` -> ``"4.1k tok/s"``; ``2.5e6, "B/s"`` -> ``"2.5 MB/s"``."""
     for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
+            if unit.startswith("B"):
+                return f"{x / scale:.1f} {prefix}{unit}"
             return f"{x / scale:.1f}{prefix} {unit}"
     return f"{x:.0f} {unit}"
 

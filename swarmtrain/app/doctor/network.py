@@ -28,7 +28,7 @@ class RunLinks:
     peer_throughput: list[float] = field(default_factory=list)
 
 
-def _probe_check(node: Any, peer_id: str, download: int, timeout: float) -> Check:
+def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: float) -> Check:
     from peers.probe import probe_peer
     from swarmtrain.core.errors import SwarmError
 
@@ -36,14 +36,22 @@ def _probe_check(node: Any, peer_id: str, download: int, timeout: float) -> Chec
     try:
         r = probe_peer(node, peer_id, download_bytes=download, timeout=timeout)
     except SwarmError as e:
-        return Check(name, "warn", "-", f"probe failed: {e}"[:200], {"peer_id": peer_id})
+        return Check(
+            name, "warn", "-", f"{role}: probe failed: {e}"[:200], {"peer_id": peer_id, "role": role}
+        )
     return Check(
         name,
         "ok",
         f"{r.rtt_s * 1e3:.1f} ms",
-        f"rtt median of {len(r.rtts_s)}; {human_rate(r.bandwidth_bps, 'B/s')} down "
-        f"({r.downloaded >> 10} KiB)",
-        {"peer_id": peer_id, "rtt_s": r.rtt_s, "bandwidth_bps": r.bandwidth_bps, "downloaded": r.downloaded},
+        f"{role}: {len(r.rtts_s)} pings; {r.downloaded / (1 << 20):.0f} MiB at "
+        f"{human_rate(r.bandwidth_bps, 'B/s')}",
+        {
+            "peer_id": peer_id,
+            "role": role,
+            "rtt_s": r.rtt_s,
+            "bandwidth_bps": r.bandwidth_bps,
+            "downloaded": r.downloaded,
+        },
     )
 
 
@@ -80,7 +88,7 @@ def check_run(cfg: Any, *, n_peers: int, timeout: float, download: int = 1 << 20
         ]
         ranked = sorted(records, key=lambda r: (r.role != "trainer", r.peer_id))
         for rec in ranked[:n_peers]:
-            out.checks.append(_probe_check(node, rec.peer_id, download, timeout))
+            out.checks.append(_probe_check(node, rec.peer_id, rec.role, download, timeout))
     probed = out.checks[1:]
     if probed and all(c.status != "ok" for c in probed):
         out.checks.append(Check("peers", "fail", "0 ok", "no live peer answered a probe"))

@@ -91,6 +91,8 @@ def decide(checks: Sequence[Check], peer_throughput: Sequence[float] = ()) -> Ve
         reasons.append("others cannot dial this machine and no relay carries it")
     elif answer == "relayed":
         reasons.append("others reach this machine only through a relay (slower syncs)")
+    elif reach is not None and reach.status != "skip" and answer == "unknown":
+        reasons.append(f"reachability unknown ({reach.detail})")
     peers = by.get("peers")
     if peers is not None and peers.status == "ok":
         reasons.append(f"links to the run: {peers.detail}")
