@@ -145,7 +145,7 @@ function num(n) {
   const a = Math.abs(n);
   if (a >= 1e6) return (n / 1e6).toFixed(a >= 1e7 ? 0 : 1) + "M";
   if (a >= 1e3) return (n / 1e3).toFixed(a >= 1e4 ? 0 : 1) + "k";
-  if (a >= 10 || n === 0) return n.toFixed(0);
+  if (a >= 10 || Number.isInteger(n)) return n.toFixed(0);
   return n.toPrecision(2);
 }
 function ago(sec) {
@@ -238,7 +238,7 @@ function drawBytes(st) {
   const k = Math.max(0, Math.min(units.length - 1, Math.floor(Math.log(Math.max(top, 1)) / Math.log(1024))));
   const u = Math.pow(1024, k), ymax = top / u;
   const xt = ticks(r0, r1, Math.min(8, n)).filter(v => Number.isInteger(v));
-  const f = frame(svg, W, H, [r0 - 0.5, r1 + 0.5], [0, ymax * 1.1 || 1],
+  const f = frame(svg, W, H, [r0 - 0.5, Math.max(r1, r0 + 11) + 0.5], [0, ymax * 1.1 || 1],
                   {xlabel:"round", ylabel:units[k], xfmt:v => v, yfmt:num, xticks:xt});
   const bw = Math.max(2, f.pw / (f.x1 - f.x0) * 0.7);
   for (const r of rows) {
@@ -258,7 +258,7 @@ function drawTimeline(st) {
   const shown = ev.filter(e => e.round >= rmin);
   const peers = [...new Set(shown.map(e => e.peer))].sort().slice(0, 8);
   while (svg.firstChild) svg.removeChild(svg.firstChild);
-  const L = 96, R = 10, T = 8, B = 38, pw = W - L - R, ph = H - T - B, n = rmax - rmin + 1;
+  const L = 96, R = 10, T = 8, B = 38, pw = W - L - R, ph = H - T - B, n = Math.max(rmax - rmin + 1, 12);
   const cw = pw / n, rh = Math.min(34, ph / peers.length);
   peers.forEach((p, i) => {
     s(svg, "text", {x:L - 8, y:T + rh * (i + 0.5) + 4, "text-anchor":"end", class:"mono"}, short(p));
