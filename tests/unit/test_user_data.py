@@ -56,7 +56,7 @@ def test_join_data_flag_feeds_the_config(monkeypatch: pytest.MonkeyPatch, tmp_pa
     from swarmtrain.app.commands import join as join_mod
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(join_mod, "run_join", lambda config, overrides, json_path: seen.update(overrides))
+    monkeypatch.setattr(join_mod, "run_join", lambda _config, overrides, *_a, **_kw: seen.update(overrides))
     assert run(["join", "--data", "a.bin", "--data", "b.bin"]) == 0
     assert seen["data.paths"] == ["a.bin", "b.bin"]
 
