@@ -206,7 +206,7 @@ def reachability_check(seen: Seen) -> Check:
         "answer": answer,
         "autonat": seen.autonat,
         "relayed": int(answer == "relayed"),
-        "waited_s": seen.waited_s,
+        "watched_s": seen.waited_s,
         "addresses": ",".join(seen.maddrs)[:400],
     }
     return Check("reachability", status, answer, why, data)
