@@ -41,7 +41,15 @@ from peers.transport import (
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
-__all__ = ["StateServer", "download_state", "decode_announcement", "StateProvider", "state_key", "META_KEY"]
+__all__ = [
+    "StateServer",
+    "download_state",
+    "decode_announcement",
+    "NoStateAnnounced",
+    "StateProvider",
+    "state_key",
+    "META_KEY",
+]
 
 logger = logging.getLogger(__name__)
 StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]]
@@ -49,6 +57,10 @@ META_KEY = "swarmtrain"
 KIND = "state"
 _FRAME_TIMEOUT = 30.0
 _MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
+
+
+class NoStateAnnounced(PeerTimeoutError):
+    """Nobody announced a state to download: the run has none yet (its first peer starts it)."""
 
 
 def state_key(run_id: str) -> str:
@@ -381,9 +393,9 @@ def download_state(
                 errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
         if time.monotonic() >= donor_deadline:
-            raise PeerTimeoutError(
-                f"no donor served a valid state ({'; '.join(errors)[:300] or 'none announced'})"
-            )
+            if not errors:
+                raise NoStateAnnounced("no donor served a valid state (none announced)")
+            raise PeerTimeoutError(f"no donor served a valid state ({'; '.join(errors)[:300]})")
         time.sleep(0.5)
 
 

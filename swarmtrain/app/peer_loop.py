@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from swarmtrain.app.trainer import StepInfo
     from swarmtrain.core.protocols import Collective, Reducer, StepReport
 
-__all__ = ["Membership", "PeerHooks", "PeerStatus", "PeerRun", "run_peer"]
+__all__ = ["Membership", "PeerHooks", "PeerStatus", "PeerRun", "SyncClock", "run_peer"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,9 @@ class Membership:
 
 @dataclass
 class PeerStatus:
-    """The live status of a peer (every ``log_interval`` steps and after every sync)."""
+    """The live status of a peer: after every sync, every ``log_interval`` steps, and otherwise after
+    any step that ends :data:`STATUS_EVERY_S` or more after the last status (a live line that moves
+    with the steps, without a device sync to read the loss on every one of them)."""
 
     step: int
     round_id: int
@@ -93,6 +95,34 @@ class PeerStatus:
     bytes_down: int
     tokens_per_s: float
     note: str = ""
+    synced: bool = False  # this step ended a sync
+    next_sync_s: float | None = None  # estimated seconds to the next sync (None: not known yet)
+    committed: int = 0  # rounds committed so far
+    failed: int = 0  # rounds late or failed so far
+
+
+#: seconds between two live statuses when neither a sync nor ``log_interval`` calls for one
+STATUS_EVERY_S = 0.25
+
+
+class SyncClock:
+    """Estimates the time to the next sync from the ones seen: the steps between the last two syncs
+    (or, before that, the strategy's ``inner_steps`` when it has one) at the current step rate."""
+
+    def __init__(self, period_hint: int | None) -> None:
+        self.period = period_hint if period_hint and period_hint > 0 else None
+        self.last_sync_step: int | None = None
+
+    def synced(self, step: int) -> None:
+        if self.last_sync_step is not None and step > self.last_sync_step:
+            self.period = step - self.last_sync_step
+        self.last_sync_step = step
+
+    def seconds_left(self, step: int, steps_per_s: float) -> float | None:
+        if self.period is None or steps_per_s <= 0:
+            return None
+        since = step - (self.last_sync_step or 0)
+        return max(self.period - since, 0) / steps_per_s
 
 
 @dataclass
@@ -131,7 +161,7 @@ class PeerHooks:
         wrap_reducer: ``(reducer) -> reducer`` the strategy hands to ``all_reduce``.
         wrap_batches: ``(sampler, vocab_size) -> sampler`` the trainer draws batches from (same
             interface as ``BatchSampler``).
-        on_status: called every ``train.log_interval`` steps and after every sync.
+        on_status: called with the live status (see :class:`PeerStatus` for how often).
         on_finished: called with the result right after the last step, before the peer lingers.
     """
 
@@ -242,6 +272,8 @@ class _Peer:
         self.streak = _FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
+        self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
+        self._last_status = 0.0
 
     def _build_guard(self) -> Any:
         if not self.cfg.peers.owner_check:
@@ -320,8 +352,18 @@ class _Peer:
                 failed=res.failed_rounds,
                 outcome="committed" if r.committed else "late" if r.late else "failed",
             )
-        if self.hooks.on_status is not None and (r.synced or info.step % self.cfg.train.log_interval == 0):
-            ledger = self.node.ledger
+        if r.synced:
+            self._clock.synced(self.trainer.step)
+        now = time.monotonic()
+        due = (
+            r.synced
+            or info.step % self.cfg.train.log_interval == 0
+            or now - self._last_status >= STATUS_EVERY_S
+        )
+        if self.hooks.on_status is not None and due:
+            self._last_status = now
+            ledger, res = self.node.ledger, self.result
+            steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
             self.hooks.on_status(
                 PeerStatus(
                     step=self.trainer.step,
@@ -332,6 +374,10 @@ class _Peer:
                     bytes_down=ledger.received,
                     tokens_per_s=info.tokens_per_s,
                     note=note,
+                    synced=r.synced,
+                    next_sync_s=self._clock.seconds_left(self.trainer.step, steps_per_s),
+                    committed=res.committed_rounds,
+                    failed=res.failed_rounds + res.late_rounds,
                 )
             )
         if self.stop.requested:

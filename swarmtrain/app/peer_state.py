@@ -126,6 +126,7 @@ def adopt_swarm_state(
     came; nothing changed then.
     """
     from peers import download_state
+    from peers.state_transfer import NoStateAnnounced
 
     try:
         tensors, meta = download_state(
@@ -137,6 +138,9 @@ def adopt_swarm_state(
             exclude=collective.banned,
         )
         collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
+    except NoStateAnnounced:  # the run's first peer: nothing to act on
+        logger.info("no peer of the run announced a state: this peer starts from its own")
+        return None
     except (PeerTimeoutError, ProtocolError) as e:
         logger.warning("no usable state from the swarm (%s)", e)
         return None

@@ -40,10 +40,14 @@ def join(
         None, "--data", help="Text file/folder or .bin token file (repeatable); default: the config's."
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Write a summary of the run here."),
+    log_every: float = typer.Option(
+        10.0, "--log-every", min=1.0, help="Seconds between status lines when the output is not a terminal."
+    ),
 ) -> None:
     """Join a training run: download its current state from live peers, train, and sync.
 
-    Shows a live status line (round, loss, peers, bytes up/down). Ctrl-C or SIGTERM finishes the
+    Shows a live line (step, round and its peers, loss, tokens/s, bytes up/down, time to the next
+    sync); piped, a timestamped line every --log-every seconds. Ctrl-C or SIGTERM finishes the
     current step and leaves cleanly; a second one aborts.
     """
     from swarmtrain.app.commands.peers import split_maddrs
@@ -64,17 +68,17 @@ def join(
         "train.device": device,
     }
     overrides.update(data_overrides(list(data or [])))
-    run_join(config, overrides, json_path)
+    run_join(config, overrides, json_path, log_every=log_every)
 
 
-def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | None) -> None:
+def run_join(
+    config: Path | None, overrides: dict[str, Any], json_path: Path | None, *, log_every: float = 10.0
+) -> None:
     """Load the run's config, join it as a volunteer with a live status line, and print a summary."""
-    from rich.console import Console
-
     from peers.admission import check_own_admission
     from swarmtrain.app.commands.peers import human_bytes
     from swarmtrain.app.data import describe_data
-    from swarmtrain.app.volunteer import VolunteerStatus, run_volunteer
+    from swarmtrain.app.volunteer import run_volunteer
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
@@ -85,36 +89,28 @@ def run_join(config: Path | None, overrides: dict[str, Any], json_path: Path | N
     if cfg.peers.min_peers < 2:
         cfg.peers.min_peers = 2  # a round with only ourselves is no sync
     cfg.train.progress = False
-    console = Console(stderr=True)
-    live = console.is_terminal
-
-    def show(s: VolunteerStatus) -> None:
-        line = (
-            f"step {s.step}  round {s.round_id}  loss {s.loss:.3f}  peers {s.peers}  "
-            f"up {human_bytes(s.bytes_up)}  down {human_bytes(s.bytes_down)}  {s.tokens_per_s:,.0f} tok/s"
-            + (f"  ({s.note})" if s.note else "")
-        )
-        if live:
-            status.update(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
+    from swarmtrain.app.live import LiveLine
     from swarmtrain.app.memory_budget import budget_report
     from swarmtrain.app.trainer import resolve_device
 
     print(budget_report(cfg, resolve_device(cfg.train.device)), file=sys.stderr, flush=True)
     print(describe_data(cfg.data), file=sys.stderr, flush=True)
-    with console.status("joining the swarm...") as status:
-        result = run_volunteer(cfg, on_status=show)
+    with LiveLine(every_s=log_every) as live:
+        result = run_volunteer(cfg, on_status=live.update)
     how = "stopped by signal" if result.stopped_by_signal else "done"
     typer.echo(
         f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
-        f"val loss {result.final_val_loss if result.final_val_loss is not None else float('nan'):.4f}, "
+        f"val loss {_loss_text(result.final_val_loss)}, "
         f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
     )
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(dumps(asdict(result), indent=2, default=str) + "\n")
+
+
+def _loss_text(loss: float | None) -> str:
+    """A final loss for the summary line: ``-`` (not measured: stopped early) instead of ``nan``."""
+    return "- (not measured)" if loss is None or loss != loss else f"{loss:.4f}"
 
 
 def register(app: typer.Typer) -> None:
