@@ -1,8 +1,9 @@
 """``swarmtrain dashboard`` against a real local run (``dht`` + two ``join`` volunteers on 127.0.0.1),
 looked at by Debian's headless Chromium: the page lists the run's peers and its loss curve grows.
 
-The final screenshot is saved under the test's tmp_path; with ``SWARMTRAIN_SAVE_SCREENSHOT=1`` the
+The final screenshot is saved under the test's tmp_path; with ``SAVE_DASHBOARD_SCREENSHOT=1`` the
 run goes on a little longer and the screenshot is copied to ``docs/img/dashboard.png`` (the README's).
+(Not a ``SWARMTRAIN_`` variable: the peers' config refuses unknown ones of those.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from peers.identity import ensure_identity
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[2]
-SAVE = os.environ.get("SWARMTRAIN_SAVE_SCREENSHOT") == "1"
+SAVE = os.environ.get("SAVE_DASHBOARD_SCREENSHOT") == "1"
 HANG_GUARD = 420.0  # seconds for the whole run to show what the test waits for (never a speed check)
 
 
