@@ -25,7 +25,9 @@ A, B = (
 
 
 def rec(peer: str = A, step: int = 0, rnd: int = 0, loss: float = float("nan"), **kw: Any) -> PeerRecord:
-    extra = {k: kw.pop(k) for k in ("committed", "late", "failed", "outcome") if k in kw}
+    extra: dict[str, float | int | str] = {
+        k: kw.pop(k) for k in ("committed", "late", "failed", "outcome") if k in kw
+    }
     return PeerRecord(
         peer_id=peer, run_id="r", step=step, round=rnd, loss=loss, time=100.0, extra=extra, **kw
     )
