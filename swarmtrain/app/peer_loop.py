@@ -254,6 +254,9 @@ class _Peer:
         reducer: Reducer = build_reducer(
             cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options
         )
+        #: rows a round needs for the reducer's breakdown point (``byzantine_f`` tolerated)
+        need = getattr(reducer, "min_peers", None)
+        self.round_needs = int(need(getattr(reducer, "n_byzantine", 0))) if callable(need) else 1
         if hooks.wrap_reducer is not None:
             reducer = hooks.wrap_reducer(reducer)
         if membership.rank is None:
@@ -290,6 +293,7 @@ class _Peer:
             # start the run)
             self.catch_up(wait_for_donor=self.cfg.peers.join_window)
             self.server.refresh()
+            self.check_breakdown_point()
         t0 = time.perf_counter()
         try:
             fit = trainer.fit(self.on_step)
@@ -312,6 +316,28 @@ class _Peer:
         if not self.stop.requested:
             self.stop.wait(self.membership.linger_s)
         return res
+
+    def check_breakdown_point(self) -> None:
+        """Say at once, at normal verbosity, when the run has fewer trainers than a round of the
+        configured reducer needs: its rounds fail until more peers join (and the peer gives up after
+        ``give_up_after`` seconds), which would otherwise show only as failed rounds."""
+        if self.round_needs <= 2:
+            return
+        try:
+            live = self.node.live_peers(timeout=10.0)
+        except SwarmError:
+            return
+        n = len({r.peer_id for r in live if r.role == "trainer"} | {self.node.peer_id})
+        if n < self.round_needs:
+            p = self.cfg.peers
+            logger.warning(
+                "reducer %r tolerating f=%d needs n >= %d peers per round; the run has %d trainer(s) "
+                "with this one: rounds fail until more join",
+                p.reducer,
+                p.byzantine_f,
+                self.round_needs,
+                n,
+            )
 
     def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
         """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""

@@ -169,8 +169,9 @@ def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path) -> None:
     """The README's robust config (centered_clip tolerating f=2, which needs 5 peers) with two
-    volunteers: every round fails. Each says why at normal verbosity after a few rounds and exits 1
-    with that reason once ``peers.give_up_after`` passed, instead of looping forever (issue 17)."""
+    volunteers: every round fails. Each says so before training (too few trainers for the reducer),
+    says why at normal verbosity after a few failed rounds and exits 1 with that reason once
+    ``peers.give_up_after`` passed, instead of looping forever (issue 17)."""
     run = "give-up"
     env = {
         "SWARMTRAIN_PEERS__REDUCER": "centered_clip",
@@ -196,6 +197,9 @@ def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path
             err = (tmp_path / f"{name}.err").read_text()
             assert p.exitcode == 1, err[-2000:]
             assert "rounds in a row failed; the last:" in err and "needs n >= 5" in err, err[-2000:]
+            # said before the first round: the run has too few trainers for the reducer
+            first = err.index("needs n >= 5 peers per round; the run has")
+            assert first < err.index("rounds in a row failed"), err[-2000:]
             last = err.strip().splitlines()[-1]
             assert last.startswith("swarmtrain: error: no round committed in"), last
             assert "needs n >= 5" in last and "Traceback" not in err
