@@ -59,10 +59,13 @@ def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Train neural networks across many poorly connected machines."""
+    from swarmtrain.app.logs import quiet_third_party
+
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    quiet_third_party(verbose)
 
 
 for _mod in COMMAND_MODULES:

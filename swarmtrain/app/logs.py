@@ -1,0 +1,43 @@
+"""Third-party log noise, hidden unless ``-v``.
+
+hivemind logs at INFO by default through its own handler (``HIVEMIND_LOGLEVEL``), which prints, for
+example, an identity check on every start; and it relays its p2p daemon's Go log lines at their own
+level, so a shutdown prints ``[ERROR] ... use of closed network connection`` although nothing went
+wrong. Neither is anything a volunteer can act on: what fails in a run reaches them as this project's
+own warnings and errors. With ``-v`` everything is shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["quiet_third_party"]
+
+
+class _NoDaemonLines(logging.Filter):
+    """Drops the p2p daemon's relayed log lines (hivemind marks them with a ``caller`` attribute)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not hasattr(record, "caller")
+
+
+_FILTER = _NoDaemonLines()
+
+
+def quiet_third_party(verbose: bool) -> None:
+    """Hide hivemind's INFO/WARNING lines and the p2p daemon's relayed lines unless ``verbose``.
+
+    Sets ``HIVEMIND_LOGLEVEL`` (read by hivemind when first imported, here and in child processes)
+    and filters the daemon's lines in this process; a ``HIVEMIND_LOGLEVEL`` the user set is left
+    alone, with everything shown.
+    """
+    daemon = logging.getLogger("hivemind.p2p.p2p_daemon")
+    if verbose:
+        daemon.removeFilter(_FILTER)
+        return
+    if "HIVEMIND_LOGLEVEL" in os.environ:  # the user's choice stands
+        return
+    os.environ["HIVEMIND_LOGLEVEL"] = "ERROR"
+    logging.getLogger("hivemind").setLevel(logging.ERROR)
+    daemon.addFilter(_FILTER)

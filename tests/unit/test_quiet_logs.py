@@ -1,0 +1,55 @@
+"""Third-party noise (``swarmtrain.app.logs``): hidden by default, shown with ``-v``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from swarmtrain.app.logs import quiet_third_party
+
+
+def _daemon_record(level: int) -> logging.LogRecord:
+    rec = logging.LogRecord(
+        "hivemind.p2p.p2p_daemon", level, __file__, 1, "use of closed network connection", None, None
+    )
+    rec.caller = "p2pd"  # how hivemind marks the daemon's relayed lines
+    return rec
+
+
+def test_the_daemon_lines_and_hivemind_info_are_hidden_unless_verbose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)
+    daemon = logging.getLogger("hivemind.p2p.p2p_daemon")
+    hm = logging.getLogger("hivemind")
+    old = hm.level
+    try:
+        quiet_third_party(False)
+        import os
+
+        assert os.environ["HIVEMIND_LOGLEVEL"] == "ERROR"  # child processes and a later import see it
+        assert hm.getEffectiveLevel() == logging.ERROR
+        assert not daemon.filter(_daemon_record(logging.ERROR))
+        own = logging.LogRecord(daemon.name, logging.ERROR, __file__, 1, "handler failed", None, None)
+        assert daemon.filter(own)  # hivemind's own errors still pass
+        quiet_third_party(True)
+        assert daemon.filter(_daemon_record(logging.ERROR))
+    finally:
+        hm.setLevel(old)
+        quiet_third_party(True)
+
+
+def test_a_level_the_user_chose_is_kept_and_nothing_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HIVEMIND_LOGLEVEL", "DEBUG")
+    hm = logging.getLogger("hivemind")
+    old = hm.level
+    try:
+        quiet_third_party(False)
+        import os
+
+        assert os.environ["HIVEMIND_LOGLEVEL"] == "DEBUG"
+        assert logging.getLogger("hivemind.p2p.p2p_daemon").filter(_daemon_record(logging.ERROR))
+    finally:
+        hm.setLevel(old)
+        quiet_third_party(True)
