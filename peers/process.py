@@ -226,14 +226,16 @@ class GracefulExit:
     The first signal sets :attr:`requested` (and calls ``on_signal`` if given) so the loop finishes or
     abandons its round and exits through the ``with`` blocks; a second signal raises
     ``KeyboardInterrupt``. Handlers can only be installed from the main thread; elsewhere this is a
-    no-op flag.
+    no-op flag. ``message`` is what the first signal logs.
     """
 
     def __init__(
         self,
         on_signal: Callable[[int], None] | None = None,
         signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+        message: str = "finishing the current round and leaving",
     ) -> None:
+        self._message = message
         self._event = threading.Event()
         self._on_signal = on_signal
         self._signals = tuple(signals)
@@ -254,7 +256,7 @@ class GracefulExit:
             raise KeyboardInterrupt
         self.signum = signum
         self._event.set()
-        logger.warning("received signal %d: finishing the current round and leaving", signum)
+        logger.warning("received signal %d: %s", signum, self._message)
         if self._on_signal is not None:
             self._on_signal(signum)
 

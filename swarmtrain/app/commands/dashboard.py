@@ -44,7 +44,7 @@ def dashboard(
     import time
 
     from peers.guard import read_tables
-    from peers.node import PeerNode
+    from peers.monitor import RunReader
     from peers.process import GracefulExit
     from peers.records import PeerRecord
     from peers.suspicion import compute_bans
@@ -59,15 +59,7 @@ def dashboard(
     maddrs = split_maddrs(initial_peers)
     if not maddrs:
         raise ConfigError("--initial-peers: give the multiaddr of at least one peer of the run")
-    overrides = {
-        "peers.run_id": run_id,
-        "peers.initial_peers": maddrs,
-        "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
-        "peers.identity_path": None,
-        "peers.token": None,
-    }
-    cfg = _peers_config(config, overrides)
-    cfg = cfg.model_copy(update={"identity_path": None, "token": None})  # a monitor writes nothing
+    cfg = _peers_config(config, {"peers.run_id": run_id, "peers.initial_peers": maddrs})
     history = History(cfg.run_id)
     try:
         server = DashboardServer(host, port, lambda: history.snapshot(time.time()))
@@ -75,15 +67,13 @@ def dashboard(
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {e.strerror or e}") from None
     try:
         with (
-            GracefulExit() as stop,
-            PeerNode(
-                cfg, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout
-            ) as node,
+            GracefulExit(message="stopping") as stop,
+            RunReader(cfg, startup_timeout=timeout) as reader,  # reads records; writes nothing
         ):
 
             def read() -> tuple[list[PeerRecord], dict[str, str]]:
-                records = node.live_peers(timeout=timeout)
-                bans = compute_bans(read_tables(node.dht, cfg.run_id, timeout), tolerate, strikes=strikes)
+                records = reader.live_peers(timeout=timeout)
+                bans = compute_bans(read_tables(reader, cfg.run_id, timeout), tolerate, strikes=strikes)
                 return records, bans
 
             poller = Poller(read, history, interval)
