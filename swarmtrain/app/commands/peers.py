@@ -152,7 +152,7 @@ _COLUMNS = (
     ("version", False),
     ("seen", True),
 )
-_OPTIONAL = ("region", "role", "seen", "version")
+_OPTIONAL = ("region", "seen", "role", "version")
 
 
 def peer_rows(records: list[PeerRecord], now: float) -> list[dict[str, str]]:
@@ -183,7 +183,7 @@ def peer_rows(records: list[PeerRecord], now: float) -> list[dict[str, str]]:
 
 def peer_table(run_id: str, records: list[PeerRecord], width: int = 80) -> list[str]:
     """``status``'s table as plain lines no wider than ``width``: the optional columns go (region,
-    then role, seen, version) until the rest fits; nothing is cut. A version shared by every peer is
+    then seen, role, version) until the rest fits; nothing is cut. A version shared by every peer is
     said once below the table instead of in a column, and differing ones below it when their column
     went."""
     import textwrap
