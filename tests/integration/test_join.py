@@ -166,19 +166,26 @@ def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
             p.terminate(grace=3.0)
 
 
+def _readme_config(tmp: Path) -> Path:
+    """The README's example config (its ```toml block under Configuration), as a file."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```toml\n(\[strategy\].*?)```", readme, re.S)
+    assert block, "the README lost its example config"
+    path = tmp / "run.toml"
+    path.write_text(block.group(1))
+    return path
+
+
 @pytest.mark.slow
 def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path) -> None:
-    """The README's robust config (centered_clip tolerating f=2, which needs 5 peers) with two
+    """The README's example config (centered_clip tolerating f=2, which needs 5 peers) with four
     volunteers: every round fails. Each says so before training (too few trainers for the reducer),
     says why at normal verbosity after a few failed rounds and exits 1 with that reason once
     ``peers.give_up_after`` passed, instead of looping forever (issue 17)."""
+    cfg = _readme_config(tmp_path)
+    assert "centered_clip" in cfg.read_text() and "byzantine_f = 2" in cfg.read_text()
     run = "give-up"
-    env = {
-        "SWARMTRAIN_PEERS__REDUCER": "centered_clip",
-        "SWARMTRAIN_PEERS__BYZANTINE_F": "2",
-        "SWARMTRAIN_PEERS__GIVE_UP_AFTER": "30",
-        "SWARMTRAIN_PEERS__ROUND_TIMEOUT": "15",
-    }
+    env = {"SWARMTRAIN_PEERS__GIVE_UP_AFTER": "30", "SWARMTRAIN_PEERS__ROUND_TIMEOUT": "15"}
     procs: list[PeerProcess] = []
     try:
         dht, maddr = _start_dht(tmp_path, run)
@@ -186,13 +193,14 @@ def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path
         os.environ.update(env)  # _join passes _env(), a copy of os.environ
         try:
             vols = [
-                _join(tmp_path, n, maddr, run, "-s", "diloco", "-H", "2", "--steps", "100000") for n in "ab"
+                _join(tmp_path, n, maddr, run, "--config", str(cfg), "-H", "2", "--steps", "100000")
+                for n in "abcd"
             ]
         finally:
             for k in env:
                 del os.environ[k]
         procs += vols
-        for name, p in zip("ab", vols, strict=True):
+        for name, p in zip("abcd", vols, strict=True):
             assert p.join(300), f"{name} did not give up: {(tmp_path / f'{name}.err').read_text()[-2000:]}"
             err = (tmp_path / f"{name}.err").read_text()
             assert p.exitcode == 1, err[-2000:]
