@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from swarmtrain.app.peer_state import adopt_swarm_state, shared_digest, state_snapshot
+from swarmtrain.app.run_agreement import check_agreement, run_settings
 from swarmtrain.core.config import Config, PeersConfig
 from swarmtrain.core.errors import SwarmError
 
@@ -277,6 +278,7 @@ class _Peer:
         self._peers_seen = 1
         self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
         self._last_status = 0.0
+        node.publish(**run_settings(cfg))  # what a newcomer checks its own settings against
 
     def _build_guard(self) -> Any:
         if not self.cfg.peers.owner_check:
@@ -289,6 +291,7 @@ class _Peer:
         """Catch up if asked, train, fill in the result, report it, then linger as a donor."""
         res, trainer = self.result, self.trainer
         if self.membership.catch_up_on_join:
+            self.check_settings()
             # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
             # start the run)
             self.catch_up(wait_for_donor=self.cfg.peers.join_window)
@@ -316,6 +319,15 @@ class _Peer:
         if not self.stop.requested:
             self.stop.wait(self.membership.linger_s)
         return res
+
+    def check_settings(self) -> None:
+        """Refuse to join (``ConfigError``, one line) when every live trainer of the run uses another
+        strategy, sync period, codec or reducer than this peer (``swarmtrain.app.run_agreement``)."""
+        try:
+            live = self.node.live_peers(timeout=10.0)
+        except SwarmError:
+            return
+        check_agreement(run_settings(self.cfg), live, self.node.peer_id)
 
     def check_breakdown_point(self) -> None:
         """Say at once, at normal verbosity, when the run has fewer trainers than a round of the

@@ -214,3 +214,39 @@ def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path
     finally:
         for p in procs:
             p.terminate(grace=3.0)
+
+
+@pytest.mark.slow
+def test_a_volunteer_with_another_codec_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A run trains with int8; a volunteer set to ternary would fail every round. It reads the live
+    trainers' signed records before downloading anything and exits 2 with one line naming the run's
+    codec and the flag, instead of looping (issue 17, point 1)."""
+    run = "codec-mismatch"
+    procs: list[PeerProcess] = []
+    try:
+        dht, maddr = _start_dht(tmp_path, run)
+        procs.append(dht)
+        a = _join(
+            tmp_path, "a", maddr, run, "-s", "diloco", "-H", "5", "--compressor", "int8", "--steps", "100000"
+        )
+        procs.append(a)
+        deadline = time.monotonic() + 180
+        while "step " not in (tmp_path / "a.err").read_text():  # a trains: its record is out
+            assert a.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()[-2000:]
+            time.sleep(0.5)
+        b = _join(
+            tmp_path, "b", maddr, run, "-s", "diloco", "-H", "5", "--compressor", "ternary", "--steps", "5"
+        )
+        procs.append(b)
+        assert b.join(180), (tmp_path / "b.err").read_text()[-2000:]
+        err = (tmp_path / "b.err").read_text()
+        assert b.exitcode == 2, err[-2000:]
+        assert err.strip().splitlines()[-1] == (
+            "swarmtrain: error: this run's trainers use codec 'int8' (1 of 1); this peer is set to "
+            "'ternary': join with --compressor int8 (or the run's config file)"
+        )
+        assert "step " not in err and "Traceback" not in err  # refused before training
+        assert a.alive
+    finally:
+        for p in procs:
+            p.terminate(grace=3.0)
