@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from swarmtrain.app.peer_loop import PeerStatus
 
-__all__ = ["LiveLine", "format_status", "short_bytes", "short_rate", "short_seconds"]
+__all__ = ["LiveLine", "combine", "format_status", "short_bytes", "short_rate", "short_seconds"]
 
 
 def short_bytes(n: float) -> str:
@@ -47,13 +47,13 @@ def short_rate(x: float) -> str:
 _DROP_ORDER = ("sync", "rate", "bytes")
 
 
-def format_status(s: PeerStatus, width: int = 77) -> str:
+def format_status(s: PeerStatus, width: int = 77, *, total: int | None = None) -> str:
     """``step 120 round 6 (3 peers) loss 2.781 3.3k tok/s up 25.7M dn 32.2M sync 4s``, with fields
     left out (next sync first, then the rate, then bytes) until it fits ``width`` (77: a spinner and
-    the line fit 80 columns)."""
+    the line fit 80 columns). ``total``: the run's steps, shown as ``step 120/300``."""
     loss = "-" if s.loss != s.loss else f"{s.loss:.3f}"
     fields = {
-        "step": f"step {s.step}",
+        "step": f"step {s.step}" + (f"/{total}" if total else ""),
         "round": f"round {s.round_id} ({s.peers} peer{'' if s.peers == 1 else 's'})",
         "loss": f"loss {loss}",
         "rate": f"{short_rate(s.tokens_per_s)} tok/s",
@@ -67,6 +67,28 @@ def format_status(s: PeerStatus, width: int = 77) -> str:
         del fields[key]
         line = " ".join(fields.values())
     return line
+
+
+def combine(statuses: list[PeerStatus]) -> PeerStatus:
+    """Several peers' latest statuses as one (``simulate``'s line): the slowest peer's step, the
+    newest round and its peers, the mean loss, summed rates and bytes, the nearest next sync."""
+    from swarmtrain.app.peer_loop import PeerStatus
+
+    losses = [s.loss for s in statuses if s.loss == s.loss]
+    syncs = [s.next_sync_s for s in statuses if s.next_sync_s is not None]
+    newest = max(statuses, key=lambda s: s.round_id)
+    return PeerStatus(
+        step=min(s.step for s in statuses),
+        round_id=newest.round_id,
+        loss=sum(losses) / len(losses) if losses else float("nan"),
+        peers=newest.peers,
+        bytes_up=sum(s.bytes_up for s in statuses),
+        bytes_down=sum(s.bytes_down for s in statuses),
+        tokens_per_s=sum(s.tokens_per_s for s in statuses),
+        next_sync_s=min(syncs) if syncs else None,
+        committed=min(s.committed for s in statuses),
+        failed=max(s.failed for s in statuses),
+    )
 
 
 class LiveLine:

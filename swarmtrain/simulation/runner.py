@@ -21,12 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
+
+if TYPE_CHECKING:
+    from swarmtrain.app.peer_loop import PeerStatus
 
 __all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical", "stop_peers"]
 
@@ -122,7 +125,7 @@ def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> No
 def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
     final ``PeerOutcome``."""
-    from swarmtrain.app.peer_loop import Membership, PeerRun, PeerStatus, run_peer
+    from swarmtrain.app.peer_loop import Membership, PeerRun, run_peer
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
@@ -135,7 +138,7 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
 
         def status(s: PeerStatus) -> None:
             rss.start()  # from the first step: the model, data and optimizer are in memory
-            q.put(("step", rank, (s.step, s.loss)))
+            q.put(("step", rank, asdict(s)))
 
         def finished(run: PeerRun) -> None:
             # reported before the peer lingers: it stays reachable until the parent has every
@@ -197,7 +200,7 @@ def run_simulation(
     n_peers: int,
     *,
     timeout: float = 1800.0,
-    on_progress: Callable[[int, int, float], None] | None = None,
+    on_progress: Callable[[int, PeerStatus], None] | None = None,
     intruders: int = 0,
 ) -> SimulationResult:
     """Train ``cfg`` with ``n_peers`` real peer processes on loopback and collect their outcomes.
@@ -208,7 +211,8 @@ def run_simulation(
         intruders: non-admitted processes that attack the run until it ends
             (``swarmtrain.simulation.outsider``); their reports land in the result.
         timeout: seconds for the whole run; every process is torn down after it.
-        on_progress: called with (rank, step, loss) as peers report.
+        on_progress: called with (rank, the peer's live status) as peers report (several times a
+            second each).
 
     Raises:
         SwarmError: a peer failed (its message says why), or the run timed out.
@@ -220,6 +224,7 @@ def run_simulation(
         raise SwarmError("need at least one peer")
     check_attack_fits_strategy(cfg)
     cfg = _loopback_copy(cfg)
+    _quiet_resource_tracker()
     q = mp.get_context("spawn").Queue()
     procs: list[Any] = []
     t0 = time.perf_counter()
@@ -292,7 +297,7 @@ def _collect(
     procs: list[Any],
     n_peers: int,
     deadline: float,
-    on_progress: Callable[[int, int, float], None] | None,
+    on_progress: Callable[[int, PeerStatus], None] | None,
     intrusion: _Intrusion,
 ) -> list[PeerOutcome]:
     """Read the peers' messages until every peer reported its outcome; returns them in rank order.
@@ -300,13 +305,15 @@ def _collect(
     Raises:
         SwarmError: a peer reported an error or died, or the deadline passed.
     """
+    from swarmtrain.app.peer_loop import PeerStatus
+
     outcomes: dict[int, PeerOutcome] = {}
     while len(outcomes) < n_peers:
         kind, rank, payload = _next(q, deadline)
         if kind == "error":
             raise SwarmError(str(payload))
         if kind == "step" and on_progress is not None:
-            on_progress(rank, int(payload[0]), float(payload[1]))
+            on_progress(rank, PeerStatus(**payload))
         elif kind == "done":
             outcomes[rank] = PeerOutcome(**payload)
         elif kind == "intruder":
@@ -339,6 +346,22 @@ def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> Simulati
         compute_utilization=1.0 - sum(o.comm_wait_s / max(o.wall_s, 1e-9) for o in ordered) / n_peers,
         outcomes=ordered,
     )
+
+
+#: the warning filter the resource tracker process starts with (it takes this interpreter's -W flags)
+_TRACKER_FILTER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def _quiet_resource_tracker() -> None:
+    """Keep multiprocessing's resource tracker from printing "leaked semaphore objects" after the
+    run (unless -v). The semaphores are hivemind's, in peer processes killed at the end of a run
+    before their finalizers ran; the tracker unlinks them either way, which is its job, so the line
+    only alarms. The tracker is a process of its own, started with the first queue: it reads the
+    filter from ``sys.warnoptions`` then, and a tracker already running keeps its own."""
+    import sys
+
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG and _TRACKER_FILTER not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_FILTER)
 
 
 def stop_peers(procs: list[Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from swarmtrain.app.peer_loop import PeerStatus
 from swarmtrain.core.config import load_config
 from swarmtrain.simulation.runner import run_simulation
 
@@ -46,8 +47,8 @@ def _cfg(**extra: Any) -> Any:
 def test_two_sign_flippers_and_a_malicious_owner_are_banned_and_honest_peers_agree() -> None:
     losses: dict[int, list[tuple[int, float]]] = {}
 
-    def progress(rank: int, step: int, loss: float) -> None:
-        losses.setdefault(rank, []).append((step, loss))
+    def progress(rank: int, s: PeerStatus) -> None:
+        losses.setdefault(rank, []).append((s.step, s.loss))
 
     res = run_simulation(_cfg(), 6, timeout=1000, on_progress=progress)
     out = {o.rank: o for o in res.outcomes}

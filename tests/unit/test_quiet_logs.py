@@ -53,3 +53,28 @@ def test_a_level_the_user_chose_is_kept_and_nothing_is_hidden(monkeypatch: pytes
     finally:
         hm.setLevel(old)
         quiet_third_party(True)
+
+
+_LEAK = """
+import logging, multiprocessing as mp, sys
+from multiprocessing import resource_tracker
+logging.basicConfig(level=logging.DEBUG if sys.argv[1] == "verbose" else logging.WARNING)
+from swarmtrain.simulation.runner import _quiet_resource_tracker
+_quiet_resource_tracker()
+q = mp.get_context("spawn").Queue()  # starts the tracker, as run_simulation does
+resource_tracker.register("/swarmtrain-test-leak", "semaphore")  # what a killed peer leaves
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "verbose"])
+def test_the_resource_trackers_leaked_semaphore_line_is_hidden_unless_verbose(mode: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -c "$0" {mode}; sleep 1', _LEAK],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ("leaked semaphore" in out.stderr) == (mode == "verbose"), out.stderr[-2000:]

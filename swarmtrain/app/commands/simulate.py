@@ -14,6 +14,7 @@ import typer
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
+    from swarmtrain.app.peer_loop import PeerStatus
     from swarmtrain.core.config import Config
 
 __all__ = ["register", "simulate", "run_simulate", "SimulateOptions"]
@@ -269,24 +270,30 @@ PLAIN_EVERY_S = 15.0
 
 
 def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions, intruders: int = 0) -> Any:
-    """One simulated run with a status line showing the slowest peer's step (on a terminal), or a
-    plain timestamped line every :data:`PLAIN_EVERY_S` seconds (piped or redirected)."""
+    """One simulated run with a live line (on a terminal): the slowest peer's step, the newest round
+    and its peers, the mean loss, the peers' summed tokens/s and bytes, the nearest next sync; piped
+    or redirected, that line with a timestamp every :data:`PLAIN_EVERY_S` seconds."""
     import time
 
+    from swarmtrain.app.live import combine, format_status
     from swarmtrain.simulation.runner import run_simulation
 
     with console.status(f"{label}: starting {opts.peers} peers") as status:
-        seen: dict[int, int] = {}
+        seen: dict[int, PeerStatus] = {}
         last = [time.monotonic()]
 
-        def progress(rank: int, step: int, loss: float) -> None:
-            seen[rank] = step
-            done = min(seen.values()) if len(seen) == opts.peers else 0
-            line = f"{label}: step {done}/{cfg.train.steps}, loss {loss:.3f}"
+        def progress(rank: int, s: PeerStatus) -> None:
+            seen[rank] = s
+            if len(seen) < opts.peers:
+                return
+            agg = combine(list(seen.values()))
+            # a terminal: the line beside the spinner fits it; piped: every figure, after a timestamp
+            width = max(console.width - len(label) - 5, 30) if console.is_terminal else 77
+            line = f"{label}: {format_status(agg, width, total=cfg.train.steps)}"
             status.update(line)
             if not console.is_terminal and time.monotonic() - last[0] >= PLAIN_EVERY_S:
                 last[0] = time.monotonic()
-                console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False)
+                console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False, soft_wrap=True)
 
         return run_simulation(
             cfg, opts.peers, timeout=opts.timeout, on_progress=progress, intruders=intruders
