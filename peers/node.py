@@ -50,10 +50,13 @@ async def _tie_to_parent(dht: Any, node: Any) -> None:
     parent = int(dht._parent_pid)
     # a forked DHT child inherits the app's stop-signal handlers (peers.process.GracefulExit), which
     # turn a second signal into KeyboardInterrupt: hivemind's own hard stop (terminate) then printed
-    # a traceback. Here a signal just ends the process.
+    # a traceback. Here SIGTERM just ends the process, and SIGINT is ignored: Ctrl-C in a terminal
+    # reaches the whole process group, and a DHT process killed by it left the peer, which is still
+    # finishing its step, with every DHT call timing out (warnings until it left). The peer stops
+    # its DHT itself when it leaves, and the watchdog below covers a peer that died.
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the DHT process's main thread: keep what is there
         logger.debug("could not reset the DHT process's signal handlers")
 
