@@ -304,7 +304,7 @@ class AdmissionEnded(SwarmError):
 
 
 #: seconds between a running peer's checks of its own admission (:class:`OwnAdmission`)
-OWN_CHECK_S = 30.0
+OWN_CHECK_S = 5.0
 
 
 class OwnAdmission:

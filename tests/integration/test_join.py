@@ -97,7 +97,7 @@ def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path, newcomer_sm
     try:
         dht, maddr = _start_dht(tmp_path, run)
         procs.append(dht)
-        common = ["-s", "diloco", "-H", "10", "--compressor", "int8", "--steps", "160"]
+        common = ["-s", "diloco", "-H", "10", "--compressor", "int8", "--steps", "120"]
         a = _join(tmp_path, "a", maddr, run, *common, "--identity", keys["a"])
         b = _join(tmp_path, "b", maddr, run, *common, "--identity", keys["b"])
         procs += [a, b]
