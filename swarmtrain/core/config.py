@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from swarmtrain.core.data_source import drop_stale_source, infer_data_source
 from swarmtrain.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -33,7 +34,6 @@ else:  # pragma: no cover - Python 3.10
 __all__ = [
     "ModelConfig",
     "DataConfig",
-    "infer_data_source",
     "TrainConfig",
     "StrategyConfig",
     "BaseStrategyConfig",
@@ -116,23 +116,6 @@ class DataConfig(_Section):
                 "paths given but source is stdlib: drop source (text or bin is inferred) or the paths"
             )
         return self
-
-
-def is_token_path(path: str) -> bool:
-    """Whether ``path`` names uint16 token data: a ``.bin`` file or a folder holding ``train.bin``."""
-    return path.endswith(".bin") or (Path(path).expanduser() / "train.bin").is_file()
-
-
-def infer_data_source(paths: list[str]) -> Literal["text", "bin"]:
-    """The ``data.source`` that ``paths`` imply: ``bin`` when all are token data, ``text`` when none are.
-
-    Raises:
-        ValueError: a mix of token files and text (one line).
-    """
-    is_bin = [is_token_path(p) for p in paths]
-    if any(is_bin) and not all(is_bin):
-        raise ValueError("cannot mix .bin token files with text files in one run")
-    return "bin" if is_bin and all(is_bin) else "text"
 
 
 class TrainConfig(_Section):
@@ -587,18 +570,6 @@ def _resolve_strategy(layers: list[tuple[str, Mapping[str, Any]]]) -> dict[str, 
     return {**merged, "name": name}
 
 
-def _drop_stale_source(layers: list[tuple[str, Mapping[str, Any]]], data: dict[str, Any]) -> None:
-    """A ``data.source`` from a layer below the one that set ``data.paths`` described other paths:
-    drop it, so the source is inferred from the paths (``--data x.txt`` over a stdlib checkpoint)."""
-
-    def top(key: str) -> int:
-        hits = [i for i, (_, layer) in enumerate(layers) if key in dict(layer.get("data") or {})]
-        return hits[-1] if hits else -1
-
-    if top("paths") > top("source") and isinstance(data.get("data"), dict):
-        data["data"].pop("source", None)
-
-
 def load_config(
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -633,7 +604,7 @@ def load_config(
     strategy = _resolve_strategy(layers)
     if strategy is not None:
         data["strategy"] = strategy
-    _drop_stale_source(layers, data)
+    drop_stale_source(layers, data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:
