@@ -2,8 +2,9 @@
 
 ``dht`` starts a hivemind DHT node, prints the multiaddrs other peers pass as ``--initial-peers``
 (one per line after a header, flushed at once so scripts can read them) and runs until Ctrl-C or
-SIGTERM, then deregisters. ``status`` joins the DHT as a client, reads the run's peer records and
-prints them as a rich table. Heavy imports (hivemind, torch) happen inside the commands.
+SIGTERM, then deregisters. ``status`` reads the run's peer records through an in-process DHT client
+(``peers.monitor.RunReader``) and prints them as a plain table. Heavy imports (hivemind, torch)
+happen inside the commands.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def status(
     ),
     strikes: int = typer.Option(3, "--ban-strikes", min=1, help="The run's peers.ban_strikes."),
 ) -> None:
-    """Print a table of the run's live peers (ID, role, region, progress, bytes, version) and exit.
+    """Print a table of the run's live peers and exit: ID, role, step, round, tokens/s, loss, bytes
+    sent and received, committed/late/failed rounds, version (fits the terminal; 80 columns piped).
 
     Below it: the peers banned by the run's signed suspicion records, and why.
     """
