@@ -320,24 +320,27 @@ class _Peer:
             self.stop.wait(self.membership.linger_s)
         return res
 
+    def _live_peers(self) -> list[Any] | None:
+        """The run's live peer records for an up-front check, or None when the DHT did not answer
+        (the check is then skipped: the rounds will say what is wrong)."""
+        try:
+            return list(self.node.live_peers(timeout=10.0))
+        except SwarmError:
+            return None
+
     def check_settings(self) -> None:
         """Refuse to join (``ConfigError``, one line) when every live trainer of the run uses another
         strategy, sync period, codec or reducer than this peer (``swarmtrain.app.run_agreement``)."""
-        try:
-            live = self.node.live_peers(timeout=10.0)
-        except SwarmError:
-            return
-        check_agreement(run_settings(self.cfg), live, self.node.peer_id)
+        live = self._live_peers()
+        if live is not None:
+            check_agreement(run_settings(self.cfg), live, self.node.peer_id)
 
     def check_breakdown_point(self) -> None:
         """Say at once, at normal verbosity, when the run has fewer trainers than a round of the
         configured reducer needs: its rounds fail until more peers join (and the peer gives up after
         ``give_up_after`` seconds), which would otherwise show only as failed rounds."""
-        if self.round_needs <= 2:
-            return
-        try:
-            live = self.node.live_peers(timeout=10.0)
-        except SwarmError:
+        live = self._live_peers() if self.round_needs > 2 else None
+        if live is None:
             return
         n = len({r.peer_id for r in live if r.role == "trainer"} | {self.node.peer_id})
         if n < self.round_needs:
@@ -390,7 +393,6 @@ class _Peer:
                 failed=res.failed_rounds,
                 outcome="committed" if r.committed else "late" if r.late else "failed",
             )
-        if r.synced:
             self._clock.synced(self.trainer.step)
         now = time.monotonic()
         due = (

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.integration.test_join import LOOP, _env, _start_dht
+from test_join import LOOP, _env, _start_dht
 
 
 def _run_in_terminal(

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-from test_join import SW, _env, _join, _start_dht
+from test_join import SW, _env, _join, _start_dht, _wait_log
 
 from peers import PeerProcess
 
@@ -44,10 +43,7 @@ def test_doctor_measures_links_to_a_live_run(tmp_path: Path) -> None:
         procs.append(dht)
         a = _join(tmp_path, "a", maddr, run, "-s", "diloco", "-H", "100000", "--steps", "100000")
         procs.append(a)
-        deadline = time.monotonic() + _HANG_GUARD
-        while "step " not in (tmp_path / "a.err").read_text():
-            assert a.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()[-2000:]
-            time.sleep(0.3)
+        _wait_log(tmp_path, "a", [a], "step ", _HANG_GUARD)
         rc, out, err = _doctor("--initial-peers", maddr, "--run-id", run, "--peers", "3", "--timeout", "30")
         assert rc == 0, err
         by = {c["name"]: c for c in out["checks"]}

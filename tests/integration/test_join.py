@@ -68,6 +68,15 @@ def _join(tmp: Path, name: str, maddr: str, run: str, *args: str) -> PeerProcess
     )
 
 
+def _wait_log(tmp: Path, name: str, procs: list[PeerProcess], pattern: str, timeout: float) -> None:
+    """Wait until ``name``'s stderr matches ``pattern`` (regex), while every process of ``procs`` lives."""
+    deadline = time.monotonic() + timeout
+    log = tmp / f"{name}.err"
+    while not re.search(pattern, log.read_text()):
+        assert all(p.alive for p in procs) and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.3)
+
+
 def _wait_exit(p: PeerProcess, timeout: float, what: str, tmp: Path) -> None:
     assert p.join(timeout), f"{what} did not finish; stderr tail: {(tmp / f'{what}.err').read_text()[-2000:]}"
     assert p.exitcode == 0, f"{what} exited {p.exitcode}: {(tmp / f'{what}.err').read_text()[-2000:]}"
@@ -101,11 +110,8 @@ def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path, newcomer_sm
         a = _join(tmp_path, "a", maddr, run, *common, "--identity", keys["a"])
         b = _join(tmp_path, "b", maddr, run, *common, "--identity", keys["b"])
         procs += [a, b]
-        deadline = time.monotonic() + 600
         # a few outer steps done (the piped live line comes every 10 s: round 3 itself may be skipped)
-        while not re.search(r" round ([3-9]|\d\d+) ", (tmp_path / "a.err").read_text()):
-            assert a.alive and b.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()
-            time.sleep(0.5)
+        _wait_log(tmp_path, "a", [a, b], r" round ([3-9]|\d\d+) ", 600)
         c = _join(tmp_path, "c", maddr, run, *common, "--identity", keys["c"])
         procs.append(c)
         for p, name in ((a, "a"), (b, "b"), (c, "c")):
@@ -143,10 +149,7 @@ def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
         procs.append(dht)
         a = _join(tmp_path, "a", maddr, run, "-s", "diloco", "-H", "100000", "--steps", "100000")
         procs.append(a)
-        deadline = time.monotonic() + 300
-        while "step " not in (tmp_path / "a.err").read_text():
-            assert a.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()[-2000:]
-            time.sleep(0.3)
+        _wait_log(tmp_path, "a", [a], "step ", 300)
         a.signal(signal.SIGTERM)
         _wait_exit(a, 120, "a", tmp_path)
         assert "stopped by signal" in (tmp_path / "a.out").read_text()
@@ -231,10 +234,7 @@ def test_a_volunteer_with_another_codec_is_refused_in_one_line(tmp_path: Path) -
             tmp_path, "a", maddr, run, "-s", "diloco", "-H", "5", "--compressor", "int8", "--steps", "100000"
         )
         procs.append(a)
-        deadline = time.monotonic() + 180
-        while "step " not in (tmp_path / "a.err").read_text():  # a trains: its record is out
-            assert a.alive and time.monotonic() < deadline, (tmp_path / "a.err").read_text()[-2000:]
-            time.sleep(0.5)
+        _wait_log(tmp_path, "a", [a], "step ", 180)  # a trains: its record is out
         b = _join(
             tmp_path, "b", maddr, run, "-s", "diloco", "-H", "5", "--compressor", "ternary", "--steps", "5"
         )

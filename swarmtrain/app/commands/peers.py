@@ -115,14 +115,7 @@ def status(
     from peers.suspicion import compute_bans
     from swarmtrain.core.jsonsafe import dumps
 
-    overrides = {
-        "peers.run_id": run_id,
-        "peers.initial_peers": split_maddrs(initial_peers),
-        "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
-        "peers.identity_path": None,
-        "peers.token": None,
-    }
-    cfg = _peers_config(config, overrides)
+    cfg = _peers_config(config, {"peers.run_id": run_id, "peers.initial_peers": split_maddrs(initial_peers)})
     with RunReader(cfg, startup_timeout=timeout) as reader:  # reads records; writes nothing
         records = reader.live_peers(timeout=timeout)
         bans = compute_bans(read_tables(reader, cfg.run_id, timeout), tolerate, strikes=strikes)
