@@ -11,6 +11,12 @@
   strategy using it must keep the mirror of the aggregate itself.
 
 Both wrap any codec, keep their state on the input's device and expose ``state_dict()``.
+
+Rounds are transactions (``begin_round`` / ``commit_round`` / ``abort_round``): a strategy opens one
+around each collective call and aborts it when the round does not commit, so the memory is left as if
+the round had never been tried. Otherwise a failed round would advance the residual by a pseudo-gradient
+that the next round sends again (DiLoCo retries with everything since its last good sync), counting it
+twice. ``optimizers.base.reduce_or_rollback`` does this for every strategy.
 """
 
 from __future__ import annotations
@@ -48,6 +54,37 @@ class _Stateful(Codec):
         self.inner = inner
         self.name = inner.name  # packets are the inner codec's: any peer decodes them with it
         self._memory: dict[str, torch.Tensor] = {}
+        # Open round: key -> its memory before the round (None: the key is new). None: no round open.
+        self._undo: dict[str, torch.Tensor | None] | None = None
+
+    def begin_round(self) -> None:
+        """Open a round: until ``commit_round``, ``abort_round`` can undo every memory change.
+
+        Raises:
+            ConfigError: a round is already open (one collective call at a time per codec).
+        """
+        if self._undo is not None:
+            raise ConfigError("an error-feedback round is already open; commit or abort it first")
+        self._undo = {}
+
+    def commit_round(self) -> None:
+        """Keep the memory the open round wrote (a no-op without an open round)."""
+        self._undo = None
+
+    def abort_round(self) -> None:
+        """Restore every key the open round touched to its memory before the round (new keys vanish)."""
+        undo, self._undo = self._undo, None
+        for key, old in (undo or {}).items():
+            if old is None:
+                self._memory.pop(key, None)
+            else:
+                self._memory[key] = old
+
+    def _store(self, key: str, value: torch.Tensor) -> None:
+        """Replace ``key``'s memory (never in place, so an open round can restore the old tensor)."""
+        if self._undo is not None and key not in self._undo:
+            self._undo[key] = self._memory.get(key)
+        self._memory[key] = value
 
     def _slot(self, key: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         m = self._memory.get(key)
@@ -78,6 +115,7 @@ class _Stateful(Codec):
         if not isinstance(memory, Mapping) or not all(isinstance(v, torch.Tensor) for v in memory.values()):
             raise ConfigError("error feedback state: 'memory' must map keys to tensors")
         self._memory = {str(k): v.clone() for k, v in memory.items()}
+        self._undo = None  # the loaded state supersedes any open round
         _load_inner(self.inner, state.get("inner", {}))
 
     def reset(self, key: str | None = None) -> None:
@@ -111,7 +149,7 @@ class ErrorFeedback(_Stateful):
         corrected = (t.detach().to(torch.float64) + r).to(t.dtype)
         p = self.inner.compress(corrected, key=key)
         decoded = self.inner.decompress(p).to(t.device)
-        self._memory[key] = corrected.to(torch.float64) - decoded.to(torch.float64)
+        self._store(key, corrected.to(torch.float64) - decoded.to(torch.float64))
         return p
 
 
@@ -132,5 +170,5 @@ class EF21(_Stateful):
         """Encode the increment ``t - g`` of ``key`` and advance ``g`` by its decoded value."""
         g = self._slot(key, t, torch.float32)
         p = self.inner.compress((t.detach().float() - g).to(t.dtype), key=key)
-        self._memory[key] = g + self.inner.decompress(p).to(device=t.device, dtype=torch.float32)
+        self._store(key, g + self.inner.decompress(p).to(device=t.device, dtype=torch.float32))
         return p

@@ -26,6 +26,7 @@ __all__ = [
     "trainable_parameters",
     "compressor_state",
     "load_compressor_state",
+    "reduce_or_rollback",
 ]
 
 
@@ -128,6 +129,43 @@ def round_report(res: RoundResult, extra: Mapping[str, float]) -> StepReport:
         late=res.late,
         reason=res.reason,
     )
+
+
+def reduce_or_rollback(
+    collective: Collective,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    compressor: Compressor,
+    reducer: Reducer | None = None,
+    weight: float = 1.0,
+    timeout: float = 60.0,
+) -> RoundResult:
+    """``collective.all_reduce`` as one transaction of the codec's state.
+
+    A codec with memory (error feedback: ``begin_round``/``commit_round``/``abort_round``) keeps what
+    the round wrote only when the round commits; a round that fails or raises leaves it as if never
+    tried. The strategies retry a failed round with a pseudo-gradient covering all steps since their
+    last good sync, so a residual advanced by the failed attempt would count those steps twice.
+    Stateless codecs are passed through unchanged.
+    """
+    begin = getattr(compressor, "begin_round", None)
+    if not callable(begin):
+        return collective.all_reduce(
+            tensors, compressor=compressor, reducer=reducer, weight=weight, timeout=timeout
+        )
+    begin()
+    try:
+        res = collective.all_reduce(
+            tensors, compressor=compressor, reducer=reducer, weight=weight, timeout=timeout
+        )
+    except BaseException:
+        compressor.abort_round()  # type: ignore[attr-defined]
+        raise
+    if res.committed:
+        compressor.commit_round()  # type: ignore[attr-defined]
+    else:
+        compressor.abort_round()  # type: ignore[attr-defined]
+    return res
 
 
 def require_collective(ctx: StrategyContext, name: str) -> Collective:

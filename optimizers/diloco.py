@@ -13,7 +13,8 @@ The inner optimizer's state is kept across outer steps, as in the paper.
 
 A round that does not commit changes nothing: the peer keeps training from its local parameters and
 tries again at the next sync point, where its pseudo-gradient then covers all steps since the last
-successful sync (and its weight all those tokens).
+successful sync (and its weight all those tokens). The codec's error-feedback residual is rolled back
+too (``reduce_or_rollback``), or those steps would be counted twice.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from optimizers.base import (
     load_compressor_state,
     make_compressor,
     options_of,
+    reduce_or_rollback,
     require_collective,
     round_report,
     trainable_parameters,
@@ -91,7 +93,8 @@ class DiLoCo(AnchoredStrategy):
             n: self.store.anchor_on_device(n) - p.detach().to(torch.float32) for n, p in self.params.items()
         }
         t0 = time.perf_counter()
-        res = self.collective.all_reduce(
+        res = reduce_or_rollback(
+            self.collective,
             pseudo,
             compressor=self.compressor,
             reducer=self.ctx.reducer,

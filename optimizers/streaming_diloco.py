@@ -15,8 +15,9 @@ syncs in the calling thread. At most one fragment is ever in flight (checked whe
 bytes of a sync are about ``1/F`` of a DiLoCo sync. What is exchanged goes through the configured
 codec; error-feedback residuals live in the codec, keyed by parameter name.
 
-A round that does not commit leaves the fragment untouched: it keeps training locally and retries at
-its next slot, with a pseudo-gradient (and token weight) covering all steps since its last good sync.
+A round that does not commit leaves the fragment untouched (its error-feedback residuals included:
+``reduce_or_rollback``): it keeps training locally and retries at its next slot, with a
+pseudo-gradient (and token weight) covering all steps since its last good sync.
 ``state_dict()`` joins an in-flight round and stores its outcome, so a checkpoint or a newcomer's
 download applies that result at the same step as every other peer.
 """
@@ -39,6 +40,7 @@ from optimizers.base import (
     load_compressor_state,
     make_compressor,
     options_of,
+    reduce_or_rollback,
     require_collective,
     round_report,
     trainable_parameters,
@@ -158,7 +160,8 @@ class StreamingDiLoCo(AnchoredStrategy):
         return pending
 
     def _reduce(self, pseudo: dict[str, torch.Tensor], weight: float) -> RoundResult:
-        return self.collective.all_reduce(
+        return reduce_or_rollback(
+            self.collective,
             pseudo,
             compressor=self.compressor,
             reducer=self.ctx.reducer,
