@@ -6,6 +6,12 @@ its own session (``setsid``: process group ID = its PID), and :func:`kill_group`
 group (SIGTERM, then SIGKILL after a grace period), which reaches the helpers too. Peers started here
 also carry a marker in their environment (inherited by the DHT child and ``p2pd``), so
 :func:`find_orphans` can tell our leftovers from anything else on the machine.
+
+No process outlives its parent: a process started by :func:`spawn_function` runs
+:func:`die_with_parent`, a watchdog thread that SIGKILLs its whole process group (the peer, its DHT
+child and ``p2pd``) within a fraction of a second of its parent's death, whatever killed the parent.
+A parent-death signal (``prctl(PR_SET_PDEATHSIG)``) would reach the main process only, and only when
+the thread that forked it dies; the group kill reaches the helpers too, even before they are up.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ __all__ = [
     "kill_group",
     "find_orphans",
     "become_group_leader",
+    "die_with_parent",
     "GracefulExit",
 ]
 
@@ -44,6 +51,38 @@ def become_group_leader() -> None:
             os.setsid()
         except PermissionError:  # already a session leader
             pass
+
+
+#: seconds between two looks at the parent in :func:`die_with_parent`
+PARENT_POLL_S = 0.25
+
+
+def die_with_parent(parent_pid: int | None = None, *, poll: float = PARENT_POLL_S) -> threading.Thread:
+    """Tie this process to its parent: a daemon thread checks every ``poll`` seconds whether the parent
+    (``parent_pid``, default the current one) is gone (this process was re-parented) and then SIGKILLs
+    this process's group when this process leads it (its DHT child and ``p2pd`` with it), else this
+    process alone. Returns the thread (already started).
+
+    A SIGKILL, not a graceful stop: a parent that died can no longer collect anything, and a graceful
+    stop of a training peer may take longer than the few seconds an orphan may live.
+    """
+    parent = os.getppid() if parent_pid is None else parent_pid
+
+    def _orphaned() -> None:
+        logger.debug("parent %d is gone: killing process group %d", parent, os.getpgrp())
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                _orphaned()
+            time.sleep(poll)
+
+    t = threading.Thread(target=_watch, name="swarmtrain-parent-watch", daemon=True)
+    t.start()
+    return t
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -181,8 +220,9 @@ class PeerProcess:
         return ok and not find_orphans(self.marker)
 
 
-def _function_entry(marker: str, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def _function_entry(marker: str, target: Callable[..., Any], args: tuple[Any, ...], parent_pid: int) -> None:
     become_group_leader()
+    die_with_parent(parent_pid)
     os.environ[MARKER_ENV] = marker
     target(*args)
 
@@ -194,10 +234,12 @@ def spawn_function(
 
     ``target`` must be importable (module-level). Pass a ``multiprocessing`` queue in ``args`` (from
     ``mp.get_context("spawn")``) to report addresses back; bind to port 0 and report the real maddrs.
+    The process and its helpers die with this process (:func:`die_with_parent`).
     """
     marker = uuid.uuid4().hex
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_function_entry, args=(marker, target, tuple(args)), name=name, daemon=False)
+    entry_args = (marker, target, tuple(args), os.getpid())
+    proc = ctx.Process(target=_function_entry, args=entry_args, name=name, daemon=False)
     proc.start()
     if proc.pid is None:  # pragma: no cover
         raise RuntimeError("process did not start")
