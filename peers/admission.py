@@ -146,6 +146,10 @@ class RunKey:
         raw = self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         return bytes(raw).hex()
 
+    def sign(self, data: bytes) -> bytes:
+        """The key's Ed25519 signature of ``data`` (callers prefix a domain tag of their own)."""
+        return bytes(self._key.sign(data))
+
     def issue(self, run_id: str, peer_id: str, expires: float) -> bytes:
         """A join token admitting ``peer_id`` to ``run_id`` until ``expires`` (Unix time)."""
         if not peer_id or len(peer_id) > 128 or not run_id:

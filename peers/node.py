@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from peers.admission import AdmittedPeers, admission_from, own_token
@@ -188,7 +189,33 @@ class PeerNode:
             )
             self._hb_thread.start()
             serve_probes(self)  # every listed peer answers `swarmtrain doctor`'s RTT/bandwidth probes
+        self.manifest_server = self._serve_manifest(config)
         logger.info("peer %s up, role %s, maddrs %s", self.peer_id, role, self.visible_maddrs)
+
+    def _serve_manifest(self, config: PeersConfig) -> Any:
+        """Serve the run manifest named by ``config.manifest`` (``peers.manifest_service``), if any.
+
+        Raises:
+            ConfigError: the file cannot be read, is not a valid manifest, or is another run's.
+        """
+        if not config.manifest:
+            return None
+        from peers.manifest_service import ManifestServer
+        from swarmtrain.core.errors import ProtocolError
+
+        path = Path(config.manifest).expanduser()
+        try:
+            server = ManifestServer(self.p2p, self.loop, path.read_bytes())
+        except OSError as e:
+            self.close()
+            raise ConfigError(f"cannot read the run manifest {path}: {e.strerror}") from None
+        except ProtocolError as e:
+            self.close()
+            raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
+        if server.manifest.run_id != self.run_id:
+            self.close()
+            raise ConfigError(f"{path} is run {server.manifest.run_id!r}'s manifest, not {self.run_id!r}'s")
+        return server
 
     def _trust(self, config: PeersConfig, publish_record: bool) -> dict[str, Any]:
         """Set the identity (``signer``), the policy and this node's token; returns the DHT's identity

@@ -374,6 +374,13 @@ class PeersConfig(_Section):
         default=None, description="the run key's public half, 64 hex digits (admission token)"
     )
     token: str | None = Field(default=None, description="this peer's join token (admission token)")
+    manifest: str | None = Field(
+        default=None, description="the signed run manifest file (`swarmtrain run init`), served to newcomers"
+    )
+    open_unprotected: bool = Field(
+        default=False,
+        description="allow admission 'open' with a non-robust reducer (any stranger can move the mean)",
+    )
 
 
 class SimulationConfig(_Section):

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from optimizers.demo_payload import TensorSpec, decode_payload, encode_payload
 from peers.admission import Admission, RunKey, decode_token
 from peers.dht_records import SignedRecords
+from peers.manifest import RunManifest, parse_manifest, sign_manifest
 from peers.messages import (
     Envelope,
     decode_ack,
@@ -63,6 +64,12 @@ def _demo_seed(mode: str) -> bytes:
         idx = torch.stack([torch.randperm(s.chunk_numel, generator=g)[: s.k] for _ in range(s.n_chunks)])
         items.append((idx, torch.randn(s.n_chunks, s.k, generator=g)))
     return encode_payload(items, DEMO_SPECS, mode)
+
+
+def _manifest_seed(run_key: RunKey) -> bytes:
+    settings = {"strategy": {"name": "diloco", "inner_steps": 5}, "peers": {"run_id": RUN, "reducer": "mean"}}
+    m = RunManifest(RUN, run_key.public_hex, "token", "1.2.3", settings, initial_state_hash="ab" * 32)
+    return sign_manifest(run_key, m)
 
 
 def _table() -> AccusationTable:
@@ -129,6 +136,7 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Decode
             lambda b: records.check(dataclasses.replace(rec, value=b)),
             [records.sign_value(rec)],
         ),
+        "manifest": (parse_manifest, [_manifest_seed(run_key)]),
         "collusion rows": (
             lambda b: decode_rows(b, ROWS),
             [
@@ -154,9 +162,10 @@ NAMES = [
     "join token",
     "DHT record",
     "state",
+    "manifest",
 ]
 
-NOT_MSGPACK = {"state"}  # safetensors bytes: no msgpack fields to replace
+NOT_MSGPACK = {"state", "manifest"}  # safetensors bytes: no msgpack fields to replace
 
 
 def _only_protocol_errors(decode: Decoder, data: bytes) -> None:

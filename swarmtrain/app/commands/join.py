@@ -68,22 +68,82 @@ def join(
         "train.device": device,
     }
     overrides.update(data_overrides(list(data or [])))
-    run_join(config, overrides, json_path, log_every=log_every)
+    run_join(config, overrides, json_path, log_every=log_every, by_manifest=config is None and run_id is None)
+
+
+def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manifest: bool) -> Any:
+    """The volunteer's config: with ``by_manifest`` (no --config, no --run-id), from the run manifest
+    its initial peer serves; else from the config (and the manifest file it names, if any).
+
+    Raises:
+        ConfigError: one line: no manifest served, a setting or release that differs from the
+            manifest's, an open run without a robust reducer, or a token the run did not issue.
+    """
+    from peers.admission import check_own_admission
+    from peers.manifest import parse_manifest
+    from swarmtrain.app.run_manifest import check_open_policy, config_from_manifest, keep_manifest
+    from swarmtrain.core.config import load_config
+    from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
+
+    if by_manifest:
+        from peers.manifest_service import fetch_manifest
+
+        try:
+            manifest, document, _ = fetch_manifest(list(overrides.get("peers.initial_peers") or []))
+        except SwarmError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"{e}; for a run without a manifest pass its --config or --run-id") from None
+        overrides = {**overrides, "peers.manifest": keep_manifest(document)}
+        cfg = config_from_manifest(manifest, None, overrides)
+    else:
+        cfg = load_config(config, overrides)
+        if cfg.peers.manifest:
+            path = Path(cfg.peers.manifest).expanduser()
+            try:
+                manifest = parse_manifest(path.read_bytes())
+            except OSError as e:
+                raise ConfigError(f"cannot read the run manifest {path}: {e.strerror}") from None
+            except ProtocolError as e:
+                raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
+            cfg = config_from_manifest(manifest, config, overrides)
+    check_open_policy(cfg)
+    if cfg.peers.admission == "token" and cfg.peers.token and by_manifest:
+        _check_token_signer(cfg)
+    check_own_admission(cfg.peers)  # a peer the run keeps out learns it before any work
+    return cfg
+
+
+def _check_token_signer(cfg: Any) -> None:
+    """A token that the manifest's run key did not sign: the initial peer serves another run's manifest
+    (an impostor, or the wrong address). One line instead of "not admitted" later."""
+    from peers.admission import decode_token, parse_token_text
+    from swarmtrain.core.errors import ConfigError, ProtocolError
+
+    try:
+        decode_token(parse_token_text(cfg.peers.token), bytes.fromhex(cfg.peers.run_public_key or ""))
+    except (ProtocolError, ValueError):
+        raise ConfigError(
+            f"the manifest served for run {cfg.peers.run_id!r} is signed by a key that did not issue your "
+            "token: the initial peer is not this run's (check the address)"
+        ) from None
 
 
 def run_join(
-    config: Path | None, overrides: dict[str, Any], json_path: Path | None, *, log_every: float = 10.0
+    config: Path | None,
+    overrides: dict[str, Any],
+    json_path: Path | None,
+    *,
+    log_every: float = 10.0,
+    by_manifest: bool = False,
 ) -> None:
     """Load the run's config, join it as a volunteer with a live status line, and print a summary."""
-    from peers.admission import check_own_admission
     from swarmtrain.app.commands.peers import human_bytes
     from swarmtrain.app.data import describe_data
     from swarmtrain.app.volunteer import run_volunteer
-    from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
-    cfg = load_config(config, overrides)
-    check_own_admission(cfg.peers)  # a peer the run keeps out learns it before any work
+    cfg = load_join_config(config, overrides, by_manifest=by_manifest)
     if cfg.strategy.name == "local":
         raise ConfigError("strategy 'local' trains alone; choose a networked one, e.g. --strategy diloco")
     if cfg.peers.min_peers < 2:

@@ -39,10 +39,36 @@ def human_bytes(n: float) -> str:
 
 
 def _peers_config(config: Path | None, overrides: dict[str, Any]) -> Any:
-    """``[peers]`` of the run's config file (if any) under the command's flags (``None``: not given)."""
+    """``[peers]`` of the run's config file (if any) under the command's flags (``None``: not given);
+    with ``peers.manifest`` set, the manifest's settings are the lowest layer."""
     from swarmtrain.core.config import load_config
 
-    return load_config(config, overrides).peers
+    cfg = load_config(config, overrides)
+    if not cfg.peers.manifest:
+        return cfg.peers
+    from peers.manifest import parse_manifest
+    from swarmtrain.core.errors import ConfigError, ProtocolError
+
+    path = Path(cfg.peers.manifest).expanduser()
+    try:
+        manifest = parse_manifest(path.read_bytes())
+    except OSError as e:
+        raise ConfigError(f"cannot read the run manifest {path}: {e.strerror}") from None
+    except ProtocolError as e:
+        raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
+    if overrides.get("peers.run_id") not in (None, manifest.run_id):
+        raise ConfigError(f"--run-id {overrides['peers.run_id']!r} is not the manifest's {manifest.run_id!r}")
+    peers = load_config(config, overrides, base=manifest.settings).peers
+    want = {
+        "run_id": manifest.run_id,
+        "admission": manifest.admission,
+        "allowlist": list(manifest.allowlist),
+        "run_public_key": manifest.run_public_key,
+    }
+    for key, value in want.items():
+        if getattr(peers, key) != value:
+            raise ConfigError(f"peers.{key} differs from the manifest's {path}: drop it from the config")
+    return peers
 
 
 _CONFIG_HELP = "The run's TOML config (its [peers] admission settings and run ID)."
@@ -65,8 +91,15 @@ def dht(
     run_id: str | None = typer.Option(None, "--run-id", help="Run ID to announce the node under."),
     config: Path | None = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
     token: str | None = typer.Option(None, "--token", help=_TOKEN_HELP),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", help="The run's signed manifest (`swarmtrain run init`): served to volunteers."
+    ),
 ) -> None:
-    """Run a bootstrap DHT node and print the multiaddrs to pass as --initial-peers."""
+    """Run a bootstrap DHT node and print the multiaddrs to pass as --initial-peers.
+
+    With --manifest the node serves the run's signed manifest, so volunteers need only its address
+    (and a token where the run asks for one): `swarmtrain join --initial-peers ADDR`.
+    """
     from peers.node import PeerNode
     from peers.process import GracefulExit
 
@@ -79,6 +112,7 @@ def dht(
             "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
             "peers.identity_path": identity,
             "peers.token": token,
+            "peers.manifest": str(manifest) if manifest is not None else None,
         },
     )
     with GracefulExit() as stop, PeerNode(cfg, role="bootstrap") as node:

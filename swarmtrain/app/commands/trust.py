@@ -1,9 +1,11 @@
 """``swarmtrain run init``, ``swarmtrain token issue``, ``swarmtrain identity``: a run's root of trust.
 
-The run's creator makes the run key once (``run init``), shares the config it writes (it holds the
-run's public key, never the secret), and issues a join token per volunteer peer ID
-(``token issue``); a volunteer learns its peer ID with ``identity`` and passes the token to
-``swarmtrain join --token``.
+The run's creator makes the run key once (``run init``): it signs the run manifest (settings,
+admission policy, software version, initial-state hash; ``peers.manifest``) that the bootstrap node
+serves, so a volunteer needs only the bootstrap's address. The config it writes is for the run's
+own peers (it holds the run's public key, never the secret). The creator issues a join token per
+volunteer peer ID (``token issue``); a volunteer learns its peer ID with ``identity`` and passes the
+token to ``swarmtrain join --token``.
 """
 
 from __future__ import annotations
@@ -24,44 +26,80 @@ def run_init(
     run_id: str = typer.Option("swarmtrain", "--run-id", help="The run's ID."),
     admission: str = typer.Option("token", "--admission", help="Who may join: token, allowlist or open."),
     hours: float = typer.Option(24 * 30, "--hours", min=0.01, help="Validity of the bootstrap's token."),
+    strategy: str = typer.Option("diloco", "--strategy", "-s", help="The run's strategy."),
+    inner_steps: int | None = typer.Option(30, "--inner-steps", "-H", min=1, help="DiLoCo H."),
+    compressor: str = typer.Option("int8", "--compressor", help="The run's codec."),
+    reducer: str | None = typer.Option(
+        None, "--reducer", help="Aggregation rule (default: mean; centered_clip under --admission open)."
+    ),
+    tolerate: int | None = typer.Option(
+        None, "--tolerate", min=0, help="Byzantine peers the reducer tolerates (default 1 when open)."
+    ),
 ) -> None:
-    """Create a run: its key (secret), a shared config, and the bootstrap node's identity and token."""
+    """Create a run: its key (secret), its signed manifest, a shared config, and the bootstrap node's
+    identity and token. Volunteers then need only the bootstrap's address (and a token)."""
     from peers.admission import POLICIES, RunKey, encode_token_text
     from peers.identity import ensure_identity
     from peers.node import RUN_ID_PATTERN
+    from swarmtrain.app.run_manifest import make_manifest
+    from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
     if admission not in POLICIES:
         raise ConfigError(f"--admission must be one of {', '.join(POLICIES)}, not {admission!r}")
     if not RUN_ID_PATTERN.match(run_id):
         raise ConfigError(f"--run-id {run_id!r}: use 1-64 letters, digits, '_', '.', '-'")
+    if reducer is None:
+        reducer = "centered_clip" if admission == "open" else "mean"
+    if tolerate is None:
+        tolerate = 1 if admission == "open" else 0
+    options: dict[str, object] = {
+        "peers.run_id": run_id,
+        "peers.admission": admission,
+        "peers.reducer": reducer,
+        "peers.byzantine_f": tolerate,
+        "strategy.name": strategy,
+        "compression.codec": compressor,
+    }
+    if strategy in ("diloco", "streaming_diloco"):
+        options["strategy.inner_steps"] = inner_steps
+    cfg = load_config(None, options, env={})  # checks every value before anything is written
+    cfg_path = directory / _CONFIG
+    if cfg_path.exists():
+        raise ConfigError(f"{cfg_path} exists; run init never overwrites a run")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot create {directory}: {e.strerror}") from None
-    cfg_path = directory / _CONFIG
-    if cfg_path.exists():
-        raise ConfigError(f"{cfg_path} exists; run init never overwrites a run")
     key = RunKey.generate(directory / "run.key")
     boot_id = ensure_identity(directory / "bootstrap.key")
+    cfg.peers.run_public_key = key.public_hex
+    if admission == "allowlist":
+        cfg.peers.allowlist = [boot_id]
+    manifest_path = (directory / "run.manifest").resolve()
+    manifest_path.write_bytes(make_manifest(cfg, key))
     lines = ["[peers]", f'run_id = "{run_id}"', f'admission = "{admission}"']
-    if admission == "token":
-        lines.append(f'run_public_key = "{key.public_hex}"')
+    lines += [f'run_public_key = "{key.public_hex}"', f'manifest = "{manifest_path}"']
     if admission == "allowlist":
         lines.append(f'allowlist = ["{boot_id}"]')
-    # the training settings of the README's default run; the creator edits them before sharing
-    lines += ["", "[strategy]", 'name = "diloco"', "inner_steps = 30", "", "[compression]", 'codec = "int8"']
+    lines += [f'reducer = "{reducer}"', f"byzantine_f = {tolerate}", "", "[strategy]", f'name = "{strategy}"']
+    if "strategy.inner_steps" in options:
+        lines.append(f"inner_steps = {inner_steps}")
+    lines += ["", "[compression]", f'codec = "{compressor}"']
     cfg_path.write_text("\n".join(lines) + "\n")
     typer.echo(f"run key (keep it secret): {directory / 'run.key'}")
-    typer.echo(f"shared config (give it to volunteers): {cfg_path}")
-    boot = f"swarmtrain dht --config {cfg_path} --identity {directory / 'bootstrap.key'}"
+    typer.echo(f"signed run manifest (served by the bootstrap): {manifest_path}")
+    typer.echo(f"config of the run's own peers: {cfg_path}")
+    boot = f"swarmtrain dht --manifest {manifest_path} --identity {directory / 'bootstrap.key'}"
     if admission == "token":
         tok = encode_token_text(key.issue(run_id, boot_id, time.time() + hours * _HOUR))
         boot += f" --token {tok}"
     typer.echo(f"start the bootstrap node:\n  {boot}")
+    typer.echo("volunteers join with its address: swarmtrain join --initial-peers ADDR")
     if admission == "token":
         typer.echo(
-            "admit a volunteer (they print their peer ID with `swarmtrain identity FILE`):\n"
+            "admit a volunteer (they print their peer ID with `swarmtrain identity FILE`; they pass\n"
+            "the token and that file: join --initial-peers ADDR --identity FILE --token TOKEN):\n"
             f"  swarmtrain token issue --run-key {directory / 'run.key'} --config {cfg_path} PEER_ID"
         )
 
