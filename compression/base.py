@@ -190,6 +190,17 @@ class Codec:
         """Exact payload bytes of a packet of ``numel`` elements of ``dtype``."""
         raise NotImplementedError
 
+    def for_error_feedback(self) -> Codec:
+        """The codec error feedback wraps in place of this one: a contraction.
+
+        Error feedback needs ``E||C(x) - x||^2 <= (1 - d) ||x||^2`` for some ``d > 0``; with a codec
+        that adds more error than the input's own size, the residual grows without settling. Codecs
+        that are contractions as they are (int8, int4, fp16, bf16, top-k, none) return ``self``;
+        unbiased ones with large variance (ternary) return a scaled copy whose packets any peer still
+        decodes with the plain codec.
+        """
+        return self
+
     def bits_per_element(self, numel: int, dtype: str = "float32") -> float:
         """Payload bits per element (``8 * payload_nbytes / numel``)."""
         return 8.0 * self.payload_nbytes(numel, dtype) / max(numel, 1)

@@ -51,7 +51,11 @@ class _Stateful(Codec):
         super().__init__(inner.device)
         if isinstance(inner, _Stateful):
             raise ConfigError("error feedback wrappers do not nest")
-        self.inner = inner
+        self.inner = inner  # decodes (any peer's packets) and, stateless, encodes aggregates elsewhere
+        # What compress encodes with: a contraction (ternary is scaled; Codec.for_error_feedback), or
+        # the memory would grow without bound. Its packets are ``inner``'s: same name and format.
+        hook = getattr(inner, "for_error_feedback", None)
+        self.encoder: Codec = hook() if callable(hook) else inner
         self.name = inner.name  # packets are the inner codec's: any peer decodes them with it
         self._memory: dict[str, torch.Tensor] = {}
         # Open round: key -> its memory before the round (None: the key is new). None: no round open.
@@ -106,7 +110,7 @@ class _Stateful(Codec):
         """Per-key memory tensors (on CPU) and the inner codec's state."""
         return {
             "memory": {k: v.detach().cpu().clone() for k, v in self._memory.items()},
-            "inner": _inner_state(self.inner),
+            "inner": _inner_state(self.encoder),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -116,7 +120,7 @@ class _Stateful(Codec):
             raise ConfigError("error feedback state: 'memory' must map keys to tensors")
         self._memory = {str(k): v.clone() for k, v in memory.items()}
         self._undo = None  # the loaded state supersedes any open round
-        _load_inner(self.inner, state.get("inner", {}))
+        _load_inner(self.encoder, state.get("inner", {}))
 
     def reset(self, key: str | None = None) -> None:
         """Forget the memory of ``key`` (or of every key)."""
@@ -135,8 +139,14 @@ class ErrorFeedback(_Stateful):
     ``compress(t, key)`` encodes ``c = t + r`` (rounded to ``t``'s dtype) and stores
     ``r = c - decode(packet)``. The residual is float64: for every codec here the decoded value is
     either 0, or within a factor 2 of ``c`` (int8/int4/fp16/bf16), or ``c`` itself (top-k), or, for
-    ternary, ``±s`` with ``|c| >= 2**-25 s`` -- in each case ``c - decoded`` of two float32 numbers
+    ternary, ``±s'`` with ``2**-25 s' <= |c| <= block * s'`` (``s'``: the contractive block scale,
+    between ``absmax / block`` and ``absmax``) -- in each case ``c - decoded`` of two float32 numbers
     fits float64's 53 bits, so ``residual + decoded == c`` holds exactly.
+
+    ``compress`` encodes with ``encoder = inner.for_error_feedback()``: for ternary its contractive
+    twin, so the residual stays bounded (plain TernGrad's error exceeds its input and the memory would
+    grow); ``inner`` itself stays the unbiased codec that decodes and that stateless users (e.g. an
+    owner check's aggregate codec) encode with.
     """
 
     def residual(self, key: str) -> torch.Tensor | None:
@@ -147,7 +157,7 @@ class ErrorFeedback(_Stateful):
         """Encode ``t`` plus the remembered residual of ``key``, and remember the new residual."""
         r = self._slot(key, t, torch.float64)
         corrected = (t.detach().to(torch.float64) + r).to(t.dtype)
-        p = self.inner.compress(corrected, key=key)
+        p = self.encoder.compress(corrected, key=key)
         decoded = self.inner.decompress(p).to(t.device)
         self._store(key, corrected.to(torch.float64) - decoded.to(torch.float64))
         return p
@@ -169,6 +179,6 @@ class EF21(_Stateful):
     def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
         """Encode the increment ``t - g`` of ``key`` and advance ``g`` by its decoded value."""
         g = self._slot(key, t, torch.float32)
-        p = self.inner.compress((t.detach().float() - g).to(t.dtype), key=key)
+        p = self.encoder.compress((t.detach().float() - g).to(t.dtype), key=key)
         self._store(key, g + self.inner.decompress(p).to(device=t.device, dtype=torch.float32))
         return p

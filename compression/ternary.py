@@ -15,6 +15,15 @@ and a run is reproducible from ``seed``. Each draw has 24 bits and sits at the m
 whose absmax is below ``2**-64`` first scaled by ``2**64``, exactly), so the rounding probability
 differs from ``|x| / s`` by at most about ``2**-24`` and values below about ``2**-25 * s`` always
 round to 0.
+
+Inside error feedback. TernGrad is unbiased but not a contraction: per block, the expected squared
+error is ``w ||x||^2`` with ``w = s sum|x| / sum x^2 - 1`` (about 1.4 for Gaussian blocks of 256), so an
+error-feedback residual around it grows to several times its input. ``for_error_feedback()`` returns a
+copy with ``contractive=True`` that sends each block's scale as ``sum x^2 / sum |x| = s / (1 + w)``
+instead of ``s`` (same codes): the least-squares scale of the draws, which cuts the expected error to
+``w / (1 + w) < 1`` of the block's norm (Beznosikov et al. 2020, "On Biased Compression for Distributed
+Learning", show that ``C / (1 + w)`` of an unbiased ``C`` of variance ``w`` is a contraction). The
+packet is an ordinary ternary packet.
 """
 
 from __future__ import annotations
@@ -126,6 +135,24 @@ def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Te
     return dec
 
 
+def _contractive_scales(x: torch.Tensor, block: int) -> bytes:
+    """Per-block ``sum x^2 / sum |x|`` (0 for all-zero blocks) as float32 bytes.
+
+    Computed in float64 so squares of tiny float32 values do not underflow; the result is at most the
+    block's absmax, so it passes every decoder's scale check.
+    """
+    n = x.numel()
+    nb = -(-n // block)
+    xf = x.detach().reshape(-1).to(torch.float64)
+    if nb * block != n:
+        xf = torch.cat([xf, xf.new_zeros(nb * block - n)])
+    xb = xf.view(nb, block)  # [nb, block]
+    l1 = xb.abs().sum(1)
+    l2 = (xb * xb).sum(1)
+    s = torch.where(l1 > 0, l2 / l1.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(l1))
+    return tensor_bytes(s.float())
+
+
 def _kernel(kind: str, block: int, make: Callable[[int], Callable[..., Any]]) -> Kernel:
     k = _KERNELS.get((kind, block))
     if k is None:
@@ -146,12 +173,22 @@ class TernaryCompressor(Codec):
         seed: seeds the draws; with the per-key call counter (kept in ``state_dict``) it fixes every
             packet of a run.
         device: where ``decompress`` puts its output.
+        contractive: send each block's scale as ``sum x^2 / sum |x|`` (biased, a contraction: what
+            error feedback needs; see the module docstring) instead of its absmax (unbiased).
     """
 
     name = "ternary"
 
-    def __init__(self, block: int = 256, seed: int = 0, device: str | torch.device | None = None) -> None:
+    def __init__(
+        self,
+        block: int = 256,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        *,
+        contractive: bool = False,
+    ) -> None:
         super().__init__(device)
+        self.contractive = bool(contractive)
         if type(block) is not int or block % 8 or not MIN_BLOCK <= block <= MAX_BLOCK:
             raise ConfigError(f"codec 'ternary': block must be a multiple of 8 in [8, 2**20], got {block}")
         self.block = block
@@ -178,6 +215,8 @@ class TernaryCompressor(Codec):
         if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
             codes_b, scales_b, top = fast
             check_absmax_top(top, dtype, self.name)
+            if self.contractive:
+                scales_b = _contractive_scales(x, self.block)
             return self._packet(t, dtype, codes_b, scales_b)
         full = n - n % self.block
         codes, absmax = [], []
@@ -197,7 +236,16 @@ class TernaryCompressor(Codec):
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
         check_finite_absmax(am, dtype, self.name)
-        return self._packet(t, dtype, tensor_bytes(*codes), tensor_bytes(am.float()))
+        scales = _contractive_scales(x, self.block) if self.contractive else tensor_bytes(am.float())
+        return self._packet(t, dtype, tensor_bytes(*codes), scales)
+
+    def for_error_feedback(self) -> TernaryCompressor:
+        """A ``contractive`` copy (same block, seed, device and call counters); ``self`` if it is one."""
+        if self.contractive:
+            return self
+        twin = TernaryCompressor(self.block, self.seed, self.device, contractive=True)
+        twin._calls = dict(self._calls)
+        return twin
 
     def _packet(self, t: torch.Tensor, dtype: str, codes: bytes, scales: bytes) -> Packet:
         return Packet(
@@ -246,4 +294,5 @@ class TernaryCompressor(Codec):
         self._calls = {str(k): int(v) for k, v in dict(state["calls"]).items()}
 
     def __repr__(self) -> str:
-        return f"TernaryCompressor(block={self.block}, seed={self.seed})"
+        extra = ", contractive=True" if self.contractive else ""
+        return f"TernaryCompressor(block={self.block}, seed={self.seed}{extra})"

@@ -133,6 +133,17 @@ class TopKCompressor(Codec):
             out[idx.to(self.device)] = values.to(device=self.device, dtype=dtype)
         return out.reshape(p.shape)
 
+    def for_error_feedback(self) -> Codec:
+        """``self``, or a copy whose value codec is the inner codec's ``for_error_feedback()``: the
+        dropped elements are a contraction already, the kept ones must not add more error than they
+        carry."""
+        inner = self.inner.for_error_feedback()
+        if inner is self.inner:
+            return self
+        if self.k is not None:
+            return TopKCompressor(k=self.k, inner=inner, device=self.device)
+        return TopKCompressor(fraction=self.fraction, inner=inner, device=self.device)
+
     def __repr__(self) -> str:
         how = f"k={self.k}" if self.k is not None else f"fraction={self.fraction}"
         return f"TopKCompressor({how}, inner={self.inner!r})"
