@@ -8,6 +8,12 @@ metadata, so the hash covers it), keeps the last few snapshots by SHA-256 and an
 donor with the highest round, asks for exactly the announced hash, reads the bytes in parts over a
 stream, checks size cap and hash, and parses them with ``safetensors.torch.load`` (never
 ``torch.load``/pickle). Bytes are counted in the ledger as kind ``"state"``.
+
+A donor's announcement also *vouches* for the ``(round, digest)`` of the last few states it committed
+itself (the digest of the parameters every peer must agree on). With ``vouchers = k`` a newcomer takes
+a state only when ``min(k, donors)`` distinct admitted donors vouch for the same round and digest, and
+its ``check`` confirms the downloaded state has that digest: one admitted donor alone cannot plant a
+state (two colluding ones can, with ``k = 2``).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ META_KEY = "swarmtrain"
 KIND = "state"
 _FRAME_TIMEOUT = 30.0
 _MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
+MAX_VOUCHES = 4  # (round, digest) pairs one announcement vouches for: its recent committed states
 
 
 class NoStateAnnounced(PeerTimeoutError):
@@ -143,6 +150,8 @@ class StateServer:
         self.announce_ttl = announce_ttl
         self._snapshots: OrderedDict[bytes, bytes] = OrderedDict()
         self._latest: tuple[bytes, int, int] | None = None  # (hash, nbytes, round)
+        #: (round, shared-parameter digest) of the last states this peer committed itself
+        self._vouches: list[tuple[int, bytes]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.served = 0
@@ -152,9 +161,14 @@ class StateServer:
         )
         self._thread.start()
 
-    def refresh(self) -> str:
+    def refresh(self, vouch: str | None = None) -> str:
         """Snapshot the provider's state now (call it from the training thread between steps) and
-        announce it. Returns the SHA-256 hex digest."""
+        announce it. Returns the SHA-256 hex digest.
+
+        ``vouch``: the hex SHA-256 of the parameters every peer must agree on, when this state is one
+        this peer committed itself (never for a state it downloaded): the announcement then vouches
+        for ``(round, vouch)``, and a newcomer takes a state only when enough donors vouch for it
+        (:func:`download_state`'s ``vouchers``)."""
         tensors, meta = self.provider()
         rnd = meta.get("round")
         if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
@@ -166,15 +180,19 @@ class StateServer:
             while len(self._snapshots) > self.keep:
                 self._snapshots.popitem(last=False)
             self._latest = (digest, len(data), rnd)
+            if vouch is not None:
+                self._vouches = [*self._vouches, (rnd, bytes.fromhex(vouch))][-MAX_VOUCHES:]
         self._announce()
         return digest.hex()
 
     def _announce(self) -> None:
         with self._lock:
             latest = self._latest
-        if latest is None:
-            return
-        value = msgpack.packb({"hash": latest[0], "nbytes": latest[1], "round": latest[2]}, use_bin_type=True)
+            if latest is None:
+                return
+            vouches = [[r, d] for r, d in self._vouches]
+        item = {"hash": latest[0], "nbytes": latest[1], "round": latest[2], "vouch": vouches}
+        value = msgpack.packb(item, use_bin_type=True)
         try:
             self.node.dht.store(
                 state_key(self.run_id),
@@ -247,10 +265,24 @@ class StateServer:
 
 
 def decode_announcement(value: Any) -> tuple[bytes, int, int]:
-    """Parse a donor's DHT announcement ``{hash, nbytes, round}``: ``(sha256, nbytes, round)``.
+    """Parse a donor's DHT announcement ``{hash, nbytes, round, vouch}``: ``(sha256, nbytes, round)``.
 
     Raises:
         ProtocolError: not bytes, over 1 KiB, not bounded msgpack, or fields missing or ill-typed.
+    """
+    h, n, r, _ = parse_announcement(value)
+    return h, n, r
+
+
+Vouches = frozenset[tuple[int, bytes]]
+
+
+def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches]:
+    """:func:`decode_announcement` plus the ``(round, digest)`` pairs the donor vouches for (at most
+    :data:`MAX_VOUCHES`; an announcement without them vouches for nothing).
+
+    Raises:
+        ProtocolError: as :func:`decode_announcement`, or a malformed ``vouch`` list.
     """
     if not isinstance(value, bytes) or len(value) > _MAX_ANNOUNCEMENT:
         raise ProtocolError("state announcement is not bytes or too large")
@@ -260,7 +292,7 @@ def decode_announcement(value: Any) -> tuple[bytes, int, int]:
         max_bytes=_MAX_ANNOUNCEMENT,
         max_str=64,
         max_bin=64,
-        max_array=_MAX_ANNOUNCEMENT,  # the announcement has no arrays; its length bounds any
+        max_array=_MAX_ANNOUNCEMENT,  # the vouch list is checked below; the length bounds any array
         max_map=8,
     )
     if not isinstance(obj, dict):
@@ -268,11 +300,24 @@ def decode_announcement(value: Any) -> tuple[bytes, int, int]:
     h, n, r = obj.get("hash"), obj.get("nbytes"), obj.get("round")
     if not (isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0):
         raise ProtocolError("state announcement fields missing or ill-typed")
-    return h, n, r
+    raw = obj.get("vouch", [])
+    if not isinstance(raw, list) or len(raw) > MAX_VOUCHES:
+        raise ProtocolError(f"state announcement vouches for more than {MAX_VOUCHES} states")
+    vouches = set()
+    for v in raw:
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and v[0] >= 0):
+            raise ProtocolError("state announcement vouch is not [round, digest]")
+        if not (isinstance(v[1], bytes) and len(v[1]) == 32):
+            raise ProtocolError("state announcement vouch digest is not 32 bytes")
+        vouches.add((v[0], v[1]))
+    return h, n, r, frozenset(vouches)
 
 
-def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[int, str, bytes, int]]:
-    """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first."""
+def _announcements(
+    node: PeerNode, run_id: str, timeout: float, vouches: dict[str, Vouches] | None = None
+) -> list[tuple[int, str, bytes, int]]:
+    """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first; each
+    donor's vouches go into ``vouches`` (by peer ID) when given."""
     try:
         found = node.dht.get(state_key(run_id), latest=True, return_future=True).result(timeout)
     except TimeoutError:
@@ -284,10 +329,12 @@ def _announcements(node: PeerNode, run_id: str, timeout: float) -> list[tuple[in
         if peer == node.peer_id:
             continue
         try:
-            h, n, r = decode_announcement(item.value)
+            h, n, r, v = parse_announcement(item.value)
         except ProtocolError:
             continue  # one bad announcement is skipped, the others still count
         out.append((r, str(peer), h, n))
+        if vouches is not None:
+            vouches[str(peer)] = v
     return sorted(out, key=lambda a: (-a[0], a[1]))
 
 
@@ -323,6 +370,40 @@ def _witnessed(
     return out
 
 
+def _vouched(
+    found: list[tuple[int, str, bytes, int]], vouches: Mapping[str, Vouches], k: int, errors: list[str]
+) -> list[tuple[tuple[int, str, bytes, int], bytes | None]]:
+    """The announcements whose state enough independent donors vouch for, each with the digest they
+    vouch for: a donor's state of round ``r`` counts when at least ``min(k, donors)`` distinct donors
+    (itself included) vouch for the same ``(r, digest)`` that it vouches for; ``donors`` is how many
+    distinct donors announced. With one donor (or ``k <= 1``) every announcement stands, with the
+    digest it vouches for if any. A lone admitted donor cannot make a newcomer adopt a state the
+    others did not commit."""
+    donors = {a[1] for a in found}
+    need = min(k, len(donors))
+    out: list[tuple[tuple[int, str, bytes, int], bytes | None]] = []
+    for a in found:
+        own = [d for r, d in vouches.get(a[1], frozenset()) if r == a[0]]
+        if need <= 1:
+            out.append((a, own[0] if len(own) == 1 else None))
+            continue
+        if len(own) != 1:
+            errors.append(f"{a[1][:12]}: its state of round {a[0]} is not one it committed")
+            continue
+        support = sum(1 for p in donors if (a[0], own[0]) in vouches.get(p, frozenset()))
+        if support < need:
+            errors.append(f"{a[1][:12]}: round {a[0]} vouched for by {support} of the {need} donors needed")
+            continue
+        out.append((a, own[0]))
+    return out
+
+
+#: a callable that checks a downloaded state before it is taken: ``(tensors, meta, digest)`` where
+#: ``digest`` is the shared-parameter SHA-256 the donors vouched for (None: not vouched); raises
+#: ``ProtocolError`` to skip that donor
+StateCheck = Callable[[dict[str, torch.Tensor], dict[str, Any], bytes | None], None]
+
+
 def download_state(
     node: PeerNode,
     timeout: float = 300.0,
@@ -334,6 +415,8 @@ def download_state(
     min_round: int = 0,
     fresh_wait: float = 0.0,
     exclude: frozenset[str] = frozenset(),
+    vouchers: int = 1,
+    check: StateCheck | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Download the freshest announced state of the run from a live donor.
 
@@ -350,6 +433,10 @@ def download_state(
             freshest state is taken, whatever its round (the round may have failed for everyone).
         fresh_wait: see ``min_round``.
         exclude: peers not to download from (e.g. the ones this peer has banned).
+        vouchers: k: a state is taken only when ``min(k, donors)`` distinct donors vouch for its
+            round and shared-parameter digest (see :func:`_vouched`); 1: any donor's state.
+        check: called with each parsed state and the digest vouched for before it is taken; its
+            ``ProtocolError`` skips that donor (the caller checks the state really has that digest).
 
     Returns:
         ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt, ``meta["donor"]`` the
@@ -367,14 +454,16 @@ def download_state(
     fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
     errors: list[str] = []
     while True:
-        found = [a for a in _announcements(node, run, 15.0) if a[1] not in exclude]
+        vouches: dict[str, Vouches] = {}
+        found = [a for a in _announcements(node, run, 15.0, vouches) if a[1] not in exclude]
         found = _witnessed(node, run, found, errors)
+        chosen = _vouched(found, vouches, vouchers, errors)
         if time.monotonic() < fresh_deadline:
-            found = [a for a in found if a[0] >= min_round]
-            if not found:
+            chosen = [c for c in chosen if c[0][0] >= min_round]
+            if not chosen:
                 time.sleep(0.2)
                 continue
-        for rnd, peer, digest, nbytes in found:
+        for (rnd, peer, digest, nbytes), shared in chosen:
             if nbytes > max_bytes:
                 errors.append(f"{peer[:12]}: {nbytes} bytes exceeds the cap")
                 continue
@@ -386,6 +475,8 @@ def download_state(
                 tensors, meta = parse_state(data)
                 if meta.get("round") != rnd:
                     raise ProtocolError("state meta round differs from the announcement")
+                if check is not None:
+                    check(tensors, meta, shared)
                 logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
                 meta["donor"] = peer  # whatever the donor wrote there: who served it
                 return tensors, meta

@@ -433,7 +433,7 @@ class _Peer:
             self.streak.committed()
             res.committed_rounds += 1
             res.sync_digests[r.round_id] = shared_digest(self.trainer)
-            self.server.refresh()
+            self.server.refresh(vouch=res.sync_digests[r.round_id])  # a state it committed itself
             return ""
         if r.late:
             # the others commit the round we missed: wait for the state it produces (the donors

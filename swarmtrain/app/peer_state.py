@@ -128,16 +128,30 @@ def adopt_swarm_state(
     from peers import download_state
     from peers.state_transfer import NoStateAnnounced
 
+    adopted: list[int] = []
+
+    def take(tensors: dict[str, torch.Tensor], meta: dict[str, Any], vouched: bytes | None) -> None:
+        """Load the state; when the donors vouched for a digest, it must be this state's (else the
+        trainer goes back to what it had and the donor is skipped)."""
+        before = state_snapshot(trainer, collective.round_id) if vouched is not None else None
+        rnd = apply_state(trainer, tensors, meta)
+        if before is not None and shared_digest(trainer) != vouched.hex():
+            apply_state(trainer, *before)
+            raise ProtocolError("the donor's state is not the one the donors vouched for")
+        adopted.append(rnd)
+
     try:
-        tensors, meta = download_state(
+        _, meta = download_state(
             node,
             timeout,
             wait_for_donor=wait_for_donor,
             min_round=min_round,
             fresh_wait=fresh_wait,
             exclude=collective.banned,
+            vouchers=trainer.config.peers.state_vouchers,
+            check=take,
         )
-        collective.round_id = max(apply_state(trainer, tensors, meta), collective.round_id)
+        collective.round_id = max(adopted[-1], collective.round_id)
     except NoStateAnnounced:  # the run's first peer: nothing to act on
         logger.info("no peer of the run announced a state: this peer starts from its own")
         return None

@@ -374,6 +374,9 @@ class PeersConfig(_Section):
         default=None, description="the run key's public half, 64 hex digits (admission token)"
     )
     token: str | None = Field(default=None, description="this peer's join token (admission token)")
+    state_vouchers: int = Field(
+        default=2, ge=1, le=16, description="donors that must vouch for a downloaded state (fewer if fewer)"
+    )
     manifest: str | None = Field(
         default=None, description="the signed run manifest file (`swarmtrain run init`), served to newcomers"
     )

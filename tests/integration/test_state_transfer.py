@@ -8,6 +8,7 @@ import signal
 import time
 from typing import Any
 
+import pytest
 import torch
 from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
@@ -201,3 +202,66 @@ def test_a_donor_alone_cannot_claim_a_far_future_round() -> None:
         res = g.wait_for("result", 2, 120)
     assert g.orphans == []
     assert res == {"round": 5, "w": 5.0}
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+HONEST, FORGED = torch.full((1000,), 5.0), torch.full((1000,), 0.0123)
+
+
+def vouch_worker(rank: int, initial: list[str], q: Any) -> None:
+    """Ranks 0-1: honest donors of round 5, vouching for it. Rank 2: an admitted forger announcing
+    round 6 (within the round bound) and vouching for its own state. Rank 3: an admitted forger of
+    round 5 vouching for the honest digest while serving its own tensors. Rank 4: the newcomer,
+    which downloads with k = 2 and then, as a control, with k = 1."""
+    from peers import PeerNode, StateServer, download_state
+    from peers.process import GracefulExit
+    from swarmtrain.core.errors import ProtocolError
+
+    with (
+        reporting_errors(q, rank),
+        GracefulExit() as stop,
+        PeerNode(loopback_config("t-vouch", initial), heartbeat_ttl=TTL) as node,
+    ):
+        if rank < 4:
+            rnd = 6 if rank == 2 else 5
+            w = HONEST if rank < 2 else FORGED
+            server = StateServer(node, lambda: ({"w": w}, {"round": rnd}))
+            server.refresh(vouch=_digest(FORGED if rank == 2 else HONEST))
+            node.publish(round=rnd)
+            report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+            stop.wait(120)
+            server.close()
+            return
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        while len([p for p in node.live_peers() if p.round > 0]) < 4:  # every donor's record is in
+            time.sleep(0.2)
+
+        def check(tensors: dict[str, torch.Tensor], meta: dict[str, Any], vouched: bytes | None) -> None:
+            if vouched is not None and _digest(tensors["w"]) != vouched.hex():
+                raise ProtocolError("not the state the donors vouched for")
+
+        tensors, meta = download_state(node, timeout=60, vouchers=2, check=check)
+        t1, m1 = download_state(node, timeout=60, vouchers=1, check=check)
+        report(
+            q,
+            "result",
+            rank,
+            {"k2": (meta["round"], float(tensors["w"][0])), "k1": (m1["round"], float(t1["w"][0]))},
+        )
+
+
+def test_one_admitted_donor_cannot_plant_a_state_that_other_donors_do_not_vouch_for() -> None:
+    """Issue 13 point 4: a newcomer takes a state only when two donors vouch for its round and digest
+    and the bytes have that digest. An admitted forger a round ahead (within the round bound) wins
+    under the old rule (k = 1, the control); with k = 2 the newcomer takes the honest state; a forger
+    that copies the honest digest is caught by the digest check."""
+    with PeerGroup(vouch_worker, 4) as g:
+        g.spawn(4, g.bootstrap_maddrs)
+        g.ready[4] = g.wait_for("ready", 4, 90)
+        res = g.wait_for("result", 4, 150)
+    assert g.orphans == []
+    assert res["k2"] == (5, 5.0)
+    assert res["k1"] == (6, pytest.approx(0.0123))
