@@ -5,8 +5,16 @@ its own hivemind DHT node and p2pd daemon; the peers find each other through the
 train one model with the configured strategy over ``peers.P2PCollective``. Each peer runs the app's
 peer loop (``swarmtrain.app.peer_loop``, the one ``swarmtrain join`` runs) with a fixed rank and the
 hooks that install its rank's attacks (``swarmtrain.simulation.wiring``). The parent collects each
-peer's outcome through a queue (final validation loss, a digest of its parameters after every
-committed sync, its byte ledger) and always tears every process group down.
+peer's outcome through a queue of its own (final validation loss, a digest of its parameters after
+every committed sync, its byte ledger) and always tears every process group down. Every process
+started here dies with the parent (``peers.process.die_with_parent``).
+
+A peer that dies is a fault the run absorbs, not an error: the others go on, and the result says who
+died when (``timeline``) and how the survivors fared. With ``chaos`` (``swarmtrain.simulation.chaos``)
+the parent itself kills (SIGKILL) and preempts (SIGTERM) random peers and restarts them after a delay
+with the same identity and rank; a restarted peer rejoins as a late peer and adopts the swarm's state.
+Each peer process writes to its own queue: a peer SIGKILLed while writing would otherwise leave a
+shared queue's write lock held, and every other peer's reports stuck behind it.
 
 ``run_simulation`` is what ``swarmtrain simulate`` and the integration tests drive.
 """
@@ -30,6 +38,7 @@ from swarmtrain.simulation.logs import quiet_logs
 
 if TYPE_CHECKING:
     from swarmtrain.app.peer_loop import PeerStatus
+    from swarmtrain.simulation.chaos import ChaosSpec
 
 __all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical", "stop_peers"]
 
@@ -88,6 +97,23 @@ class SimulationResult:
     # each intruder's last report (peer_id, attempts and accepted per kind) and any intruder failure
     intruder_reports: list[dict[str, Any]] = field(default_factory=list)
     intruder_errors: list[str] = field(default_factory=list)
+    # faults: peers SIGKILLed and SIGTERMed by the chaos, restarts, deaths nobody caused
+    kills: int = 0
+    preemptions: int = 0
+    restarts: int = 0
+    deaths: int = 0
+    missing_ranks: list[int] = field(default_factory=list)  # ranks with no outcome (gone at the end)
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # who, when (s), what
+
+    @property
+    def rounds_committed(self) -> int:
+        """Distinct rounds some peer that finished committed."""
+        return len({r for o in self.outcomes for r in o.sync_digests})
+
+    @property
+    def rounds_failed(self) -> int:
+        """Rounds failed or late, summed over the peers that finished (one per peer and round)."""
+        return sum(o.failed_rounds for o in self.outcomes)
 
     @property
     def bytes_per_token(self) -> float:
@@ -101,6 +127,8 @@ class SimulationResult:
         for detail in ("outcomes", "intruder_reports", "intruder_errors"):
             d.pop(detail)
         d["bytes_per_token"] = self.bytes_per_token
+        d["rounds_committed"] = self.rounds_committed
+        d["rounds_failed"] = self.rounds_failed
         return d
 
 
@@ -122,9 +150,12 @@ def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> No
         q.put(("error", -1, f"bootstrap: {type(e).__name__}: {e}"))
 
 
-def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
+def _peer_main(
+    rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR, rejoin: bool = False
+) -> None:
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
-    final ``PeerOutcome``."""
+    final ``PeerOutcome``. ``rejoin``: a restarted peer, which adopts the swarm's state before its
+    first step and after a failed round, as a volunteer does."""
     from swarmtrain.app.peer_loop import Membership, PeerRun, run_peer
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
@@ -150,7 +181,10 @@ def _peer_main(rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = 
                 q.put(("done", rank, asdict(outcome)))
 
         hooks = replace(wiring.hooks(), on_status=status, on_finished=finished)
-        run_peer(cfg, Membership.fixed(rank, n_peers, cfg.peers), hooks)
+        membership = Membership.fixed(rank, n_peers, cfg.peers)
+        if rejoin:
+            membership = replace(membership, catch_up_on_join=True, catch_up_after_failure=True)
+        run_peer(cfg, membership, hooks)
     except BaseException as e:
         q.put(("error", rank, f"peer {rank}: {type(e).__name__}: {e}"))
 
@@ -202,6 +236,7 @@ def run_simulation(
     timeout: float = 1800.0,
     on_progress: Callable[[int, PeerStatus], None] | None = None,
     intruders: int = 0,
+    chaos: ChaosSpec | None = None,
 ) -> SimulationResult:
     """Train ``cfg`` with ``n_peers`` real peer processes on loopback and collect their outcomes.
 
@@ -210,12 +245,17 @@ def run_simulation(
         n_peers: number of training peers (a bootstrap DHT node is started besides them).
         intruders: non-admitted processes that attack the run until it ends
             (``swarmtrain.simulation.outsider``); their reports land in the result.
+        chaos: kill, preempt and restart peers while they train (``swarmtrain.simulation.chaos``).
         timeout: seconds for the whole run; every process is torn down after it.
         on_progress: called with (rank, the peer's live status) as peers report (several times a
             second each).
 
+    A peer that dies (killed by the chaos or anything else) is absorbed: the others go on, and the
+    result lists the ranks that ended without an outcome (``missing_ranks``) and the ``timeline``.
+
     Raises:
-        SwarmError: a peer failed (its message says why), or the run timed out.
+        SwarmError: a peer reported an error (its message says why), every peer died, or the run
+            timed out.
     """
     from peers import find_orphans, spawn_function
     from swarmtrain.simulation.wiring import check_attack_fits_strategy
@@ -225,7 +265,8 @@ def run_simulation(
     check_attack_fits_strategy(cfg)
     cfg = _loopback_copy(cfg)
     _quiet_resource_tracker()
-    q = mp.get_context("spawn").Queue()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
     procs: list[Any] = []
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
@@ -237,18 +278,19 @@ def run_simulation(
             boot = spawn_function(_bootstrap_main, (boot_cfg.model_dump_json(), q, level), name="bootstrap")
             procs.append(boot)
             initial = _bootstrap_maddrs(q, deadline)
-            for rank, rc in enumerate(rank_cfgs):
+            for rc in rank_cfgs:
                 rc.peers.initial_peers = initial
-                args = (rank, n_peers, rc.model_dump_json(), q, level)
-                procs.append(spawn_function(_peer_main, args, name=f"peer{rank}"))
+            sup = _Supervisor(cfg, [rc.model_dump_json() for rc in rank_cfgs], q, procs, level, chaos)
+            sup.on_progress = on_progress
+            for rank in range(n_peers):
+                sup.spawn(rank)
             if intruders:
                 from swarmtrain.simulation.outsider import intruder_main
 
                 for i in range(intruders):
                     iargs = (i, cfg.model_dump_json(), initial, q, level)
                     procs.append(spawn_function(intruder_main, iargs, name=f"intruder{i}"))
-            seen = _Intrusion({}, [])
-            outcomes = _collect(q, procs, n_peers, deadline, on_progress, seen)
+            outcomes = sup.collect(deadline)
         finally:
             stop_peers(procs)
             left = [o for p in procs for o in find_orphans(p.marker)]
@@ -257,9 +299,235 @@ def run_simulation(
             q.close()
     res = _summarise(cfg, outcomes, time.perf_counter() - t0)
     res.intruders = intruders
-    res.intruder_reports = [seen.reports[i] for i in sorted(seen.reports)]
-    res.intruder_errors = seen.errors
+    res.intruder_reports = [sup.intrusion.reports[i] for i in sorted(sup.intrusion.reports)]
+    res.intruder_errors = sup.intrusion.errors
+    sup.fill(res)
     return res
+
+
+@dataclass
+class _Slot:
+    """One rank of the run: its current process (the latest incarnation) and what it reported."""
+
+    rank: int
+    proc: Any = None
+    queue: Any = None  # this incarnation's own queue; None once the parent stopped reading it
+    step: int = 0
+    started: bool = False  # this incarnation reported a step
+    outcome: PeerOutcome | None = None
+    signalled: str = ""  # "kill" or "preempt" when the parent sent this incarnation its signal
+    signalled_at: float = 0.0
+    restart_at: float | None = None
+    gone: bool = False  # dead and not coming back
+    rejoining: bool = False  # restarted, no step reported yet
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.outcome is None and not self.signalled and self.proc.alive
+
+
+#: seconds a preempted peer has to leave through its graceful path before its group is killed
+PREEMPT_GRACE_S = 30.0
+
+
+class _Supervisor:
+    """Starts the peers, reads their reports, absorbs their deaths, runs the chaos and its restarts."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        cfg_jsons: list[str],
+        shared_q: Any,
+        procs: list[Any],
+        level: int,
+        chaos: ChaosSpec | None,
+    ) -> None:
+        from swarmtrain.simulation.chaos import ChaosSchedule
+
+        self.cfg, self.cfg_jsons, self.shared_q = cfg, cfg_jsons, shared_q
+        self.procs, self.level = procs, level
+        self.n = len(cfg_jsons)
+        self.slots = [_Slot(r) for r in range(self.n)]
+        self.chaos = chaos
+        self.schedule = ChaosSchedule(chaos, cfg.train.seed) if chaos is not None else None
+        self.min_running = min(self.n, max(cfg.peers.min_peers, 2))
+        self.on_progress: Callable[[int, PeerStatus], None] | None = None
+        self.intrusion = _Intrusion({}, [])
+        self.timeline: list[dict[str, Any]] = []
+        self.counts = {"kill": 0, "preempt": 0, "restart": 0, "died": 0}
+        self.t0 = time.monotonic()
+        self._ctx = mp.get_context("spawn")
+
+    # -- processes
+    def spawn(self, rank: int, rejoin: bool = False) -> None:
+        from peers import spawn_function
+
+        slot = self.slots[rank]
+        slot.queue = self._ctx.Queue()
+        args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin)
+        slot.proc = spawn_function(_peer_main, args, name=f"peer{rank}")
+        self.procs.append(slot.proc)
+        slot.started, slot.signalled, slot.restart_at = False, "", None
+        slot.rejoining = rejoin
+
+    def _event(self, slot: _Slot, what: str, **extra: Any) -> None:
+        from swarmtrain.simulation.chaos import timeline_event
+
+        ev = timeline_event(time.monotonic() - self.t0, slot.rank, what, step=slot.step, **extra)
+        self.timeline.append(ev)
+        logger.warning("peer %d: %s at step %d (t=%.0f s)", slot.rank, what, slot.step, ev["t"])
+
+    def _drop_queue(self, slot: _Slot) -> None:
+        if slot.queue is not None:
+            slot.queue.cancel_join_thread()
+            slot.queue.close()
+            slot.queue = None
+
+    # -- reading
+    def _read(self, timeout: float) -> list[tuple[str, int, Any]]:
+        from multiprocessing.connection import wait
+
+        queues = [self.shared_q, *(s.queue for s in self.slots if s.queue is not None)]
+        by_reader = {q._reader: q for q in queues}
+        out: list[tuple[str, int, Any]] = []
+        for reader in wait(list(by_reader), timeout=timeout):
+            q = by_reader[reader]  # type: ignore[index]
+            for _ in range(100):
+                try:
+                    out.append(q.get_nowait())
+                except (queue_mod.Empty, EOFError, OSError):
+                    break
+        return out
+
+    def _handle(self, msg: tuple[str, int, Any]) -> None:
+        from swarmtrain.app.peer_loop import PeerStatus
+
+        kind, rank, payload = msg
+        slot = self.slots[rank] if 0 <= rank < self.n and kind in ("step", "done", "error") else None
+        if kind == "error":
+            if slot is not None and slot.signalled:
+                logger.debug("peer %d after its %s: %s", rank, slot.signalled, payload)
+                return
+            raise SwarmError(str(payload))
+        if kind == "step" and slot is not None:
+            slot.step = int(payload.get("step", slot.step))
+            if slot.rejoining:  # its first step after a restart: the state it adopted
+                slot.rejoining = False
+                self._event(slot, "rejoined")
+            slot.started = True
+            if self.on_progress is not None:
+                self.on_progress(rank, PeerStatus(**payload))
+        elif kind == "done" and slot is not None:
+            slot.outcome = PeerOutcome(**payload)
+        elif kind == "intruder":
+            self.intrusion.reports[rank] = payload
+        elif kind == "intruder_error":
+            logger.warning("%s", payload)
+            self.intrusion.errors.append(str(payload))
+
+    # -- the loop
+    def collect(self, deadline: float) -> list[PeerOutcome]:
+        """Read reports until every rank has an outcome or is gone; returns the outcomes by rank.
+
+        Raises:
+            SwarmError: a peer reported an error, every peer died, or the deadline passed.
+        """
+        while not all(s.outcome is not None or s.gone for s in self.slots):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerTimeoutError("the simulation did not finish in time")
+            for msg in self._read(min(left, 0.5)):
+                self._handle(msg)
+            now = time.monotonic()
+            self._reap(now)
+            self._restart(now)
+            self._chaos(now)
+        outcomes = [s.outcome for s in self.slots if s.outcome is not None]
+        if not outcomes:
+            raise SwarmError(f"every peer died ({self._deaths_line()})")
+        return outcomes
+
+    def _deaths_line(self) -> str:
+        c = self.counts
+        return f"{c['kill']} killed, {c['preempt']} preempted, {c['died']} died, {c['restart']} restarted"
+
+    def _ending(self) -> bool:
+        """The run is near its end: no new fault, no restart (a late restart would find no donor)."""
+        from swarmtrain.simulation.chaos import NO_RESTART_FROM
+
+        steps = max(self.cfg.train.steps, 1)
+        done = any(s.outcome is not None for s in self.slots)
+        return done or max(s.step for s in self.slots) >= NO_RESTART_FROM * steps
+
+    def _reap(self, now: float) -> None:
+        """Notice dead peers (and preempted ones too slow to leave); schedule their restarts."""
+        for s in self.slots:
+            if s.proc is None or s.outcome is not None or s.gone or s.restart_at is not None:
+                continue
+            if s.proc.alive:
+                if s.signalled == "preempt" and now - s.signalled_at > PREEMPT_GRACE_S:
+                    s.proc.terminate(grace=1.0)
+                continue
+            if not s.signalled:  # nobody here caused it: read what it managed to send, then log it
+                for msg in self._read(0.0):
+                    self._handle(msg)
+                if s.outcome is not None:
+                    continue
+                self.counts["died"] += 1
+                self._event(s, "died", exit_code=s.proc.exitcode)
+            self._drop_queue(s)
+            s.proc.terminate(grace=1.0)  # whatever is left of its group
+            if self.chaos is not None and self.chaos.restart_s is not None and not self._ending():
+                s.restart_at = now + self.chaos.restart_s
+            else:
+                s.gone = True
+
+    def _restart(self, now: float) -> None:
+        for s in self.slots:
+            if s.restart_at is None or now < s.restart_at:
+                continue
+            if self._ending():
+                s.restart_at, s.gone = None, True
+                self._event(s, "not_restarted", reason="the run is ending")
+                continue
+            self.spawn(s.rank, rejoin=True)
+            self.counts["restart"] += 1
+            s.step = max(x.step for x in self.slots)  # the swarm's step, which it will adopt
+            self._event(s, "restart")
+
+    def _chaos(self, now: float) -> None:
+        import signal
+
+        from swarmtrain.simulation.chaos import QUIET_FROM
+
+        sched = self.schedule
+        if sched is None:
+            return
+        if not sched.started:
+            if all(s.started for s in self.slots):
+                sched.start(now)
+            return
+        quiet = max(s.step for s in self.slots) >= QUIET_FROM * max(self.cfg.train.steps, 1)
+        for kind in sched.due(now):
+            if quiet or self._ending():
+                continue
+            running = [s.rank for s in self.slots if s.running and s.started]
+            if len(running) <= self.min_running:
+                logger.info("chaos: no %s now (%d peers running)", kind, len(running))
+                continue
+            slot = self.slots[sched.pick(running)]
+            slot.signalled, slot.signalled_at = kind, now
+            self.counts[kind] += 1
+            self._event(slot, kind, pid=slot.proc.pid)
+            self._drop_queue(slot)  # a SIGKILL mid-write would leave a torn message in it
+            slot.proc.signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+
+    def fill(self, res: SimulationResult) -> None:
+        """Copy the faults into the result."""
+        res.kills, res.preemptions = self.counts["kill"], self.counts["preempt"]
+        res.restarts, res.deaths = self.counts["restart"], self.counts["died"]
+        res.missing_ranks = [s.rank for s in self.slots if s.outcome is None]
+        res.timeline = list(self.timeline)
 
 
 @dataclass
@@ -290,42 +558,6 @@ def _bootstrap_maddrs(q: Any, deadline: float) -> list[str]:
             raise SwarmError(str(payload))
         if kind == "bootstrap" and payload:
             return list(payload)
-
-
-def _collect(
-    q: Any,
-    procs: list[Any],
-    n_peers: int,
-    deadline: float,
-    on_progress: Callable[[int, PeerStatus], None] | None,
-    intrusion: _Intrusion,
-) -> list[PeerOutcome]:
-    """Read the peers' messages until every peer reported its outcome; returns them in rank order.
-
-    Raises:
-        SwarmError: a peer reported an error or died, or the deadline passed.
-    """
-    from swarmtrain.app.peer_loop import PeerStatus
-
-    outcomes: dict[int, PeerOutcome] = {}
-    while len(outcomes) < n_peers:
-        kind, rank, payload = _next(q, deadline)
-        if kind == "error":
-            raise SwarmError(str(payload))
-        if kind == "step" and on_progress is not None:
-            on_progress(rank, PeerStatus(**payload))
-        elif kind == "done":
-            outcomes[rank] = PeerOutcome(**payload)
-        elif kind == "intruder":
-            intrusion.reports[rank] = payload
-        elif kind == "intruder_error":
-            logger.warning("%s", payload)
-            intrusion.errors.append(str(payload))
-        elif kind == "tick":
-            dead = [p for p in procs[1 : n_peers + 1] if not p.alive and p.exitcode not in (0, None)]
-            if dead:
-                raise SwarmError(f"a peer process died (exit code {dead[0].exitcode})")
-    return [outcomes[r] for r in range(n_peers)]
 
 
 def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> SimulationResult:

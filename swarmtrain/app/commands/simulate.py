@@ -71,6 +71,7 @@ class SimulateOptions:
     data: list[str] | None = None
     baseline: bool = False
     intruders: int = 0
+    chaos: str | None = None
     json_path: Path | None = None
     config: Path | None = None
     timeout: float = 3600.0
@@ -166,6 +167,13 @@ def simulate(
         max=16,
         help="Non-admitted processes attacking the run throughout (a clean run goes first).",
     ),
+    chaos: str | None = typer.Option(
+        None,
+        "--chaos",
+        metavar="SPEC",
+        help="Kill/preempt random peers and restart them, e.g. kill=2/min,preempt=1/min,restart=20s "
+        "(a clean run goes first).",
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON here."),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file."),
     timeout: float = typer.Option(3600.0, "--timeout", min=10, help="Seconds before giving up."),
@@ -177,7 +185,10 @@ def simulate(
     admits its peers as `swarmtrain run init` would: its own run key and a join token per peer
     (set peers.admission to allowlist or open in --config to simulate those policies). With
     --intruders K, the same run is made twice: clean, then with K outsiders attacking it; the exit
-    code is 1 when they had any effect.
+    code is 1 when they had any effect. With --chaos SPEC, the same run is made twice: clean, then
+    with peers SIGKILLed (kill=RATE), SIGTERMed (preempt=RATE) and restarted with the same identity
+    after a delay (restart=DELAY); the survivors must end identical, the loss is compared.
+    A peer that dies is absorbed: the others go on and the report says who died when.
     """
     # every parameter is a field of the same name, and there are no other locals yet
     run_simulate(SimulateOptions(**locals()))
@@ -192,9 +203,11 @@ def run_simulate(opts: SimulateOptions) -> None:
     from rich.console import Console
 
     from swarmtrain.app.data import describe_data
+    from swarmtrain.simulation.chaos import parse_chaos
 
     cfg = opts.load_config()
     _validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
+    chaos = parse_chaos(opts.chaos) if opts.chaos is not None else None
     strategy, compressor = cfg.strategy.name, cfg.compression.codec
     console = Console(stderr=True)
     console.print(
@@ -206,11 +219,14 @@ def run_simulate(opts: SimulateOptions) -> None:
     console.print(describe_data(cfg.data), highlight=False, markup=False, soft_wrap=True)  # paths whole
     clean = None
     runs = []
-    if opts.intruders:
+    if opts.intruders or chaos is not None:
         clean = _run_one(console, f"{strategy}+{compressor} clean", cfg, opts, intruders=0)
         runs.append((f"{strategy} {compressor} clean", clean))
-    main = _run_one(console, f"{strategy}+{compressor}", cfg, opts, intruders=opts.intruders)
+    if chaos is not None:
+        console.print(f"chaos: {chaos.describe()}", highlight=False, soft_wrap=True)
+    main = _run_one(console, f"{strategy}+{compressor}", cfg, opts, intruders=opts.intruders, chaos=chaos)
     label = f"{strategy} {compressor}" + (f" +{opts.intruders} intruders" if opts.intruders else "")
+    label += " chaos" if chaos is not None else ""
     runs.append((label, main))
     base = None
     if opts.baseline:
@@ -237,7 +253,7 @@ def run_simulate(opts: SimulateOptions) -> None:
             f"({(out['loss_ratio'] - 1) * 100:+.1f}%), {out['bytes_reduction']:.0f}x fewer bytes sent"
         )
     harmed = False
-    if clean is not None:
+    if clean is not None and opts.intruders:
         from swarmtrain.simulation.intrusion import intrusion_summary
 
         intr = intrusion_summary(main, clean, cfg.simulation.attackers, cfg.simulation.malicious_owners)
@@ -249,6 +265,11 @@ def run_simulate(opts: SimulateOptions) -> None:
             f"effects: {effects}; honest RSS growth {intr['honest_rss_growth_mib']:.0f} MiB "
             f"(clean {intr['clean_rss_growth_mib']:.0f} MiB)"
         )
+    if chaos is not None and clean is not None:
+        out.update(_chaos_fields(main, clean, chaos))
+        typer.echo(_chaos_line(out), err=False)
+    elif main.timeline:
+        typer.echo(f"{len(main.timeline)} fault(s) absorbed: {_events_text(main.timeline)}")
     if opts.json_path is not None:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_text(dumps(out, indent=2) + "\n")
@@ -269,7 +290,52 @@ def run_simulate(opts: SimulateOptions) -> None:
 PLAIN_EVERY_S = 15.0
 
 
-def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions, intruders: int = 0) -> Any:
+def _chaos_fields(main: Any, clean: Any, chaos: Any) -> dict[str, Any]:
+    """The JSON fields of a chaos run: the spec, the faults' counts and timeline, the survivors'
+    agreement and loss against the clean run of the same configuration."""
+    return {
+        "chaos": chaos.text,
+        "kills": main.kills,
+        "preemptions": main.preemptions,
+        "restarts": main.restarts,
+        "deaths": main.deaths,
+        "missing_ranks": main.missing_ranks,
+        "rounds_committed": main.rounds_committed,
+        "rounds_failed": main.rounds_failed,
+        "clean_rounds_committed": clean.rounds_committed,
+        "clean_rounds_failed": clean.rounds_failed,
+        "params_identical": main.params_identical,
+        "final_val_loss": main.final_val_loss,
+        "clean_val_loss": clean.final_val_loss,
+        "loss_vs_clean": main.final_val_loss / clean.final_val_loss - 1.0,  # (dumps nulls a NaN)
+        "timeline": main.timeline,
+    }
+
+
+def _events_text(timeline: list[dict[str, Any]]) -> str:
+    """``kill peer2 @41s, restart peer2 @56s, ...`` (the first eight)."""
+    parts = [f"{e['event']} peer{e['rank']} @{e['t']:.0f}s" for e in timeline[:8]]
+    return ", ".join(parts) + (f", ... ({len(timeline)} in all)" if len(timeline) > 8 else "")
+
+
+def _chaos_line(out: dict[str, Any]) -> str:
+    """Two lines of at most 80 columns: the faults, then the survivors against the clean run."""
+    first = (
+        f"chaos: {out['kills']} kills, {out['preemptions']} preemptions, {out['restarts']} restarts, "
+        f"{out['deaths']} other deaths"
+    )
+    ratio = out["loss_vs_clean"]
+    vs = f"{ratio * 100:+.1f}%" if ratio == ratio else "n/a"
+    second = (
+        f"  val loss {out['final_val_loss']:.4f} vs clean {out['clean_val_loss']:.4f} ({vs}); "
+        f"identical: {'yes' if out['params_identical'] else 'NO'}"
+    )
+    return f"{first}\n{second}"
+
+
+def _run_one(
+    console: Any, label: str, cfg: Config, opts: SimulateOptions, intruders: int = 0, chaos: Any = None
+) -> Any:
     """One simulated run with a live line (on a terminal): the slowest peer's step, the newest round
     and its peers, the mean loss, the peers' summed tokens/s and bytes, the nearest next sync; piped
     or redirected, that line with a timestamp every :data:`PLAIN_EVERY_S` seconds."""
@@ -296,7 +362,7 @@ def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions, intru
                 console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False, soft_wrap=True)
 
         return run_simulation(
-            cfg, opts.peers, timeout=opts.timeout, on_progress=progress, intruders=intruders
+            cfg, opts.peers, timeout=opts.timeout, on_progress=progress, intruders=intruders, chaos=chaos
         )
 
 
