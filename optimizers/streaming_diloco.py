@@ -11,9 +11,12 @@ syncs after the inner steps where ``step % H == offset_f``:
 
 ``alpha`` (``strategy.mixing``) weighs the *local* parameters, as in the paper: ``alpha = 0`` replaces
 them by the new global ones (plain DiLoCo per fragment). ``tau`` is ``strategy.overlap``; ``tau = 0``
-syncs in the calling thread. At most one fragment is ever in flight (checked when built), so the peak
-bytes of a sync are about ``1/F`` of a DiLoCo sync. What is exchanged goes through the configured
-codec; error-feedback residuals live in the codec, keyed by parameter name.
+syncs in the calling thread. At most one fragment is ever in flight (checked when built), and no
+fragment holds more than ``ceil(total / F)`` elements (``optimizers.fragments`` cuts tensors into flat
+pieces where whole ones do not balance), so the peak bytes of a sync are ``1/F`` of a DiLoCo sync.
+The anchor and outer momentum are kept per piece (a piece is a whole parameter unless it had to be
+cut); ``state_dict()["anchor"]`` and ``global_parameters()`` are per parameter. What is exchanged
+goes through the configured codec; error-feedback residuals live in the codec, keyed by piece key.
 
 A round that does not commit leaves the fragment untouched (its error-feedback residuals included:
 ``reduce_or_rollback``): it keeps training locally and retries at its next slot, with a
@@ -45,7 +48,7 @@ from optimizers.base import (
     round_report,
     trainable_parameters,
 )
-from optimizers.fragments import fragment_offsets, split_fragments
+from optimizers.fragments import fragment_offsets, piece_range, split_fragments
 from optimizers.outer_store import OuterStore
 from swarmtrain.core.config import StreamingDiLoCoConfig
 from swarmtrain.core.errors import ConfigError
@@ -98,9 +101,15 @@ class StreamingDiLoCo(AnchoredStrategy):
         self.fragments = split_fragments(ctx.model, cfg.fragments)
         self.compressor = make_compressor(ctx)
         self.params = trainable_parameters(ctx.model)
+        numels = {n: p.numel() for n, p in self.params.items()}
+        # piece key -> (parameter, lo, hi): flat element ranges, whole parameters where possible
+        self.pieces = {k: piece_range(k, numels) for frag in self.fragments for k in frag}
+        for k, (n, _, _) in self.pieces.items():
+            if k != n and not self.params[n].is_contiguous():  # pragma: no cover - params are contiguous
+                raise ConfigError(f"parameter {n!r} must be contiguous to be cut into fragments")
         # fp32 master copy: outer updates must not be rounded away in bf16/fp16 models
-        self.store = OuterStore(self.params, cfg)
-        self.anchor = self.store.anchor  # the same dict for the store's life
+        self.store = OuterStore({k: self._view(k) for k in self.pieces}, cfg)
+        self.anchor = self.store.anchor  # per piece; the same dict for the store's life
         self.steps = 0
         self.outer_steps = [0] * len(self.fragments)
         self.failed_rounds = 0
@@ -108,6 +117,29 @@ class StreamingDiLoCo(AnchoredStrategy):
         self.pending: _Pending | None = None
         self._pool: cf.ThreadPoolExecutor | None = None
         self._wait_s = 0.0  # seconds this step() blocked on communication
+
+    def _view(self, key: str) -> torch.Tensor:
+        """The piece ``key`` of the model: its parameter, or a flat view of a range of it (writable)."""
+        name, lo, hi = self.pieces[key]
+        p = self.params[name]
+        return p if key == name else p.detach().view(-1)[lo:hi]
+
+    def _whole(self, pieces: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-parameter tensors assembled from per-piece ones (each piece's own device and dtype)."""
+        out: dict[str, torch.Tensor] = {}
+        for key, (name, lo, hi) in self.pieces.items():
+            t = pieces[key]
+            if key == name:
+                out[name] = t.clone()
+                continue
+            if name not in out:
+                out[name] = t.new_empty(self.params[name].shape)
+            out[name].view(-1)[lo:hi] = t.reshape(-1)
+        return {n: out[n] for n in self.params}
+
+    def global_parameters(self) -> dict[str, torch.Tensor]:
+        """Copies of the global (anchor) parameters per parameter name, fp32 (see the base class)."""
+        return self._whole(self.anchor)
 
     def _due(self) -> int | None:
         phase = self.steps % self.inner_steps
@@ -143,10 +175,8 @@ class StreamingDiLoCo(AnchoredStrategy):
         return report
 
     def _start(self, f: int) -> _Pending:
-        names = self.fragments[f]
-        pseudo = {
-            n: self.store.anchor_on_device(n) - self.params[n].detach().to(torch.float32) for n in names
-        }
+        keys = self.fragments[f]
+        pseudo = {k: self.store.anchor_on_device(k) - self._view(k).detach().to(torch.float32) for k in keys}
         weight = float(self.tokens_since_sync[f])
         pending = _Pending(fragment=f, apply_at=self.steps + self.overlap)
         if self.overlap == 0:
@@ -184,8 +214,8 @@ class StreamingDiLoCo(AnchoredStrategy):
         self.tokens_since_sync[f] = 0
         return report
 
-    def _mix(self, name: str, anchor: torch.Tensor) -> None:
-        p = self.params[name]
+    def _mix(self, key: str, anchor: torch.Tensor) -> None:
+        p = self._view(key)
         if self.mixing == 0.0:
             p.copy_(anchor)
         else:
@@ -218,7 +248,7 @@ class StreamingDiLoCo(AnchoredStrategy):
             "failed_rounds": self.failed_rounds,
             "tokens_since_sync": list(self.tokens_since_sync),
             "fragments": [list(g) for g in self.fragments],
-            "anchor": self.store.anchor_state(),
+            "anchor": self._whole(self.store.anchor_state()),
             "outer": self.store.outer_state(),
             "compressor": compressor_state(self.compressor),
             "pending": pending,
@@ -234,7 +264,10 @@ class StreamingDiLoCo(AnchoredStrategy):
                 raise ConfigError(f"StreamingDiLoCo state: anchor {n!r} missing or mis-shaped")
         if self.pending is not None:
             self.pending.wait()
-        self.store.load(anchor, state["outer"])
+        pieces = {
+            k: anchor[n].reshape(-1)[lo:hi] if k != n else anchor[n] for k, (n, lo, hi) in self.pieces.items()
+        }
+        self.store.load(pieces, state["outer"])
         self.steps = int(state["steps"])
         self.outer_steps = [int(x) for x in state["outer_steps"]]
         self.failed_rounds = int(state["failed_rounds"])
