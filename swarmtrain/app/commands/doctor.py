@@ -19,6 +19,19 @@ __all__ = ["register", "doctor"]
 _NO_PEERS = "no --initial-peers"
 
 
+def _manifest_settings(maddrs: list[str], timeout: float) -> dict[str, object] | None:
+    """The run-wide settings of the manifest the initial peer serves (its run ID and policy), or None
+    when it serves none (a run made without ``run init``): the doctor then checks the default run."""
+    from peers.manifest_service import fetch_manifest
+    from swarmtrain.core.errors import SwarmError
+
+    try:
+        manifest, _, _ = fetch_manifest(maddrs, timeout)
+    except SwarmError:
+        return None
+    return manifest.settings
+
+
 def doctor(
     initial_peers: list[str] | None = typer.Option(
         None, "--initial-peers", help="Any peer of the run (repeatable); without: local checks only."
@@ -45,6 +58,7 @@ def doctor(
     from swarmtrain.core.jsonsafe import dumps
 
     maddrs = split_maddrs(initial_peers)
+    base = _manifest_settings(maddrs, timeout) if maddrs and config is None and run_id is None else None
     cfg = load_config(
         config,
         {
@@ -52,6 +66,7 @@ def doctor(
             "peers.initial_peers": maddrs or None,
             "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
         },
+        base=base,
     )
     peers_cfg = cfg.peers.model_copy(update={"identity_path": None, "token": None})  # writes nothing
     checks: list[Check] = []
