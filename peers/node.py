@@ -207,13 +207,13 @@ class PeerNode:
         try:
             server = ManifestServer(self.p2p, self.loop, path.read_bytes())
         except OSError as e:
-            self.close()
+            self.shutdown()
             raise ConfigError(f"cannot read the run manifest {path}: {e.strerror}") from None
         except ProtocolError as e:
-            self.close()
+            self.shutdown()
             raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
         if server.manifest.run_id != self.run_id:
-            self.close()
+            self.shutdown()
             raise ConfigError(f"{path} is run {server.manifest.run_id!r}'s manifest, not {self.run_id!r}'s")
         return server
 

@@ -135,7 +135,7 @@ def adopt_swarm_state(
         trainer goes back to what it had and the donor is skipped)."""
         before = state_snapshot(trainer, collective.round_id) if vouched is not None else None
         rnd = apply_state(trainer, tensors, meta)
-        if before is not None and shared_digest(trainer) != vouched.hex():
+        if before is not None and vouched is not None and shared_digest(trainer) != vouched.hex():
             apply_state(trainer, *before)
             raise ProtocolError("the donor's state is not the one the donors vouched for")
         adopted.append(rnd)
