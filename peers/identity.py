@@ -12,10 +12,18 @@ from pathlib import Path
 
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["ensure_identity", "peer_id_of", "throwaway_identity"]
+__all__ = ["ensure_identity", "peer_id_of", "throwaway_identity", "default_identity_path"]
 
 logger = logging.getLogger(__name__)
 _MAX_KEY_BYTES = 16 * 1024
+
+
+def default_identity_path() -> Path:
+    """This machine's volunteer identity when none is given: ``$XDG_DATA_HOME/swarmtrain/identity.key``
+    (``~/.local/share/swarmtrain/identity.key``); ``swarmtrain identity`` prints its peer ID, the one
+    a join token is issued for."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "swarmtrain" / "identity.key"
 
 
 def ensure_identity(path: str | os.PathLike[str]) -> str:

@@ -25,17 +25,27 @@ def _init(tmp: Path, name: str, run_id: str) -> tuple[Path, str]:
     return run_dir, boot_cmd[boot_cmd.index("--token") + 1]
 
 
-def _volunteer(tmp: Path, run_dir: Path, name: str) -> tuple[Path, str]:
-    key = tmp / f"{name}.key"
-    peer_id = _cli("identity", str(key)).stdout.strip()
+def _volunteer(tmp: Path, run_dir: Path, name: str) -> tuple[Path | None, str]:
+    """A volunteer's identity file and token; ``"a"`` uses this machine's default identity (no
+    --identity anywhere: ``swarmtrain identity`` and ``join`` find it under ``XDG_DATA_HOME``)."""
+    key = None if name == "a" else tmp / f"{name}.key"
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp / "xdg")}
+    args = [] if key is None else [str(key)]
+    got = subprocess.run([*CLI, "identity", *args], capture_output=True, text=True, timeout=120, env=env)
+    peer_id = got.stdout.strip()
+    assert got.returncode == 0 and peer_id, got.stderr
     issued = _cli("token", "issue", "--run-key", str(run_dir / "run.key"), "--run-id", "t-manifest", peer_id)
     assert issued.returncode == 0, issued.stderr
     return key, issued.stdout.strip()
 
 
-def _join(maddr: str, key: Path, token: str, *extra: str, **popen: object) -> subprocess.Popen[str]:
-    argv = [*CLI, "join", "--initial-peers", maddr, "--identity", str(key), "--token", token, *LOOP, *extra]
-    return subprocess.Popen(argv, env=_env(), text=True, **popen)  # type: ignore[call-overload,no-any-return]
+def _join(
+    home: Path, maddr: str, key: Path | None, token: str, *extra: str, **popen: object
+) -> subprocess.Popen[str]:
+    ident = [] if key is None else ["--identity", str(key)]
+    argv = [*CLI, "join", "--initial-peers", maddr, *ident, "--token", token, *LOOP, *extra]
+    env = {**_env(), "XDG_DATA_HOME": str(home / "xdg")}
+    return subprocess.Popen(argv, env=env, text=True, **popen)  # type: ignore[call-overload,no-any-return]
 
 
 @pytest.mark.slow
@@ -43,11 +53,11 @@ def _join(maddr: str, key: Path, token: str, *extra: str, **popen: object) -> su
 def test_volunteers_join_by_the_manifest_alone_and_a_mismatch_or_an_impostor_is_one_line(
     tmp_path: Path,
 ) -> None:
-    """Two volunteers given only the bootstrap's address (+ identity and token) take the run's
-    settings from its signed manifest and commit rounds together; one that sets another codec is
-    refused in one line before any work; one pointed at an impostor's bootstrap (same run ID, its
-    own key and manifest) is refused in one line, because the real run's token does not verify under
-    the impostor's key."""
+    """Two volunteers given only the bootstrap's address and a token (one also an identity file,
+    one this machine's default identity) take the run's settings from its signed manifest and
+    commit rounds together; one that sets another codec is refused in one line before any work;
+    one pointed at an impostor's bootstrap (same run ID, its own key and manifest) is refused in one
+    line, because the real run's token does not verify under the impostor's key."""
     run_dir, boot_token = _init(tmp_path, "run", "t-manifest")
     fake_dir, fake_token = _init(tmp_path, "fake", "t-manifest")
     boot, _, maddrs = _start_dht(
@@ -61,7 +71,7 @@ def test_volunteers_join_by_the_manifest_alone_and_a_mismatch_or_an_impostor_is_
         key_a, tok_a = _volunteer(tmp_path, run_dir, "a")
         key_b, tok_b = _volunteer(tmp_path, run_dir, "b")
 
-        mismatch = _join(maddrs[0], key_a, tok_a, "--compressor", "ternary", stderr=subprocess.PIPE)
+        mismatch = _join(tmp_path, maddrs[0], key_a, tok_a, "--compressor", "ternary", stderr=subprocess.PIPE)
         _, err = mismatch.communicate(timeout=120)
         assert mismatch.returncode == 2, err[-2000:]
         assert err.strip().splitlines() == [
@@ -69,7 +79,7 @@ def test_volunteers_join_by_the_manifest_alone_and_a_mismatch_or_an_impostor_is_
             "peer sets 'ternary': drop that setting (the manifest carries the run's settings)"
         ]
 
-        impostor = _join(fake_maddrs[0], key_a, tok_a, "--steps", "5", stderr=subprocess.PIPE)
+        impostor = _join(tmp_path, fake_maddrs[0], key_a, tok_a, "--steps", "5", stderr=subprocess.PIPE)
         _, err = impostor.communicate(timeout=120)
         assert impostor.returncode == 2, err[-2000:]
         assert len(err.strip().splitlines()) == 1 and "did not issue your token" in err, err[-2000:]
@@ -77,7 +87,9 @@ def test_volunteers_join_by_the_manifest_alone_and_a_mismatch_or_an_impostor_is_
         for name, key, tok in (("a", key_a, tok_a), ("b", key_b, tok_b)):
             out = tmp_path / f"{name}.json"
             log = (tmp_path / f"{name}.err").open("w")
-            procs.append(_join(maddrs[0], key, tok, "--steps", "20", "--json", str(out), stderr=log))
+            procs.append(
+                _join(tmp_path, maddrs[0], key, tok, "--steps", "20", "--json", str(out), stderr=log)
+            )
         for p in procs:
             assert p.wait(timeout=400) == 0, [(tmp_path / f"{n}.err").read_text()[-2000:] for n in "ab"]
     finally:

@@ -21,7 +21,10 @@ def join(
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file of the run."),
     run_id: str | None = typer.Option(None, "--run-id", help="Run to join (default: the config's)."),
     identity: str | None = typer.Option(
-        None, "--identity", help="Private key file (created if missing): keeps the peer ID on restarts."
+        None,
+        "--identity",
+        help="Private key file (created if missing): keeps the peer ID on restarts; default under token "
+        "or allowlist: this machine's (`swarmtrain identity` prints its peer ID).",
     ),
     host_maddrs: list[str] | None = typer.Option(None, "--host-maddrs", help="Multiaddrs to listen on."),
     announce_maddrs: list[str] | None = typer.Option(
@@ -108,6 +111,10 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
                 raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
             cfg = config_from_manifest(manifest, config, overrides)
     check_open_policy(cfg)
+    if cfg.peers.admission != "open" and not cfg.peers.identity_path:
+        from peers.identity import default_identity_path
+
+        cfg.peers.identity_path = str(default_identity_path())  # what `swarmtrain identity` prints
     if cfg.peers.admission == "token" and cfg.peers.token and by_manifest:
         _check_token_signer(cfg)
     check_own_admission(cfg.peers)  # a peer the run keeps out learns it before any work

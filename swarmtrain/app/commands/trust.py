@@ -127,12 +127,15 @@ def token_issue(
 
 
 def identity(
-    path: Path = typer.Argument(..., help="Private key file; created if missing."),
+    path: Path | None = typer.Argument(
+        None, help="Private key file; created if missing (default: this machine's, the one join uses)."
+    ),
 ) -> None:
-    """Print the peer ID of an identity file (creating the file if it does not exist)."""
-    from peers.identity import ensure_identity
+    """Print the peer ID of an identity file (creating the file if it does not exist); without FILE,
+    of this machine's default identity, which `join` uses when given no --identity."""
+    from peers.identity import default_identity_path, ensure_identity
 
-    typer.echo(ensure_identity(path))
+    typer.echo(ensure_identity(path if path is not None else default_identity_path()))
 
 
 def register(app: typer.Typer) -> None:
