@@ -3,8 +3,9 @@
 Every codec is registered by name in ``CODECS`` (``none``, ``fp16``, ``bf16``, ``int8``, ``int4``,
 ``ternary``, ``topk``; composites ``topk+<codec>``) and implements ``swarmtrain.core.protocols.Compressor``:
 ``compress(t, *, key="") -> Packet`` and ``decompress(p) -> Tensor``. ``ErrorFeedback`` and ``EF21``
-wrap any of them. ``swarmtrain.core.wire`` turns packets into bytes and back; decoders treat packets as
-hostile and raise ``ProtocolError`` on any inconsistency.
+wrap any of them. Installed distributions add codecs through the ``swarmtrain.codecs`` entry-point
+group (``compression.plugins``), loaded on import. ``swarmtrain.core.wire`` turns packets into bytes
+and back; decoders treat packets as hostile and raise ``ProtocolError`` on any inconsistency.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from compression.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from compression.factory import VALUE_CODECS, build_compressor, codec_names, decompress_any, make_codec
 from compression.feedback import EF21, ErrorFeedback
 from compression.kernels import compile_mode
+from compression.plugins import ENTRY_POINT_GROUP, load_codec_plugins
 from compression.ternary import TernaryCompressor
 from compression.topk import TopKCompressor
 
@@ -38,4 +40,8 @@ __all__ = [
     "codec_names",
     "decompress_any",
     "compile_mode",
+    "load_codec_plugins",
+    "ENTRY_POINT_GROUP",
 ]
+
+load_codec_plugins()  # installed third-party codecs (entry points ``swarmtrain.codecs``)

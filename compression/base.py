@@ -16,7 +16,7 @@ import torch
 
 from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
 from swarmtrain.core.packet import Packet, ParamValue
-from swarmtrain.core.registry import Registry
+from swarmtrain.core.registry import CODECS
 
 __all__ = [
     "CODECS",
@@ -33,7 +33,8 @@ __all__ = [
     "abs_limit",
 ]
 
-CODECS: Registry[type] = Registry("codec")
+# ``CODECS`` (re-exported here) is ``swarmtrain.core.registry.CODECS``: the wire's allow-list derives
+# from it. Codecs register with ``@CODECS.register(name)``; plugins through ``compression.plugins``.
 
 #: dtypes a packet may declare (the wire allow-list uses the same names).
 DTYPES: dict[str, torch.dtype] = {
@@ -176,6 +177,8 @@ class Codec:
     name: str = ""
     #: True for codecs whose decode of a packet is not an estimate of the input itself.
     sends_increments: ClassVar[bool] = False
+    #: True for codecs that may carry top-k's kept values (``topk+<name>``): any 1-D float tensor.
+    value_codec: ClassVar[bool] = False
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")

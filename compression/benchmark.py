@@ -20,16 +20,18 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from compression.base import CODECS
 from compression.factory import codec_names, make_codec
 from compression.kernels import compile_mode, min_numel
 from compression.native import available as native_available
 from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.registry import NamesView
 
 __all__ = [
     "CodecResult",
@@ -44,7 +46,16 @@ __all__ = [
     "keep_freed_memory",
 ]
 
-DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4", "ternary", "topk+int8")
+
+def _default_codecs() -> list[str]:
+    """Every registered codec (registration order; plugins included) but bare ``topk``, then ``topk+int8``."""
+    names = [n for n in CODECS.in_order() if n != "topk"]
+    return [*names, "topk+int8"] if "topk+int8" in CODECS.wire_names() else names
+
+
+#: the codecs measured by default: derived from the registry on each use, so a new codec (or a
+#: plugin's) is measured without editing a list here.
+DEFAULT_CODECS: NamesView = NamesView(_default_codecs, ordered=True)
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,7 @@ def _time_interleaved(
 
 def benchmark_codecs(
     numel: int = 1 << 26,
-    codecs: Sequence[str] = DEFAULT_CODECS,
+    codecs: Iterable[str] = DEFAULT_CODECS,
     *,
     reps: int = 3,
     device: str | torch.device = "cpu",
@@ -164,6 +175,7 @@ def benchmark_codecs(
     copy, one compress, one decompress per repetition; best of each), so a codec and its roofline
     see the same background load on a shared machine; ``copy_rw_gbps`` of each result is that copy.
     """
+    codecs = list(codecs)  # a live default is read once
     for name in codecs:
         if name not in codec_names():
             raise ConfigError(f"unknown codec {name!r}; choose from {', '.join(codec_names())}")

@@ -130,6 +130,7 @@ class BlockwiseCodec(Codec):
 
     bits = 8
     qmax = 127
+    value_codec = True
 
     def __init__(self, block: int = 256, device: str | torch.device | None = None) -> None:
         super().__init__(device)

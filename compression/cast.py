@@ -23,6 +23,7 @@ class NoneCompressor(Codec):
     """
 
     name = "none"
+    value_codec = True
 
     def payload_nbytes(self, numel: int, dtype: str = "float32") -> int:
         """``numel * itemsize(dtype)``."""
@@ -44,6 +45,7 @@ class _CastCodec(Codec):
     """Round to a 16-bit float type and back; values beyond its range raise ``UpdateRejected``."""
 
     wire_dtype: torch.dtype = torch.float16
+    value_codec = True
 
     def payload_nbytes(self, numel: int, dtype: str = "float32") -> int:
         """Two bytes per element."""

@@ -178,6 +178,7 @@ class TernaryCompressor(Codec):
     """
 
     name = "ternary"
+    value_codec = True
 
     def __init__(
         self,

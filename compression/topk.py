@@ -10,6 +10,8 @@ duplicates (whose scatter order would differ between devices).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +71,11 @@ class TopKCompressor(Codec):
             raise ConfigError("codec 'topk': the inner codec must be a plain value codec")
         self.inner.device = self.device
         self.name = "topk" if isinstance(self.inner, NoneCompressor) else f"topk+{self.inner.name}"
+
+    @classmethod
+    def composite_names(cls, registry: Any) -> Iterable[str]:
+        """``topk+<value codec>`` for every registered value codec but ``none`` (that is ``topk``)."""
+        return [f"topk+{v}" for v in registry.value_names() if v != "none"]
 
     def k_for(self, numel: int) -> int:
         """How many elements a tensor of ``numel`` elements keeps."""

@@ -6,7 +6,8 @@ Layout (format version 1), one msgpack array of six items::
 
 The decoder trusts nothing. It parses with the core's bounded msgpack decoder
 (:func:`swarmtrain.core.safe_msgpack.unpack`: input size, string, binary, array and map lengths,
-nesting depth, no ext types), then checks every field: version, codec and dtype allow-lists, shape
+nesting depth, no ext types), then checks every field: version, codec (allowed when registered in
+``swarmtrain.core.registry.CODECS``) and dtype allow-lists, shape
 rank and element count, parameter names and scalar types, buffer count and total size. Any violation
 raises ``ProtocolError`` saying what was wrong, never another exception. ``pickle`` is never
 involved. Checking that the buffers agree with the shape *for the codec* is the codec's job:
@@ -22,6 +23,7 @@ import msgpack
 
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet, ParamValue
+from swarmtrain.core.registry import CODECS, NamesView
 from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
@@ -39,23 +41,11 @@ __all__ = [
 ]
 
 WIRE_VERSION = 1
-#: Codec names of format version 1 (``compression.codec_names()`` must stay within this set).
-WIRE_CODECS: frozenset[str] = frozenset(
-    {
-        "none",
-        "fp16",
-        "bf16",
-        "int8",
-        "int4",
-        "ternary",
-        "topk",
-        "topk+fp16",
-        "topk+bf16",
-        "topk+int8",
-        "topk+int4",
-        "topk+ternary",
-    }
-)
+#: Codec names a packet may carry: derived, on every use, from the codec registry (``CODECS``: the
+#: built-in codecs once ``compression`` is imported, plus installed plugins), so a codec is allowed
+#: exactly when this process can decode it. Empty until ``compression`` registers its codecs, which
+#: fails closed (every packet refused).
+WIRE_CODECS: NamesView = NamesView(CODECS.wire_names)
 WIRE_DTYPES: frozenset[str] = frozenset({"float32", "float16", "bfloat16"})
 MAX_NUMEL = 1 << 26  # default cap on decoded elements (64M: 256 MiB of float32)
 MAX_BYTES = (1 << 28) + (1 << 16)  # default cap on a packet's wire size
@@ -147,7 +137,7 @@ def decode_packet(
     version, codec, dtype, shape, params, buffers = obj
     if type(version) is not int or version != WIRE_VERSION:
         raise ProtocolError(f"unsupported packet format version {version!r:.20}")
-    allowed = WIRE_CODECS if codecs is None else codecs
+    allowed = CODECS.wire_names() if codecs is None else codecs
     if _check_name(codec, "codec") not in allowed:
         raise ProtocolError(f"codec {codec!r} is not allowed")
     if _check_name(dtype, "dtype") not in WIRE_DTYPES:
