@@ -419,6 +419,10 @@ class _Supervisor:
                 self.on_progress(rank, PeerStatus(**payload))
         elif kind == "done" and slot is not None:
             slot.outcome = PeerOutcome(**payload)
+            if slot.rejoining:  # it adopted the final state: no step left to train
+                slot.rejoining = False
+                slot.step = slot.outcome.steps
+                self._event(slot, "rejoined")
         elif kind == "intruder":
             self.intrusion.reports[rank] = payload
         elif kind == "intruder_error":

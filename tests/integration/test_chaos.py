@@ -1,0 +1,81 @@
+"""Chaos on loopback: real peer processes SIGKILLed or SIGTERMed at random moments and restarted with
+the same identity; the survivors go on, the restarted peers rejoin through the state download, and
+everyone ends with the same parameters. Nothing of the run outlives it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import pytest
+
+from swarmtrain.core.config import Config, load_config
+from swarmtrain.simulation.chaos import parse_chaos
+from swarmtrain.simulation.runner import run_simulation
+
+TAG_ENV = "CHAOS_TEST_TREE"  # inherited by every process the run starts (not SWARMTRAIN_*: config)
+
+
+def _cfg(**overrides: Any) -> Config:
+    base: dict[str, Any] = {
+        "train.eval_interval": 10_000,
+        "train.log_interval": 5,
+        "train.steps": 80,
+        "train.batch_size": 8,
+        "train.eval_batches": 4,
+        "peers.min_peers": 2,
+        "peers.admission": "token",
+        "strategy.name": "diloco",
+        "strategy.inner_steps": 10,
+        "compression.codec": "int8",
+    }
+    base.update(overrides)
+    return load_config(None, base, env={})
+
+
+def _tagged(tag: str) -> list[Any]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if p.environ().get(TAG_ENV) == tag:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(
+    strict=False,
+    reason="known: under CPU contention a restarted peer can find no donor within join_window (3 s), "
+    "start from step 0 and end with different parameters (issue 14, open)",
+)
+def test_chaos_kills_and_restarts_peers_and_the_survivors_agree() -> None:
+    tag = uuid.uuid4().hex
+    os.environ[TAG_ENV] = tag
+    try:
+        res = run_simulation(
+            _cfg(), 3, chaos=parse_chaos("kill=4/min,preempt=4/min,restart=2s,seed=5"), timeout=500
+        )
+    finally:
+        os.environ.pop(TAG_ENV, None)
+    faults = res.kills + res.preemptions
+    assert faults >= 1, res.timeline
+    events = [e["event"] for e in res.timeline]
+    # every fault came back with the same rank (and identity file) and adopted the swarm's state
+    assert res.restarts == faults and events.count("rejoined") == faults, res.timeline
+    assert res.missing_ranks == [] and len(res.outcomes) == 3
+    restarted = {e["rank"] for e in res.timeline if e["event"] == "rejoined"}
+    for o in res.outcomes:
+        if o.rank in restarted:
+            assert o.donors, f"peer {o.rank} restarted without downloading the state"
+    assert res.params_identical, [(o.rank, o.final_digest) for o in res.outcomes]
+    assert res.rounds_committed >= 4
+    assert all(e["t"] >= 0 and e["rank"] in (0, 1, 2) for e in res.timeline)
+    assert _tagged(tag) == []  # no process of the run is left
