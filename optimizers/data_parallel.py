@@ -26,6 +26,7 @@ from optimizers.base import (
     load_compressor_state,
     make_compressor,
     options_of,
+    reduce_or_rollback,
     require_collective,
     round_report,
     trainable_parameters,
@@ -108,7 +109,8 @@ class DataParallel:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         buckets, layout = flatten_buckets(grads, self.bucket_numel)
         t0 = time.perf_counter()
-        res = self.collective.all_reduce(
+        res = reduce_or_rollback(  # a failed round's gradient is dropped, so is its residual update
+            self.collective,
             buckets,
             compressor=self.compressor,
             reducer=self.ctx.reducer,

@@ -257,7 +257,7 @@ def parse_manifest(data: bytes) -> RunManifest:
         raise ProtocolError("the manifest signature must be 128 hex digits")
     if body.get("format") != FORMAT:
         raise ProtocolError(f"manifest format {body.get('format')!r} is not {FORMAT} (another release?)")
-    from peers.node import RUN_ID_PATTERN
+    from peers.records import RUN_ID_PATTERN
 
     run_id = _str(body, "run_id", 64)
     if not RUN_ID_PATTERN.match(run_id):

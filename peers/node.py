@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -26,7 +25,7 @@ from peers.admission import AdmittedPeers, admission_from, own_token
 from peers.ledger import ByteLedger
 from peers.memory import retain_freed_buffers
 from peers.probe import serve_probes
-from peers.records import PeerRecord, decode_record, encode_record, peers_key
+from peers.records import RUN_ID_PATTERN, PeerRecord, decode_record, encode_record, peers_key
 from peers.signing import Signer
 from peers.transport import LoopThread
 from swarmtrain.core.config import PeersConfig
@@ -35,7 +34,6 @@ from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError,
 __all__ = ["PeerNode", "validate_maddrs", "dht_time", "live_records", "RUN_ID_PATTERN"]
 
 logger = logging.getLogger(__name__)
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _DHT_CALL_TIMEOUT = 15.0
 
 

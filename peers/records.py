@@ -10,6 +10,7 @@ with the core's bounded msgpack and validated field by field; a bad record is sk
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,7 +19,10 @@ import msgpack
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.safe_msgpack import unpack
 
-__all__ = ["PeerRecord", "encode_record", "decode_record", "peers_key", "MAX_RECORD_BYTES"]
+#: a run ID: 1-64 letters, digits, '_', '.', '-' (it names DHT keys and stream handlers)
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+__all__ = ["PeerRecord", "encode_record", "decode_record", "peers_key", "MAX_RECORD_BYTES", "RUN_ID_PATTERN"]
 
 MAX_RECORD_BYTES = 8192
 _MAX_EXTRA = 16

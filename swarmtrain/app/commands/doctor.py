@@ -22,7 +22,7 @@ _NO_PEERS = "no --initial-peers"
 def _manifest_settings(maddrs: list[str], timeout: float) -> dict[str, object] | None:
     """The run-wide settings of the manifest the initial peer serves (its run ID and policy), or None
     when it serves none (a run made without ``run init``): the doctor then checks the default run."""
-    from peers.manifest_service import fetch_manifest
+    from peers.manifest_fetch import fetch_manifest
     from swarmtrain.core.errors import SwarmError
 
     try:

@@ -89,7 +89,9 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
     from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
 
     if by_manifest:
-        from peers.manifest_service import fetch_manifest
+        from peers.manifest_fetch import fetch_manifest
+
+        load_config(None, overrides)  # this peer's own flags and environment: their errors come first
 
         try:
             manifest, document, _ = fetch_manifest(list(overrides.get("peers.initial_peers") or []))
