@@ -294,7 +294,8 @@ class _Peer:
             self.check_settings()
             # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
             # start the run)
-            self.catch_up(wait_for_donor=self.cfg.peers.join_window)
+            if not self.catch_up(wait_for_donor=self.cfg.peers.join_window) and self._run_started():
+                self._wait_for_the_runs_state()
             self.server.refresh()
             self.check_breakdown_point()
         t0 = time.perf_counter()
@@ -352,6 +353,31 @@ class _Peer:
                 p.byzantine_f,
                 self.round_needs,
                 n,
+            )
+
+    def _run_started(self) -> int:
+        """The highest round another live peer's record shows (0: the run has not synced yet)."""
+        try:
+            peers = self.node.live_peers()
+        except SwarmError:
+            return 0
+        return max((p.round for p in peers if p.peer_id != self.node.peer_id), default=0)
+
+    def _wait_for_the_runs_state(self) -> None:
+        """The run is past its first round but no donor served a state yet (donors busy, a restarted
+        peer slow to start, not yet two donors vouching): training from this peer's own initial
+        parameters would give it a model nobody else has, so it waits for the state instead.
+
+        Raises:
+            SwarmError: no donor served the run's state within ``catch_up_timeout``.
+        """
+        rnd = self._run_started()
+        timeout = self.membership.catch_up_timeout
+        logger.warning("the run is at round %d: waiting up to %.0f s for a donor's state", rnd, timeout)
+        if not self.catch_up(wait_for_donor=timeout):
+            raise SwarmError(
+                f"the run is at round {rnd} but no donor served its state within {timeout:.0f} s; "
+                "this peer will not train from its own initial parameters"
             )
 
     def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:

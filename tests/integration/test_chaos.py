@@ -5,6 +5,7 @@ everyone ends with the same parameters. Nothing of the run outlives it."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from typing import Any
 
@@ -34,6 +35,12 @@ def _cfg(**overrides: Any) -> Config:
     return load_config(None, base, env={})
 
 
+def _own_tracker(p: Any) -> bool:
+    """This test process's own multiprocessing resource tracker (started during the run when no
+    earlier test started it, so it inherits the tag; it lives as long as pytest does)."""
+    return bool(p.ppid() == os.getpid() and any("resource_tracker" in a for a in p.cmdline()))
+
+
 def _tagged(tag: str) -> list[Any]:
     import psutil
 
@@ -42,7 +49,7 @@ def _tagged(tag: str) -> list[Any]:
         if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         try:
-            if p.environ().get(TAG_ENV) == tag:
+            if p.environ().get(TAG_ENV) == tag and not _own_tracker(p):
                 out.append(p)
         except psutil.Error:
             continue
@@ -51,11 +58,6 @@ def _tagged(tag: str) -> list[Any]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=False,
-    reason="known: under CPU contention a restarted peer can find no donor within join_window (3 s), "
-    "start from step 0 and end with different parameters (issue 14, open)",
-)
 def test_chaos_kills_and_restarts_peers_and_the_survivors_agree() -> None:
     tag = uuid.uuid4().hex
     os.environ[TAG_ENV] = tag
@@ -78,4 +80,8 @@ def test_chaos_kills_and_restarts_peers_and_the_survivors_agree() -> None:
     assert res.params_identical, [(o.rank, o.final_digest) for o in res.outcomes]
     assert res.rounds_committed >= 4
     assert all(e["t"] >= 0 and e["rank"] in (0, 1, 2) for e in res.timeline)
-    assert _tagged(tag) == []  # no process of the run is left
+    deadline = time.monotonic() + 10  # processes killed at teardown take a moment to be reaped
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p.pid, p.name(), " ".join(p.cmdline()[:4])) for p in _tagged(tag)]
+    assert left == []  # no process of the run is left
