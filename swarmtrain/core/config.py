@@ -157,6 +157,9 @@ class CompressionConfig(_Section):
     block_size: int = Field(default=256, ge=8, le=1 << 20)
     topk_fraction: float = Field(default=0.01, gt=0, le=1)
     error_feedback: Literal["none", "ef", "ef21"] = "none"
+    options: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="codec options, e.g. {block = 64}; topk+X: k, fraction go to top-k"
+    )
 
 
 class BaseStrategyConfig(BaseModel):
