@@ -17,6 +17,15 @@ around each collective call and aborts it when the round does not commit, so the
 the round had never been tried. Otherwise a failed round would advance the residual by a pseudo-gradient
 that the next round sends again (DiLoCo retries with everything since its last good sync), counting it
 twice. ``optimizers.base.reduce_or_rollback`` does this for every strategy.
+
+Keys name *what* is compressed, never where it sits in a message. ``compress(t, key=...)`` keeps one
+memory tensor of ``t``'s shape per key. ``compress_span(t, key=..., lo=..., total=...)`` compresses
+elements ``[lo, lo + t.numel())`` of a flat vector of ``total`` elements named ``key`` (the
+collective's butterfly names the concatenation of the tensors it reduces, by their names and shapes,
+and cuts it into chunks that depend on the group size): its memory is one flat ``[total]`` vector per
+key and each call reads and writes only its range, so the memory of an element stays that element's
+whatever the chunking, and a new group size (a membership change) re-cuts the same residuals instead
+of leaving stale, mis-shaped ones behind.
 """
 
 from __future__ import annotations
@@ -90,6 +99,9 @@ class _Stateful(Codec):
             self._undo[key] = self._memory.get(key)
         self._memory[key] = value
 
+    #: dtype of the memory tensors
+    _dtype: torch.dtype = torch.float64
+
     def _slot(self, key: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         m = self._memory.get(key)
         if m is None:
@@ -97,6 +109,50 @@ class _Stateful(Codec):
         if m.shape != t.shape:
             raise ConfigError(f"key {key!r} was used for shape {tuple(m.shape)}, now {tuple(t.shape)}")
         return m.to(t.device)
+
+    def _flat(self, key: str, total: int, device: torch.device) -> torch.Tensor:
+        """``key``'s flat ``[total]`` memory, writable in place: a private copy while a round is open
+        (so ``abort_round`` can restore the tensor the round started from), zeros when new.
+
+        Raises:
+            ConfigError: ``key`` holds memory of another size.
+        """
+        m = self._memory.get(key)
+        if m is not None and tuple(m.shape) != (total,):
+            raise ConfigError(f"key {key!r} was used for shape {tuple(m.shape)}, now ({total},)")
+        if m is None:
+            m = torch.zeros(total, dtype=self._dtype, device=device)
+        elif m.device != device or (self._undo is not None and key not in self._undo):
+            m = m.to(device=device, copy=True)
+        else:
+            return m  # no round open, or already copied in this one
+        self._store(key, m)
+        return m
+
+    def _encode(self, t: torch.Tensor, m: torch.Tensor, key: str) -> tuple[Packet, torch.Tensor]:
+        """Encode ``t`` given its memory ``m`` (same shape); returns the packet and the new memory."""
+        raise NotImplementedError
+
+    def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
+        """Encode ``t`` with the memory of ``key`` (one tensor of ``t``'s shape) and update it."""
+        p, new = self._encode(t, self._slot(key, t, self._dtype), key)
+        self._store(key, new)
+        return p
+
+    def compress_span(self, t: torch.Tensor, *, key: str, lo: int, total: int) -> Packet:
+        """Encode ``t``, elements ``[lo, lo + t.numel())`` of the flat vector ``key`` of ``total``
+        elements, with the memory of those elements, and update only them.
+
+        Raises:
+            ConfigError: the range does not fit ``total``, or ``key`` holds memory of another size.
+        """
+        hi = lo + t.numel()
+        if not 0 <= lo <= hi <= total:
+            raise ConfigError(f"span [{lo}, {hi}) of key {key!r} outside its {total} elements")
+        flat = self._flat(key, total, t.device)
+        p, new = self._encode(t.reshape(-1), flat[lo:hi], key)
+        flat[lo:hi] = new
+        return p
 
     def payload_nbytes(self, numel: int, dtype: str = "float32") -> int:
         """The inner codec's payload size."""
@@ -121,6 +177,14 @@ class _Stateful(Codec):
         self._memory = {str(k): v.clone() for k, v in memory.items()}
         self._undo = None  # the loaded state supersedes any open round
         _load_inner(self.encoder, state.get("inner", {}))
+
+    def retain(self, prefix: str, keep: str) -> None:
+        """Forget the memory of every key that starts with ``prefix`` except ``keep`` (an open round's
+        ``abort_round`` brings it back)."""
+        for k in [k for k in self._memory if k.startswith(prefix) and k != keep]:
+            if self._undo is not None and k not in self._undo:
+                self._undo[k] = self._memory[k]
+            del self._memory[k]
 
     def reset(self, key: str | None = None) -> None:
         """Forget the memory of ``key`` (or of every key)."""
@@ -153,14 +217,12 @@ class ErrorFeedback(_Stateful):
         """The current residual of ``key`` (float64), or ``None`` before its first compress."""
         return self._memory.get(key)
 
-    def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
-        """Encode ``t`` plus the remembered residual of ``key``, and remember the new residual."""
-        r = self._slot(key, t, torch.float64)
-        corrected = (t.detach().to(torch.float64) + r).to(t.dtype)
+    def _encode(self, t: torch.Tensor, m: torch.Tensor, key: str) -> tuple[Packet, torch.Tensor]:
+        """Encode ``t`` plus the residual ``m``; the new residual is what the packet dropped."""
+        corrected = (t.detach().to(torch.float64) + m).to(t.dtype)
         p = self.encoder.compress(corrected, key=key)
-        decoded = self.inner.decompress(p).to(t.device)
-        self._store(key, corrected.to(torch.float64) - decoded.to(torch.float64))
-        return p
+        decoded = self.inner.decompress(p).to(t.device).reshape(t.shape)
+        return p, corrected.to(torch.float64) - decoded.to(torch.float64)
 
 
 class EF21(_Stateful):
@@ -171,14 +233,14 @@ class EF21(_Stateful):
     """
 
     sends_increments = True
+    _dtype = torch.float32
 
     def estimate(self, key: str) -> torch.Tensor | None:
         """This peer's current estimate ``g`` of ``key`` (float32), or ``None`` before its first use."""
         return self._memory.get(key)
 
-    def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
-        """Encode the increment ``t - g`` of ``key`` and advance ``g`` by its decoded value."""
-        g = self._slot(key, t, torch.float32)
-        p = self.encoder.compress((t.detach().float() - g).to(t.dtype), key=key)
-        self._store(key, g + self.inner.decompress(p).to(device=t.device, dtype=torch.float32))
-        return p
+    def _encode(self, t: torch.Tensor, m: torch.Tensor, key: str) -> tuple[Packet, torch.Tensor]:
+        """Encode the increment ``t - g`` (``g = m``); the new estimate is ``g`` plus its decode."""
+        p = self.encoder.compress((t.detach().float() - m).to(t.dtype), key=key)
+        inc = self.inner.decompress(p).to(device=t.device, dtype=torch.float32).reshape(t.shape)
+        return p, m + inc

@@ -16,7 +16,11 @@ fragment holds more than ``ceil(total / F)`` elements (``optimizers.fragments`` 
 pieces where whole ones do not balance), so the peak bytes of a sync are ``1/F`` of a DiLoCo sync.
 The anchor and outer momentum are kept per piece (a piece is a whole parameter unless it had to be
 cut); ``state_dict()["anchor"]`` and ``global_parameters()`` are per parameter. What is exchanged
-goes through the configured codec; error-feedback residuals live in the codec, keyed by piece key.
+goes through the configured codec; error-feedback residuals live in the codec, keyed by what they
+compress, never by position: the in-process collective keys them by piece key, the peers' butterfly
+(``peers.butterfly``) by the fragment's pieces (names and shapes) and element range, so two
+fragments never share memory, even of equal size. Every sync's ``StepReport.extra["fragment"]``
+says which fragment the round was (the peer loop counts outcomes per fragment from it).
 
 A round that does not commit leaves the fragment untouched (its error-feedback residuals included:
 ``reduce_or_rollback``): it keeps training locally and retries at its next slot, with a

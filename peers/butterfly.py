@@ -117,6 +117,12 @@ class Layout:
     chunks: list[list[Chunk]]
     digest: bytes
 
+    @property
+    def spec(self) -> str:
+        """16 hex digits naming the tensors reduced (their names and shapes, in order), whatever the
+        group: the identity of the flat vector, which error-feedback memory is keyed by."""
+        return self.digest[-8:].hex()
+
     @classmethod
     def of(cls, tensors: Mapping[str, torch.Tensor], group_digest: bytes, n_parts: int, step: int) -> Layout:
         """The layout of ``tensors`` cut into ``n_parts`` partitions of chunks of ``step`` elements."""
@@ -153,15 +159,42 @@ class ReduceJob:
         return replace(env, index=index, chunk=chunk, weight=weight, frames=1, nbytes=len(frame))
 
     def encode_part(self, part: torch.Tensor, i: int, c: int) -> bytes:
-        """This peer's encoded contribution to chunk ``c`` of partition ``i``."""
-        size = self.io.group.size
-        return encode_packet_bytes(self.compressor.compress(part, key=f"{self.io.kind}/{size}/{i}/{c}"))
+        """This peer's encoded contribution to chunk ``c`` of partition ``i``.
+
+        Error-feedback memory is keyed by what is sent, never by a chunk's position: the key is the
+        flat vector's identity (the round kind and :attr:`Layout.spec`, the tensors' names and
+        shapes), so two tensor sets (Streaming DiLoCo's fragments) never share memory. A codec with
+        ``compress_span`` (``compression.feedback``) keeps one flat memory per vector and reads and
+        writes only this chunk's elements: a new group size (another cut into partitions) finds each
+        element's residual where it left it. Any other codec gets ``key/a:b``, the chunk's range.
+        """
+        a, b = self.layout.chunks[i][c]
+        key = f"{self.io.kind}/{self.layout.spec}"
+        span = getattr(self.compressor, "compress_span", None)
+        if callable(span):
+            return encode_packet_bytes(span(part, key=key, lo=a, total=self.layout.numel))
+        return encode_packet_bytes(self.compressor.compress(part, key=f"{key}/{a}:{b}"))
 
     def encode_aggregate(self, agg: torch.Tensor, i: int, c: int) -> bytes:
         """The encoded aggregate of chunk ``c`` of partition ``i`` (a primary and its verifier use the
-        same key, so honest ones encode the same bytes)."""
-        key = f"{self.io.kind}/agg/{self.io.group.size}/{i}/{c}"
-        return encode_packet_bytes(self.agg_codec.compress(agg, key=key))
+        same key, so honest ones encode the same bytes).
+
+        An owner's error-feedback memory of its aggregates is keyed by the vector and its partition's
+        range (``kind/agg/spec/lo:hi``), a flat memory of the partition's size; when the partition
+        changes (a new group), the memory of this vector's other partitions is dropped (``retain``):
+        the elements they held belong to other owners now, who never saw that rounding error.
+        """
+        a, b = self.layout.chunks[i][c]
+        lo, hi = self.layout.chunks[i][0][0], self.layout.chunks[i][-1][1]
+        prefix = f"{self.io.kind}/agg/{self.layout.spec}/"
+        key = f"{prefix}{lo}:{hi}"
+        span = getattr(self.agg_codec, "compress_span", None)
+        if not callable(span):
+            return encode_packet_bytes(self.agg_codec.compress(agg, key=f"{prefix}{a}:{b}"))
+        retain = getattr(self.agg_codec, "retain", None)
+        if callable(retain):
+            retain(prefix, key)
+        return encode_packet_bytes(span(agg, key=key, lo=a - lo, total=hi - lo))
 
 
 class ReduceCheck(Protocol):

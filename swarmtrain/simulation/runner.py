@@ -73,6 +73,8 @@ class PeerOutcome:
     attack_stats: dict[str, int] = field(default_factory=dict)
     donors: list[str] = field(default_factory=list)  # the peers each adopted state came from
     rss_growth_mib: float = 0.0  # peak resident memory over the run minus that at the first step
+    # Streaming DiLoCo: fragment -> {"committed", "failed"} rounds (late ones counted as failed)
+    fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +118,23 @@ class SimulationResult:
         return sum(o.failed_rounds for o in self.outcomes)
 
     @property
+    def rounds_per_fragment(self) -> dict[int, dict[str, int]]:
+        """Streaming DiLoCo: fragment -> rounds committed and failed, summed over the peers that
+        finished (one per peer and round); empty for strategies without fragments."""
+        out: dict[int, dict[str, int]] = {}
+        for o in self.outcomes:
+            for f, counts in o.fragment_rounds.items():
+                acc = out.setdefault(int(f), {"committed": 0, "failed": 0})
+                for k in acc:
+                    acc[k] += int(counts.get(k, 0))
+        return dict(sorted(out.items()))
+
+    @property
+    def stalled_fragments(self) -> list[int]:
+        """Fragments no peer ever committed while another fragment did (see :func:`params_identical`)."""
+        return _stalled(self.outcomes)
+
+    @property
     def bytes_per_token(self) -> float:
         """Bytes sent per peer per token that peer trained on."""
         per_peer_tokens = self.tokens / max(self.peers, 1)
@@ -129,6 +148,8 @@ class SimulationResult:
         d["bytes_per_token"] = self.bytes_per_token
         d["rounds_committed"] = self.rounds_committed
         d["rounds_failed"] = self.rounds_failed
+        d["rounds_per_fragment"] = self.rounds_per_fragment
+        d["stalled_fragments"] = self.stalled_fragments
         return d
 
 
@@ -214,6 +235,10 @@ def _outcome(rank: int, run: Any, attack_stats: dict[str, int]) -> PeerOutcome:
         late_rounds=run.late_caught_up,
         attack_stats=attack_stats,
         donors=[str(d.get("donor", "")) for d in run.downloads],
+        fragment_rounds={
+            int(f): {"committed": c.get("committed", 0), "failed": c.get("failed", 0) + c.get("late", 0)}
+            for f, c in getattr(run, "fragment_rounds", {}).items()
+        },
     )
 
 
@@ -615,9 +640,24 @@ def stop_peers(procs: list[Any]) -> None:
         p.terminate(grace=3.0)
 
 
+def _stalled(outcomes: list[PeerOutcome]) -> list[int]:
+    """Fragments that no peer committed a round of while some other fragment committed one."""
+    committed: dict[int, int] = {}
+    for o in outcomes:
+        for f, c in o.fragment_rounds.items():
+            committed[int(f)] = committed.get(int(f), 0) + int(c.get("committed", 0))
+    if not any(committed.values()):
+        return []  # nothing committed at all: the run's own failure, not one fragment's
+    return sorted(f for f, n in committed.items() if n == 0)
+
+
 def params_identical(outcomes: list[PeerOutcome]) -> bool:
-    """True when every peer ends bit-identical and agreed after every round all of them committed."""
-    if len({o.final_digest for o in outcomes}) != 1:
+    """True when every peer ends bit-identical and agreed after every round all of them committed.
+
+    Not when a fragment never committed while others did (Streaming DiLoCo): its global parameters
+    are then the initial ones on every peer, identical without a single agreement, while each peer's
+    local copy of it trained alone."""
+    if len({o.final_digest for o in outcomes}) != 1 or _stalled(outcomes):
         return False
     common = set.intersection(*(set(o.sync_digests) for o in outcomes)) if outcomes else set()
     return all(len({o.sync_digests[r] for o in outcomes}) == 1 for r in common)

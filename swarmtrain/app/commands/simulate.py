@@ -198,7 +198,9 @@ def run_simulate(opts: SimulateOptions) -> None:
     """Run the simulation ``opts`` asks for (and its baseline), print the table, write the JSON.
 
     Raises:
-        typer.Exit: code 1 when the peers did not end with identical parameters.
+        typer.Exit: code 1 when the peers did not end with identical parameters, or when a
+            Streaming DiLoCo fragment committed no round while others did (``rounds_per_fragment``
+            in the JSON; ``params_identical`` is then false).
     """
     from rich.console import Console
 
@@ -274,6 +276,17 @@ def run_simulate(opts: SimulateOptions) -> None:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_text(dumps(out, indent=2) + "\n")
         typer.echo(f"wrote {opts.json_path}")
+    for label, res in runs:
+        stalled = res.stalled_fragments
+        if stalled:
+            per = res.rounds_per_fragment
+            failed = ", ".join(f"fragment {f}: {per[f]['failed']} failed" for f in stalled)
+            typer.echo(
+                f"error: {label}: committed no round of {failed}, while other fragments committed "
+                "(run with -v for why)",
+                err=True,
+            )
+            raise typer.Exit(1)
     if not main.params_identical or (base is not None and not base.params_identical):
         typer.echo("warning: peers did not end with identical parameters", err=True)
         raise typer.Exit(1)
