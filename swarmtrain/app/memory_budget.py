@@ -15,7 +15,9 @@ benchmark can print it before anything is built. The rules, per trainable parame
   ``device`` keeps both on the device, ``cpu`` on the host, ``cpu8`` on the host with the momentum
   in blockwise int8 (1 + 4/256 B; the anchor stays fp32, since outer updates must not be rounded).
 * **residuals**: error feedback (``compression.error_feedback``) keeps one float64 residual per sent
-  element (8 B; ``ef21`` a float32 estimate, 4 B) on the device, where what is sent is built; DeMo keeps its
+  element (8 B; ``ef21`` a float32 estimate, 4 B) plus, as a partition owner, one per element of its
+  partition for the aggregate it sends back (at most half of them, with 2 peers: 12 B and 6 B in all)
+  on the device, where what is sent is built; DeMo keeps its
   fp32 local momentum (4 B), the part of the update not yet sent.
 * **buffers** (during a sync): DataParallel and DiLoCo build a flat fp32 copy of what they send
   (4 B, plus the fp32 pseudo-gradient for DiLoCo, 4 B) on the device, whatever ``outer_state``
@@ -249,7 +251,9 @@ def memory_budget(cfg: Config, device_type: str = "cpu", spec: GPTSpec | None = 
         comps.append(Component("residuals", 4 * n, "device", "persistent", "DeMo fp32 momentum"))
     elif name != "local" and ef != "none":
         comps.append(
-            Component("residuals", (8 if ef == "ef" else 4) * n, "device", "persistent", f"{ef} residual")
+            # a residual per element sent, plus the owner's aggregate memory for its partition (1/n of
+            # the elements; at most half of them, with 2 peers)
+            Component("residuals", (12 if ef == "ef" else 6) * n, "device", "persistent", f"{ef} residual")
         )
     if name in ("data_parallel", "diloco", "streaming_diloco"):
         share = 1.0 / getattr(st, "fragments", 1) if name == "streaming_diloco" else 1.0

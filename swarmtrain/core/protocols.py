@@ -29,8 +29,9 @@ __all__ = [
 class Compressor(Protocol):
     """Turns a tensor into a ``Packet`` and back.
 
-    ``key`` names the tensor (e.g. a parameter name plus a partition index). Stateless codecs ignore
-    it; stateful wrappers such as error feedback keep their per-tensor memory under it.
+    ``key`` names what is compressed (a set of tensors by name and shape, never a position in a
+    round). Stateless codecs ignore it; stateful wrappers such as error feedback keep their memory
+    under it (``compress_span`` reads and writes one chunk's element range of that memory).
     """
 
     name: str
