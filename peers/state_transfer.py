@@ -50,6 +50,7 @@ from swarmtrain.core.safe_msgpack import unpack
 __all__ = [
     "StateServer",
     "download_state",
+    "freshest_vouched",
     "decode_announcement",
     "NoStateAnnounced",
     "StateProvider",
@@ -398,6 +399,41 @@ def _vouched(
     return out
 
 
+def _candidates(
+    node: PeerNode, run: str, exclude: frozenset[str], vouchers: int, errors: list[str]
+) -> list[tuple[tuple[int, str, bytes, int], bytes | None]]:
+    """The announcements a newcomer may take, best (highest round) first, each with the digest the
+    donors vouch for: read once, bounded and parsed, then witnessed and vouched for."""
+    vouches: dict[str, Vouches] = {}
+    found = [a for a in _announcements(node, run, 15.0, vouches) if a[1] not in exclude]
+    found = _witnessed(node, run, found, errors)
+    return _vouched(found, vouches, vouchers, errors)
+
+
+def freshest_vouched(
+    node: PeerNode,
+    *,
+    run_id: str | None = None,
+    wait_for_donor: float = 0.0,
+    exclude: frozenset[str] = frozenset(),
+    vouchers: int = 1,
+) -> tuple[int, bytes] | None:
+    """The ``(round, shared-parameter digest)`` of the freshest state the run's donors vouch for, by
+    the rules :func:`download_state` takes a state by (witnessed round, ``vouchers``); ``None`` when no
+    donor announced one within ``wait_for_donor`` seconds or the freshest carries no vouch. A peer
+    that holds this very state (its own, saved when it committed that round) needs no download."""
+    run = run_id or node.run_id
+    deadline = time.monotonic() + wait_for_donor
+    while True:
+        chosen = _candidates(node, run, exclude, vouchers, [])
+        if chosen:
+            (rnd, _, _, _), shared = chosen[0]
+            return None if shared is None else (rnd, shared)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
 #: a callable that checks a downloaded state before it is taken: ``(tensors, meta, digest)`` where
 #: ``digest`` is the shared-parameter SHA-256 the donors vouched for (None: not vouched); raises
 #: ``ProtocolError`` to skip that donor
@@ -454,10 +490,7 @@ def download_state(
     fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
     errors: list[str] = []
     while True:
-        vouches: dict[str, Vouches] = {}
-        found = [a for a in _announcements(node, run, 15.0, vouches) if a[1] not in exclude]
-        found = _witnessed(node, run, found, errors)
-        chosen = _vouched(found, vouches, vouchers, errors)
+        chosen = _candidates(node, run, exclude, vouchers, errors)
         if time.monotonic() < fresh_deadline:
             chosen = [c for c in chosen if c[0][0] >= min_round]
             if not chosen:

@@ -13,8 +13,10 @@ and report status and the final result. The loop knows nothing of attacks.
 
 If a round formed without this peer (it arrived late), the others committed an outer step it did not
 take: it downloads the state that round committed before training on, so it never drifts from the
-swarm. SIGTERM or Ctrl-C finishes the current step and leaves cleanly (the node deregisters); a second
-signal aborts at once.
+swarm. A volunteer with an identity file keeps the state of its last committed round next to it
+(``swarmtrain.app.saved_state``); restarted, it loads that state instead of downloading one when the
+donors still vouch for it as their freshest. SIGTERM or Ctrl-C finishes the current step and leaves
+cleanly (the node deregisters); a second signal aborts at once.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swarmtrain.app.peer_state import adopt_swarm_state, shared_digest, state_snapshot
+from swarmtrain.app.peer_state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
 from swarmtrain.app.run_agreement import check_agreement, run_settings
+from swarmtrain.app.saved_state import read_saved_state, save_state, saved_state_path
 from swarmtrain.core.config import Config, PeersConfig
 from swarmtrain.core.errors import SwarmError
 
@@ -143,8 +146,6 @@ class PeerRun:
     late_rounds: int = 0  # rounds formed without this peer
     late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
     failed_rounds: int = 0  # rounds that failed for other reasons
-    # Streaming DiLoCo: fragment -> {"committed", "late", "failed"} round counts (StepReport extra)
-    fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
     peak_sync_bytes_sent: int = 0  # the most bytes sent in any single sync
     comm_wait_s: float = 0.0  # time the training loop waited on communication (StepReport.extra)
     bytes_sent: int = 0
@@ -280,6 +281,9 @@ class _Peer:
         self._peers_seen = 1
         self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
         self._last_status = 0.0
+        #: where a volunteer keeps its last committed state, to resume from on restart (no identity
+        #: file: a restart is a new peer, nothing kept)
+        self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
         node.publish(**run_settings(cfg))  # what a newcomer checks its own settings against
 
     def _build_guard(self) -> Any:
@@ -296,10 +300,13 @@ class _Peer:
             self.check_settings()
             # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
             # start the run)
-            if not self.catch_up(wait_for_donor=self.cfg.peers.join_window) and self._run_started():
+            window = self.cfg.peers.join_window
+            resumed = self.resume_saved_state()
+            if not resumed and not self.catch_up(wait_for_donor=window) and self._run_started():
                 self._wait_for_the_runs_state()
-            self.server.refresh()
+            self.server.refresh(vouch=resumed)  # its own saved state is one it committed itself
             self.check_breakdown_point()
+        logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
         t0 = time.perf_counter()
         try:
             fit = trainer.fit(self.on_step)
@@ -382,6 +389,30 @@ class _Peer:
                 "this peer will not train from its own initial parameters"
             )
 
+    def resume_saved_state(self) -> str | None:
+        """A restarted volunteer: load its own state saved at its last committed round when the run's
+        donors vouch for that very state as their freshest (no download). Returns its shared digest,
+        or None (nothing loaded)."""
+        saved = read_saved_state(self.saved_path, self.cfg.peers.run_id)
+        if saved is None:
+            return None
+        wait = self.cfg.peers.join_window
+        if not adopt_saved_state(self.node, self.trainer, self.p2p, saved, wait_for_donor=wait):
+            return None
+        logger.info(
+            "resumed from its own saved state of round %d (step %d): no download",
+            saved.round,
+            self.trainer.step,
+        )
+        return saved.digest
+
+    def save_committed_state(self, digest: str) -> None:
+        """Keep the state this peer just committed on disk (one file, replaced atomically)."""
+        if self.saved_path is None:
+            return
+        tensors, meta = state_snapshot(self.trainer, self.p2p.round_id)
+        save_state(self.saved_path, tensors, meta, run_id=self.cfg.peers.run_id, digest=digest)
+
     def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
         """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
         fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
@@ -457,19 +488,19 @@ class _Peer:
         res = self.result
         self._peers_seen = r.participants
         res.peak_sync_bytes_sent = max(res.peak_sync_bytes_sent, r.bytes_sent)
-        if "fragment" in r.extra:  # a strategy that syncs one fragment per round says which
-            counts = res.fragment_rounds.setdefault(int(r.extra["fragment"]), dict.fromkeys(_OUTCOMES, 0))
-            counts["committed" if r.committed else "late" if r.late else "failed"] += 1
         if r.committed:
             self.streak.committed()
             res.committed_rounds += 1
             res.sync_digests[r.round_id] = shared_digest(self.trainer)
             self.server.refresh(vouch=res.sync_digests[r.round_id])  # a state it committed itself
+            self.save_committed_state(res.sync_digests[r.round_id])
+            logger.info("round %d committed (%d peers)", r.round_id, r.participants)
             return ""
         if r.late:
             # the others commit the round we missed: wait for the state it produces (the donors
             # announce it as round ``p2p.round_id``), not the one before it
             res.late_rounds += 1
+            logger.info("round %d went on without this peer", r.round_id)
             if self.catch_up(min_round=self.p2p.round_id):
                 res.late_caught_up += 1
                 self.server.refresh()
@@ -489,9 +520,6 @@ class _Peer:
         if callable(close):
             close()
         self.trainer.close()
-
-
-_OUTCOMES = ("committed", "late", "failed")
 
 
 def _data_seed(peer_id: str, cfg: Config) -> int:

@@ -23,9 +23,17 @@ from swarmtrain.app.checkpoint import CheckpointError, pack_state, unpack_state
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
 
 if TYPE_CHECKING:
+    from swarmtrain.app.saved_state import SavedState
     from swarmtrain.app.trainer import Trainer
 
-__all__ = ["param_digest", "shared_parameters", "state_snapshot", "apply_state", "adopt_swarm_state"]
+__all__ = [
+    "param_digest",
+    "shared_parameters",
+    "state_snapshot",
+    "apply_state",
+    "adopt_swarm_state",
+    "adopt_saved_state",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -159,3 +167,41 @@ def adopt_swarm_state(
         logger.warning("no usable state from the swarm (%s)", e)
         return None
     return str(meta["donor"])
+
+
+def adopt_saved_state(
+    node: Any, trainer: Trainer, collective: Any, saved: SavedState, *, wait_for_donor: float = 0.0
+) -> bool:
+    """Load this peer's own saved state (``swarmtrain.app.saved_state``) when it is the freshest state
+    the run's donors vouch for: same round, same shared-parameter digest, by the rules a download is
+    taken by. The loaded parameters must hash to that digest (else the trainer goes back to what it
+    had). Returns True when loaded; False (nothing changed) when the donors vouch for another state,
+    none announced one within ``wait_for_donor`` seconds, or the saved state does not load (warned).
+    """
+    from peers.state_transfer import freshest_vouched
+
+    best = freshest_vouched(
+        node,
+        wait_for_donor=wait_for_donor,
+        exclude=collective.banned,
+        vouchers=trainer.config.peers.state_vouchers,
+    )
+    if best != (saved.round, bytes.fromhex(saved.digest)):
+        logger.info(
+            "the saved state of round %d is not the freshest the donors vouch for (%s): downloading",
+            saved.round,
+            "none" if best is None else f"round {best[0]}",
+        )
+        return False
+    before = state_snapshot(trainer, collective.round_id)
+    try:
+        rnd = apply_state(trainer, saved.tensors, saved.meta)
+    except ProtocolError as e:
+        logger.warning("ignoring the saved state: it does not load (%s)", e)
+        return False
+    if shared_digest(trainer) != saved.digest:
+        apply_state(trainer, *before)
+        logger.warning("ignoring the saved state: its parameters do not hash to its digest")
+        return False
+    collective.round_id = max(rnd, collective.round_id)
+    return True
