@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+import compression  # noqa: F401  (registers the built-in codecs the wire's allow-list derives from)
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
 from swarmtrain.core.safe_msgpack import unpack

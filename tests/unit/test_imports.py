@@ -170,3 +170,20 @@ def _imports_raw(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
     return names
+
+
+def test_the_peer_layer_accepts_built_in_codecs_without_importing_compression_itself() -> None:
+    """The wire's codec allow-list derives from the registry, which ``compression`` fills: a process
+    that decodes peer packets before it builds a codec of its own (a member receiving a round's first
+    parts early) refused every packet ("codec 'none' is not allowed")."""
+    import subprocess
+    import sys
+
+    code = (
+        "from peers.messages import decode_packet_bytes, encode_packet_bytes\n"
+        "from swarmtrain.core.packet import Packet\n"
+        "p = Packet('none', (3,), 'float32', (bytes(12),), ())\n"
+        "print(decode_packet_bytes(encode_packet_bytes(p)).codec)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "none", out.stderr[-2000:]
