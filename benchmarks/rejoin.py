@@ -65,8 +65,8 @@ EVENTS = {
     "adopted": r"adopted the swarm's state: step \d+, round (\d+)",
     "own_state": r"resumed from its own saved state of round (\d+)",
     "training": r"training from step \d+, round (\d+)",
-    "late": r"round (\d+) went on without this peer",
-    "failed": r"round (-?\d+) \(\w+\) failed: (.{0,120})",
+    "late": r"round (-?\d+) went on without this peer",
+    "failed": r"round (-?\d+) \(\w+\) failed: (?!late:)(.{0,120})",  # late: the loop's own line
     "committed": r"round (\d+) committed",
 }
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")

@@ -500,7 +500,8 @@ class _Peer:
             # the others commit the round we missed: wait for the state it produces (the donors
             # announce it as round ``p2p.round_id``), not the one before it
             res.late_rounds += 1
-            logger.info("round %d went on without this peer", r.round_id)
+            # the round that formed without it took the number before ``round_id`` (r.round_id is -1)
+            logger.info("round %d went on without this peer", self.p2p.round_id - 1)
             if self.catch_up(min_round=self.p2p.round_id):
                 res.late_caught_up += 1
                 self.server.refresh()
