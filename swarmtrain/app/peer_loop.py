@@ -146,6 +146,8 @@ class PeerRun:
     late_rounds: int = 0  # rounds formed without this peer
     late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
     failed_rounds: int = 0  # rounds that failed for other reasons
+    # Streaming DiLoCo: fragment -> {"committed", "late", "failed"} round counts (StepReport extra)
+    fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
     peak_sync_bytes_sent: int = 0  # the most bytes sent in any single sync
     comm_wait_s: float = 0.0  # time the training loop waited on communication (StepReport.extra)
     bytes_sent: int = 0
@@ -488,6 +490,9 @@ class _Peer:
         res = self.result
         self._peers_seen = r.participants
         res.peak_sync_bytes_sent = max(res.peak_sync_bytes_sent, r.bytes_sent)
+        if "fragment" in r.extra:  # a strategy that syncs one fragment per round says which
+            counts = res.fragment_rounds.setdefault(int(r.extra["fragment"]), dict.fromkeys(_OUTCOMES, 0))
+            counts["committed" if r.committed else "late" if r.late else "failed"] += 1
         if r.committed:
             self.streak.committed()
             res.committed_rounds += 1
@@ -521,6 +526,9 @@ class _Peer:
         if callable(close):
             close()
         self.trainer.close()
+
+
+_OUTCOMES = ("committed", "late", "failed")
 
 
 def _data_seed(peer_id: str, cfg: Config) -> int:
