@@ -367,12 +367,20 @@ class _Peer:
             )
 
     def _run_started(self) -> int:
-        """The highest round another live peer's record shows (0: the run has not synced yet)."""
+        """The highest round of another live peer that has committed a round (0: nobody has, so there
+        is no state to wait for: rounds that only failed leave everyone at the initial parameters)."""
         try:
             peers = self.node.live_peers()
         except SwarmError:
             return 0
-        return max((p.round for p in peers if p.peer_id != self.node.peer_id), default=0)
+        rounds = [
+            p.round
+            for p in peers
+            if p.peer_id != self.node.peer_id
+            and isinstance(committed := p.extra.get("committed"), int)
+            and committed > 0
+        ]
+        return max(rounds, default=0)
 
     def _wait_for_the_runs_state(self) -> None:
         """The run is past its first round but no donor served a state yet (donors busy, a restarted
