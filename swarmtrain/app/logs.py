@@ -22,7 +22,19 @@ class _NoDaemonLines(logging.Filter):
         return not hasattr(record, "caller")
 
 
+class _NoRemovedHandlerStreams(logging.Filter):
+    """Drops asyncio's "Unhandled exception in client_connected_cb" for a stream that arrived for a
+    handler this peer has already removed (hivemind raises ``DispatchFailure``): a peer still
+    sending to one that is leaving. Nothing went wrong here, and the traceback buried the one line
+    saying why the peer stopped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return type(exc).__name__ != "DispatchFailure"
+
+
 _FILTER = _NoDaemonLines()
+_STREAMS = _NoRemovedHandlerStreams()
 
 
 def quiet_third_party(verbose: bool) -> None:
@@ -35,7 +47,9 @@ def quiet_third_party(verbose: bool) -> None:
     daemon = logging.getLogger("hivemind.p2p.p2p_daemon")
     if verbose:
         daemon.removeFilter(_FILTER)
+        logging.getLogger("asyncio").removeFilter(_STREAMS)
         return
+    logging.getLogger("asyncio").addFilter(_STREAMS)  # whatever HIVEMIND_LOGLEVEL says
     if "HIVEMIND_LOGLEVEL" in os.environ:  # the user's choice stands
         return
     os.environ["HIVEMIND_LOGLEVEL"] = "ERROR"
