@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from swarmtrain.core.errors import ProtocolError
@@ -41,6 +43,7 @@ __all__ = [
     "open_policy_problem",
     "run_wide_settings",
     "compatible_versions",
+    "read_manifest_file",
 ]
 
 FORMAT = 1
@@ -324,3 +327,20 @@ def _verify(public_hex: str, sig_hex: str, body: Mapping[str, Any]) -> None:
         key.verify(bytes.fromhex(sig_hex), _DOMAIN + _canonical(body))
     except (InvalidSignature, ValueError) as e:
         raise ProtocolError(f"the manifest's signature does not verify ({type(e).__name__})") from None
+
+
+def read_manifest_file(path: str | os.PathLike[str]) -> RunManifest:
+    """The checked manifest in a local file (``peers.manifest``).
+
+    Raises:
+        ConfigError: one line: the file cannot be read or is not a valid manifest.
+    """
+    from swarmtrain.core.errors import ConfigError
+
+    p = Path(path).expanduser()
+    try:
+        return parse_manifest(p.read_bytes())
+    except OSError as e:
+        raise ConfigError(f"cannot read the run manifest {p}: {e.strerror}") from None
+    except ProtocolError as e:
+        raise ConfigError(f"{p} is not a valid run manifest: {e}") from None

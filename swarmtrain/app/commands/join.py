@@ -83,10 +83,10 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
             manifest's, an open run without a robust reducer, or a token the run did not issue.
     """
     from peers.admission import check_own_admission
-    from peers.manifest import parse_manifest
+    from peers.manifest import read_manifest_file
     from swarmtrain.app.run_manifest import check_open_policy, config_from_manifest, keep_manifest
     from swarmtrain.core.config import load_config
-    from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
+    from swarmtrain.core.errors import ConfigError, SwarmError
 
     if by_manifest:
         from peers.manifest_fetch import fetch_manifest
@@ -104,14 +104,7 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
     else:
         cfg = load_config(config, overrides)
         if cfg.peers.manifest:
-            path = Path(cfg.peers.manifest).expanduser()
-            try:
-                manifest = parse_manifest(path.read_bytes())
-            except OSError as e:
-                raise ConfigError(f"cannot read the run manifest {path}: {e.strerror}") from None
-            except ProtocolError as e:
-                raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
-            cfg = config_from_manifest(manifest, config, overrides)
+            cfg = config_from_manifest(read_manifest_file(cfg.peers.manifest), config, overrides)
     check_open_policy(cfg)
     if cfg.peers.admission != "open" and not cfg.peers.identity_path:
         from peers.identity import default_identity_path

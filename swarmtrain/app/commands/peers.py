@@ -46,16 +46,11 @@ def _peers_config(config: Path | None, overrides: dict[str, Any]) -> Any:
     cfg = load_config(config, overrides)
     if not cfg.peers.manifest:
         return cfg.peers
-    from peers.manifest import parse_manifest
-    from swarmtrain.core.errors import ConfigError, ProtocolError
+    from peers.manifest import read_manifest_file
+    from swarmtrain.core.errors import ConfigError
 
-    path = Path(cfg.peers.manifest).expanduser()
-    try:
-        manifest = parse_manifest(path.read_bytes())
-    except OSError as e:
-        raise ConfigError(f"cannot read the run manifest {path}: {e.strerror}") from None
-    except ProtocolError as e:
-        raise ConfigError(f"{path} is not a valid run manifest: {e}") from None
+    path = cfg.peers.manifest
+    manifest = read_manifest_file(path)
     if overrides.get("peers.run_id") not in (None, manifest.run_id):
         raise ConfigError(f"--run-id {overrides['peers.run_id']!r} is not the manifest's {manifest.run_id!r}")
     peers = load_config(config, overrides, base=manifest.settings).peers
