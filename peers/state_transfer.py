@@ -481,8 +481,6 @@ def download_state(
     Raises:
         PeerTimeoutError: no donor answered with a valid state in time.
     """
-    from hivemind.p2p import PeerID
-
     run = run_id or node.run_id
     led = ledger if ledger is not None else node.ledger
     deadline = time.monotonic() + timeout
@@ -504,15 +502,7 @@ def download_state(
             if left <= 0:
                 raise PeerTimeoutError(f"state download timed out ({'; '.join(errors)[:300]})")
             try:
-                data = node.loop.run(_fetch(node, PeerID.from_base58(peer), run, digest, nbytes, led), left)
-                tensors, meta = parse_state(data)
-                if meta.get("round") != rnd:
-                    raise ProtocolError("state meta round differs from the announcement")
-                if check is not None:
-                    check(tensors, meta, shared)
-                logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
-                meta["donor"] = peer  # whatever the donor wrote there: who served it
-                return tensors, meta
+                return _take_from(node, (rnd, peer, digest, nbytes), shared, run, led, left, check)
             except SwarmError as e:
                 errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
@@ -521,6 +511,34 @@ def download_state(
                 raise NoStateAnnounced("no donor served a valid state (none announced)")
             raise PeerTimeoutError(f"no donor served a valid state ({'; '.join(errors)[:300]})")
         time.sleep(0.5)
+
+
+def _take_from(
+    node: PeerNode,
+    announced: tuple[int, str, bytes, int],
+    shared: bytes | None,
+    run: str,
+    ledger: ByteLedger,
+    timeout: float,
+    check: StateCheck | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Download one announced state, parse it and let ``check`` vet it.
+
+    Raises:
+        SwarmError: the donor failed, or served something else than it announced.
+    """
+    from hivemind.p2p import PeerID
+
+    rnd, peer, digest, nbytes = announced
+    data = node.loop.run(_fetch(node, PeerID.from_base58(peer), run, digest, nbytes, ledger), timeout)
+    tensors, meta = parse_state(data)
+    if meta.get("round") != rnd:
+        raise ProtocolError("state meta round differs from the announcement")
+    if check is not None:
+        check(tensors, meta, shared)
+    logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
+    meta["donor"] = peer  # whatever the donor wrote there: who served it
+    return tensors, meta
 
 
 async def _fetch(

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.errors import ConfigError, SwarmError
 
 __all__ = ["ChaosSpec", "ChaosSchedule", "parse_chaos", "timeline_event", "QUIET_FROM", "NO_RESTART_FROM"]
 
@@ -145,7 +145,8 @@ class ChaosSchedule:
             self._draw(kind)
 
     def _draw(self, kind: str) -> None:
-        assert self._anchor is not None
+        if self._anchor is None:
+            raise SwarmError("the chaos schedule was drawn from before start()")
         period = self._period[kind]
         self._next[kind] = self._anchor + period * (self._index[kind] + self.rng.random())
 

@@ -10,8 +10,10 @@ token to ``swarmtrain join --token``.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -78,15 +80,7 @@ def run_init(
         cfg.peers.allowlist = [boot_id]
     manifest_path = (directory / "run.manifest").resolve()
     manifest_path.write_bytes(make_manifest(cfg, key))
-    lines = ["[peers]", f'run_id = "{run_id}"', f'admission = "{admission}"']
-    lines += [f'run_public_key = "{key.public_hex}"', f'manifest = "{manifest_path}"']
-    if admission == "allowlist":
-        lines.append(f'allowlist = ["{boot_id}"]')
-    lines += [f'reducer = "{reducer}"', f"byzantine_f = {tolerate}", "", "[strategy]", f'name = "{strategy}"']
-    if "strategy.inner_steps" in options:
-        lines.append(f"inner_steps = {inner_steps}")
-    lines += ["", "[compression]", f'codec = "{compressor}"']
-    cfg_path.write_text("\n".join(lines) + "\n")
+    cfg_path.write_text(_config_text(cfg, manifest_path))
     typer.echo(f"run key (keep it secret): {directory / 'run.key'}")
     typer.echo(f"signed run manifest (served by the bootstrap): {manifest_path}")
     typer.echo(f"config of the run's own peers: {cfg_path}")
@@ -102,6 +96,26 @@ def run_init(
             "the token and that file: join --initial-peers ADDR --identity FILE --token TOKEN):\n"
             f"  swarmtrain token issue --run-key {directory / 'run.key'} --config {cfg_path} PEER_ID"
         )
+
+
+def _config_text(cfg: Any, manifest_path: Path) -> str:
+    """The config ``run init`` writes for the run's own peers: the settings it was given."""
+    p, st = cfg.peers, cfg.strategy
+    lines = ["[peers]", f'run_id = "{p.run_id}"', f'admission = "{p.admission}"']
+    lines += [f'run_public_key = "{p.run_public_key}"', f'manifest = "{manifest_path}"']
+    if p.admission == "allowlist":
+        lines.append(f"allowlist = {json.dumps(list(p.allowlist))}")
+    lines += [
+        f'reducer = "{p.reducer}"',
+        f"byzantine_f = {p.byzantine_f}",
+        "",
+        "[strategy]",
+        f'name = "{st.name}"',
+    ]
+    if st.name in ("diloco", "streaming_diloco"):
+        lines.append(f"inner_steps = {st.inner_steps}")
+    lines += ["", "[compression]", f'codec = "{cfg.compression.codec}"']
+    return "\n".join(lines) + "\n"
 
 
 def token_issue(
