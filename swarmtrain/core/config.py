@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from swarmtrain.core.config_moves import check_moved, move_keys
 from swarmtrain.core.data_source import drop_stale_source, infer_data_source
 from swarmtrain.core.errors import ConfigError
 
@@ -425,38 +426,6 @@ class Config(_Section):
         return value
 
 
-# keys that moved to another section: (old section, old key) -> new "section.key"
-MOVED: dict[tuple[str, str], str] = {
-    ("peers", "attack"): "simulation.attack",
-    ("peers", "attackers"): "simulation.attackers",
-    ("peers", "attack_options"): "simulation.attack_options",
-    ("peers", "malicious_owners"): "simulation.malicious_owners",
-}
-
-
-def _move_keys(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` with every moved key in its new place: the ``base`` layer (a checkpoint's saved
-    config) was written by an older version, not by the user, so it moves silently."""
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
-    for (section, key), new in MOVED.items():
-        table = out.get(section)
-        if isinstance(table, dict) and key in table:
-            new_section, new_key = new.split(".")
-            value = table.pop(key)
-            target = out.setdefault(new_section, {})
-            if isinstance(target, dict):
-                target.setdefault(new_key, value)
-    return out
-
-
-def _check_moved(data: Mapping[str, Any]) -> None:
-    """One clear line for a key that an older config wrote in another section."""
-    for (section, key), new in MOVED.items():
-        table = data.get(section)
-        if isinstance(table, Mapping) and key in table:
-            raise ConfigError(f"{section}.{key} has moved: write it as {new}")
-
-
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in top.items():
@@ -604,7 +573,7 @@ def load_config(
     Raises:
         ConfigError: one line naming the problem.
     """
-    layers: list[tuple[str, Mapping[str, Any]]] = [(_BASE, _move_keys(base or {}))]
+    layers: list[tuple[str, Mapping[str, Any]]] = [(_BASE, move_keys(base or {}))]
     if path is not None:
         layers.append((_FILE, _file_layer(path)))
     layers.append((_ENV, _env_layer(os.environ if env is None else env)))
@@ -612,7 +581,7 @@ def load_config(
     data: dict[str, Any] = {}
     for src, layer in layers:
         if src != _BASE:
-            _check_moved(layer)
+            check_moved(layer)
         data = _deep_merge(data, layer)
     strategy = _resolve_strategy(layers)
     if strategy is not None:
