@@ -43,6 +43,7 @@ __all__ = [
 
 MESSAGE_TYPES = frozenset(
     {"part", "agg", "gather", "abort", "have", "grp", "join", "state_req", "state_hdr", "vpart", "vdig"}
+    | {"sw_fwd", "sw_bwd", "sw_out"}  # SWARM stage requests and replies (peers.swarm.protocol)
 )
 MAX_HEADER = 64 * 1024  # bytes of one msgpack header frame
 MAX_FRAME = 16 * 1024 * 1024  # bytes of one data frame (the sender uses <= 4-8 MiB parts)

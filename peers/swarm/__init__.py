@@ -1,0 +1,17 @@
+"""SWARM parallelism (Ryabinin et al. 2023): stage servers, stochastic wiring, replica averaging.
+
+* :mod:`peers.swarm.protocol`: the wire of stage requests (safe packets, bounded, validated).
+* :mod:`peers.swarm.server`: :class:`StageServer`, one stage served with a bounded queue.
+* :mod:`peers.swarm.client`: :class:`SwarmPipeline`, a trainer's micro-batches through the stages.
+* :mod:`peers.swarm.replicas`: :class:`ReplicaSync`, servers of one stage averaging parameters.
+* pure logic: :mod:`peers.swarm.routing` (weighted random wiring), :mod:`peers.swarm.deadlines`
+  (deadlines from measured service times), :mod:`peers.swarm.tracker` (exclusions, reroutes,
+  micro-batches completed once).
+
+Submodules are imported explicitly (``from peers.swarm.server import StageServer``) so the pure ones
+stay importable without hivemind.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
