@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.app.commands.simulate import _DEFAULTS
+from swarmtrain.app.commands.simulate import SIMULATE_DEFAULTS
 from swarmtrain.core.config import load_config
 from swarmtrain.simulation.outsider import KINDS
 from swarmtrain.simulation.runner import run_simulation
@@ -63,7 +63,7 @@ def test_without_admission_the_same_intruder_gets_in() -> None:
             "peers.admission": "open",
             "peers.round_timeout": 10.0,  # the rounds it breaks fail sooner
         },
-        base=_DEFAULTS,
+        base=SIMULATE_DEFAULTS,
         env={},
     )
     res = run_simulation(cfg, 3, timeout=900, intruders=1)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from swarmtrain.app.peer_loop import PeerStatus
     from swarmtrain.core.config import Config
 
-__all__ = ["register", "simulate", "run_simulate", "SimulateOptions"]
+__all__ = ["register", "simulate", "run_simulate", "SimulateOptions", "SIMULATE_DEFAULTS"]
 
 
 def _table(rows: list[Any]) -> Any:
@@ -111,11 +111,11 @@ class SimulateOptions:
         """
         from swarmtrain.core.config import load_config
 
-        return load_config(self.config, self.overrides(), base=_DEFAULTS)
+        return load_config(self.config, self.overrides(), base=SIMULATE_DEFAULTS)
 
 
 # simulate's defaults: the README's tiny run
-_DEFAULTS: dict[str, Any] = {
+SIMULATE_DEFAULTS: dict[str, Any] = {
     "peers": {"admission": "token"},  # a run key and a token per peer, as `swarmtrain run init` makes
     "strategy": {"name": "diloco", "inner_steps": 30},
     "compression": {"codec": "int8"},
