@@ -1,0 +1,304 @@
+"""The trainer's side of SWARM: send each micro-batch through one server per stage, reroute on failure.
+
+For every request the pipeline draws a server of the stage (``peers.swarm.routing``: weighted by the
+throughput and queue the servers announce), gives it a deadline from the measured service times of
+that stage (``peers.swarm.deadlines``), and when the server refuses, errs, breaks the stream or
+misses the deadline, excludes it for a while and sends the same request to another server of the
+stage (``peers.swarm.tracker`` counts the reroute). A micro-batch is lost only when no server of a
+stage answers within ``give_up_after`` seconds; it completes exactly once.
+
+Forward: tokens to stage 0, each stage's output bytes forwarded unchanged to the next (no second
+quantisation), targets with the last stage's input; the last stage answers the loss and the gradient
+of its input. Backward: each earlier stage gets its input again with the gradient of its output and
+answers the gradient of its input (it recomputes its forward: no state is kept on servers between
+the two passes). Replies are untrusted: shapes are checked against the request's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from peers.messages import Envelope, decode_ack, decode_envelope, encode_envelope
+from peers.node import PeerNode
+from peers.swarm.deadlines import ServiceTimes
+from peers.swarm.protocol import (
+    BACKWARD,
+    FORWARD,
+    REPLY,
+    StageLimits,
+    decode_hidden,
+    decode_loss,
+    encode_tokens,
+    handler_name,
+)
+from peers.swarm.routing import ServerInfo, pick_server, server_from_record, servers_by_stage
+from peers.swarm.server import ACTIVATIONS, GRADIENTS
+from peers.swarm.tracker import Exclusions, MicrobatchTracker
+from peers.transport import (
+    read_data_frames,
+    read_envelope,
+    read_frame,
+    widen_send_buffer,
+    write_frame,
+    write_frame_drained,
+)
+from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+
+__all__ = ["SwarmPipeline", "PipelineConfig", "NoServer"]
+
+logger = logging.getLogger(__name__)
+
+
+class NoServer(PeerTimeoutError):
+    """No server of a stage answered a micro-batch's request within ``give_up_after``."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How a trainer routes.
+
+    Attributes:
+        stages: number of stages.
+        width: model width ``C`` (hidden states are ``[B, T, C]``).
+        vocab: token IDs are in ``[0, vocab)``.
+        max_len: the model's context.
+        max_batch: most rows per micro-batch.
+        give_up_after: seconds a request may go without any server of its stage answering.
+        exclude_s: seconds a failed server is left out of routing.
+        busy_exclude_s: seconds a server that answered ``busy`` is left out.
+        refresh_s: seconds between two reads of the servers' records.
+        first_contact: deadline of a request before service times of its stage are measured.
+    """
+
+    stages: int
+    width: int
+    vocab: int
+    max_len: int
+    max_batch: int
+    give_up_after: float = 120.0
+    exclude_s: float = 30.0
+    busy_exclude_s: float = 1.0
+    refresh_s: float = 1.0
+    first_contact: float = 60.0
+
+    def limits(self, stage: int) -> StageLimits:
+        """The bounds of ``stage``'s messages."""
+        return StageLimits(stage, self.stages, self.width, self.vocab, self.max_len, self.max_batch)
+
+
+class _Refused(SwarmError):
+    """The server answered with a refusal (busy, invalid request)."""
+
+
+class SwarmPipeline:
+    """Runs micro-batches through the stage servers of a run (see the module docstring).
+
+    Args:
+        node: this trainer's started node.
+        config: routing settings.
+        seed: seed of the routing draws.
+    """
+
+    def __init__(self, node: PeerNode, config: PipelineConfig, *, seed: int = 0) -> None:
+        if config.stages < 2:
+            raise ConfigError("a SWARM pipeline needs >= 2 stages")
+        self.node = node
+        self.config = config
+        self.rng = random.Random(seed)
+        self.times = ServiceTimes(first_contact=config.first_contact)
+        self.exclusions = Exclusions(config.exclude_s)
+        self.tracker = MicrobatchTracker()
+        self._servers: list[list[ServerInfo]] = [[] for _ in range(config.stages)]
+        self._refreshed = -1e9
+
+    # --- directory ----------------------------------------------------------------------------------
+
+    def refresh(self, force: bool = False) -> list[list[ServerInfo]]:
+        """The servers of each stage from the DHT (at most every ``refresh_s`` unless ``force``)."""
+        now = time.monotonic()
+        if not force and now - self._refreshed < self.config.refresh_s:
+            return self._servers
+        found: list[ServerInfo] = []
+        for rec in self.node.live_peers(timeout=10.0):
+            try:
+                info = server_from_record(
+                    rec.peer_id, rec.role, rec.throughput, rec.extra, self.config.stages
+                )
+            except ProtocolError as e:
+                logger.info("skipping the record of %s: %s", rec.peer_id[:16], e)
+                continue
+            if info is not None:
+                found.append(info)
+        self._servers = servers_by_stage(found, self.config.stages)
+        self._refreshed = now
+        return self._servers
+
+    def wait_for_servers(self, timeout: float) -> list[list[ServerInfo]]:
+        """Block until every stage has a server.
+
+        Raises:
+            PeerTimeoutError: some stage had none after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            servers = self.refresh(force=True)
+            if all(servers):
+                return servers
+            if time.monotonic() > deadline:
+                empty = [i for i, s in enumerate(servers) if not s]
+                raise PeerTimeoutError(f"no server for stages {empty} within {timeout:.0f} s")
+            time.sleep(0.3)
+
+    # --- one micro-batch ----------------------------------------------------------------------------
+
+    def train_microbatch(self, mb_id: int, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Forward and backward of one micro-batch through the stages; returns its loss.
+
+        Args:
+            mb_id: the run-wide micro-batch ID (fed once).
+            x: ``[B, T]`` token IDs; y: ``[B, T]`` next-token IDs.
+
+        Raises:
+            NoServer: a stage had no answering server for ``give_up_after`` seconds (the micro-batch
+                stays counted as lost).
+        """
+        if x.shape != y.shape or x.dim() != 2:
+            raise ConfigError("inputs and targets must be [B, T] tensors of one shape")
+        bt = (int(x.shape[0]), int(x.shape[1]))
+        self.tracker.start(mb_id)
+        last = self.config.stages - 1
+        inputs = [encode_tokens(x)]  # inputs[s]: the bytes stage s gets (forwarded unchanged)
+        for s in range(last):
+            _, frames = self._call(s, FORWARD, [inputs[s]], mb_id, bt)
+            inputs.append(frames[0])
+        head, frames = self._call(last, FORWARD, [inputs[last], encode_tokens(y)], mb_id, bt)
+        loss = decode_loss(head.note)
+        grad = frames[0]
+        for s in range(last - 1, -1, -1):
+            _, frames = self._call(s, BACKWARD, [inputs[s], grad], mb_id, bt)
+            if s:
+                grad = frames[0]
+        self.tracker.complete(mb_id, bt[0])
+        return loss
+
+    def _check_reply(
+        self, stage: int, typ: str, head: Envelope, frames: list[bytes], bt: tuple[int, int]
+    ) -> None:
+        want = 0 if (typ == BACKWARD and stage == 0) else 1
+        if len(frames) != want:
+            raise ProtocolError(f"stage {stage} answered {len(frames)} frames, expected {want}")
+        if want:  # a hidden state or a gradient of the request's shape
+            decode_hidden(frames[0], self.config.limits(stage), expect=bt)
+
+    def _call(
+        self, stage: int, typ: str, frames: Sequence[bytes], mb_id: int, bt: tuple[int, int]
+    ) -> tuple[Envelope, list[bytes]]:
+        kind = GRADIENTS if typ == BACKWARD else ACTIVATIONS
+        env = Envelope(
+            type=typ,
+            run=self.node.run_id,
+            kind=kind,
+            round=mb_id,
+            index=stage,
+            frames=len(frames),
+            nbytes=sum(len(f) for f in frames),
+        )
+        give_up = time.monotonic() + self.config.give_up_after
+        while True:
+            servers = self.refresh()[stage]
+            srv = pick_server(servers, self.exclusions.active(time.monotonic()), self.rng)
+            if srv is None:
+                if time.monotonic() > give_up:
+                    raise NoServer(
+                        f"no server of stage {stage} answered for {self.config.give_up_after:.0f} s"
+                    )
+                time.sleep(0.2)
+                self.refresh(force=True)
+                continue
+            timeout = self.times.deadline(stage, typ, srv.queue)
+            t0 = time.monotonic()
+            try:
+                head, got = self.node.loop.run(
+                    self._request(srv.peer_id, env, frames, timeout), timeout + 1.0
+                )
+                self._check_reply(stage, typ, head, got, bt)
+            except (SwarmError, TimeoutError) as e:
+                busy = isinstance(e, _Refused) and "busy" in str(e)
+                if isinstance(e, PeerTimeoutError):
+                    self.times.record(stage, typ, timeout)
+                ttl = self.config.busy_exclude_s if busy else self.config.exclude_s
+                self.exclusions.exclude(srv.peer_id, time.monotonic(), ttl=ttl)
+                self.tracker.reroute(mb_id)
+                logger.info(
+                    "stage %d %s of micro-batch %d on %s failed, rerouting: %s",
+                    stage,
+                    typ,
+                    mb_id,
+                    srv.peer_id[:16],
+                    e,
+                )
+                continue
+            self.times.record(stage, typ, time.monotonic() - t0)
+            return head, got
+
+    async def _request(
+        self, peer_id: str, env: Envelope, frames: Sequence[bytes], timeout: float
+    ) -> tuple[Envelope, list[bytes]]:
+        from hivemind.p2p import PeerID
+
+        try:
+            return await asyncio.wait_for(self._exchange(PeerID.from_base58(peer_id), env, frames), timeout)
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError(f"{env.type} to {peer_id[:16]} took over {timeout:.2f} s") from None
+
+    async def _exchange(
+        self, peer: Any, env: Envelope, frames: Sequence[bytes]
+    ) -> tuple[Envelope, list[bytes]]:
+        lim = self.config.limits(env.index)
+        try:
+            _, reader, writer = await self.node.p2p.call_binary_stream_handler(
+                peer, handler_name(self.node.run_id, env.index)
+            )
+        except Exception as e:  # p2pd reports a dead or unknown peer with several error types
+            raise SwarmError(f"cannot open a stream: {type(e).__name__}: {e}") from None
+        sent = received = 0
+        kind_out = env.kind
+        try:
+            widen_send_buffer(writer)
+            sent += write_frame(writer, encode_envelope(env))
+            for f in frames:
+                sent += await write_frame_drained(writer, f)
+            await writer.drain()
+            ack = await read_frame(reader, 1024, 3600.0)
+            received += 4 + len(ack)
+            ok, err = decode_ack(ack)
+            if not ok:
+                raise _Refused(f"refused: {err}")
+            body, n = await read_envelope(reader, 3600.0)
+            received += n
+            head = decode_envelope(body)
+            if (
+                head.type != REPLY
+                or head.run != env.run
+                or head.round != env.round
+                or head.index != env.index
+            ):
+                raise ProtocolError("the server answered another request")
+            kind_out = head.kind if head.kind in (ACTIVATIONS, GRADIENTS) else env.kind
+            got, n = await read_data_frames(reader, head, max_total=lim.max_packet, timeout=3600.0)
+            received += n
+            return head, got
+        except (ConnectionError, OSError, asyncio.IncompleteReadError) as e:
+            raise SwarmError(f"stream broke: {e}") from None
+        finally:
+            self.node.ledger.add_sent(env.kind, env.index, sent)
+            self.node.ledger.add_received(kind_out, env.index, received)
+            writer.close()

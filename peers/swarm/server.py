@@ -1,0 +1,334 @@
+"""A SWARM stage server: serves forward and backward of one pipeline stage to trainers.
+
+The stream handler (on the node's event loop) checks admission and the bounded queue *before* it
+reads a request's body, reads at most the stage's request cap (``StageLimits.max_request``), and
+hands the raw frames to one worker thread, which decodes and validates them
+(``peers.swarm.protocol``), runs the stage, applies the optimizer after every ``accumulate``
+backward passes, and between requests lets the replicas of its stage average their parameters
+(``peers.swarm.replicas``). A full queue refuses at once with ``busy`` (the trainer reroutes).
+
+The server announces itself through its peer record (role ``server``): ``throughput`` (samples per
+second of service, a moving average), and in ``extra`` its ``stage``, ``queue`` (requests waiting or
+running) and ``ver`` (optimizer steps applied); the record's TTL heartbeat removes a dead server.
+Bytes are counted where they cross the stream, under ``activations`` (forward) and ``gradients``
+(backward) in the node's ledger, with the stage as the ledger's round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from peers.messages import Envelope, decode_envelope, encode_ack, encode_envelope
+from peers.node import PeerNode
+from peers.swarm.protocol import (
+    BACKWARD,
+    FORWARD,
+    REPLY,
+    StageLimits,
+    decode_hidden,
+    decode_tokens,
+    encode_hidden,
+    encode_loss,
+    handler_name,
+)
+from peers.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
+from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
+from swarmtrain.core.protocols import Compressor
+
+__all__ = ["StageServer", "StageServerConfig", "ACTIVATIONS", "GRADIENTS"]
+
+logger = logging.getLogger(__name__)
+ACTIVATIONS = "activations"
+GRADIENTS = "gradients"
+_FRAME_TIMEOUT = 30.0
+_JOB_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class StageServerConfig:
+    """How a stage server serves.
+
+    Attributes:
+        limits: the stage and the shapes it accepts.
+        max_queue: requests waiting or running at once; more are refused with ``busy``.
+        accumulate: backward passes per optimizer step.
+        announce_interval: seconds between two record updates (queue, throughput, version).
+    """
+
+    limits: StageLimits
+    max_queue: int = 8
+    accumulate: int = 1
+    announce_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1 or self.accumulate < 1 or not self.announce_interval > 0:
+            raise ConfigError("need max_queue >= 1, accumulate >= 1, announce_interval > 0")
+
+
+@dataclass
+class _Job:
+    env: Envelope
+    frames: list[bytes]
+    fut: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(frozen=True)
+class _Reply:
+    kind: str
+    frames: list[bytes]
+    note: str = ""
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(value, BaseException):
+        fut.set_exception(value)
+    else:
+        fut.set_result(value)
+
+
+class StageServer:
+    """Serves one stage module (see the module docstring).
+
+    Args:
+        node: the started node (created with role ``server``).
+        module: the stage: ``module(x)`` -> ``[B, T, C]``; on the last stage ``module(x, targets)`` ->
+            scalar loss.
+        optimizer: steps the module's parameters.
+        compressor: codec of the hidden states and gradients this server sends.
+        config: limits and queue.
+        between_requests: called by the worker when idle or after each request (replica sync).
+    """
+
+    def __init__(
+        self,
+        node: PeerNode,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        compressor: Compressor,
+        config: StageServerConfig,
+        *,
+        between_requests: Callable[[], object] | None = None,
+    ) -> None:
+        self.node = node
+        self.module = module
+        self.optimizer = optimizer
+        self.compressor = compressor
+        self.config = config
+        self.limits = config.limits
+        self.between_requests = between_requests
+        self.version = 0  # optimizer steps applied
+        self.served = 0  # requests answered
+        self.refused = 0
+        self.throughput = 0.0  # samples per second of service (EWMA)
+        self._backwards = 0
+        self._rows = 0  # rows of the request being served (worker only)
+        self._draining = False  # set by stop(): refuse new requests, finish the queued ones
+        self._inflight = 0  # event loop only
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the module between the worker and parameter readers
+        self._handler = handler_name(node.run_id, self.limits.stage)
+        node.loop.run(node.p2p.add_binary_stream_handler(self._handler, self._handle), 15.0)
+        self._worker = threading.Thread(target=self._work, name="swarmtrain-stage", daemon=True)
+        self._worker.start()
+        self._announcer = threading.Thread(
+            target=self._announce_loop, name="swarmtrain-stage-ann", daemon=True
+        )
+        self._announce()
+        self._announcer.start()
+
+    # --- announcing ---------------------------------------------------------------------------------
+
+    def _announce(self) -> None:
+        self.node.publish(
+            role="server",
+            throughput=self.throughput,
+            stage=self.limits.stage,
+            queue=self._inflight,
+            ver=self.version,
+        )
+
+    def _announce_loop(self) -> None:
+        while not self._stop.wait(self.config.announce_interval):
+            self._announce()
+
+    # --- receive side (event loop) --------------------------------------------------------------------
+
+    def _check(self, env: Envelope) -> None:
+        lim = self.limits
+        if env.run != self.node.run_id or env.index != lim.stage:
+            raise ProtocolError("request for another run or stage")
+        if env.type not in (FORWARD, BACKWARD) or env.round < 0:
+            raise ProtocolError(f"unexpected request type {env.type[:16]!r}")
+        if env.type == BACKWARD and lim.last:
+            raise ProtocolError("the last stage runs backward within its forward request")
+        want = 2 if env.type == BACKWARD or lim.last else 1
+        kind = GRADIENTS if env.type == BACKWARD else ACTIVATIONS
+        if env.frames != want or env.kind != kind:
+            raise ProtocolError(f"{env.type} to stage {lim.stage} carries {want} frames of kind {kind}")
+        if env.nbytes > lim.max_request:
+            raise ProtocolError(f"request of {env.nbytes} bytes exceeds the stage's {lim.max_request}")
+
+    async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        sender = str(info.peer_id.to_base58())
+        sent = received = 0
+        kind_in, kind_out = ACTIVATIONS, ACTIVATIONS
+        counted = False
+        try:
+            try:
+                if not await self.node.admitted.acheck(sender):
+                    raise ProtocolError("not admitted to the run")
+                if self._inflight >= self.config.max_queue or self._draining:
+                    raise ProtocolError("busy")
+                self._inflight += 1
+                counted = True
+                body, n = await read_envelope(reader, _FRAME_TIMEOUT)
+                received += n
+                env = decode_envelope(body)
+                self._check(env)
+                kind_in = env.kind
+                frames, n = await read_data_frames(
+                    reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
+                )
+                received += n
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[Any] = loop.create_future()
+                self._jobs.put(_Job(env, frames, fut, loop))
+                reply: _Reply = await asyncio.wait_for(fut, _JOB_TIMEOUT)
+            except ProtocolError as e:
+                self.refused += 1
+                logger.info("refused a stage request from %s: %s", sender[:16], e)
+                sent += write_frame(writer, encode_ack(False, str(e)))
+                await writer.drain()
+                return
+            kind_out = reply.kind
+            head = Envelope(
+                type=REPLY,
+                run=self.node.run_id,
+                kind=reply.kind,
+                round=env.round,
+                index=self.limits.stage,
+                frames=len(reply.frames),
+                nbytes=sum(len(f) for f in reply.frames),
+                note=reply.note,
+            )
+            sent += write_frame(writer, encode_ack(True))
+            sent += write_frame(writer, encode_envelope(head))
+            for f in reply.frames:
+                sent += await write_frame_drained(writer, f)
+            await writer.drain()
+            self.served += 1
+        except (SwarmError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+            logger.info("stage request from %s failed: %s", sender[:16], e)
+        finally:
+            if counted:
+                self._inflight -= 1
+            self.node.ledger.add_received(kind_in, self.limits.stage, received)
+            self.node.ledger.add_sent(kind_out, self.limits.stage, sent)
+            writer.close()
+
+    # --- worker thread ------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                self._idle()
+                continue
+            t0 = time.perf_counter()
+            result: Any
+            try:
+                with self._lock:
+                    result = self._serve(job.env, job.frames)
+            except ProtocolError as e:
+                result = e
+            except Exception as e:  # a bug must not kill the worker; the trainer reroutes
+                logger.exception("stage %d failed a request", self.limits.stage)
+                result = ProtocolError(f"server error: {type(e).__name__}")
+            job.loop.call_soon_threadsafe(_resolve, job.fut, result)
+            if isinstance(result, _Reply):
+                dt = max(time.perf_counter() - t0, 1e-6)
+                rate = self._rows / dt
+                self.throughput = rate if self.throughput == 0 else 0.8 * self.throughput + 0.2 * rate
+            self._idle()
+
+    def _idle(self) -> None:
+        if self.between_requests is not None and not self._stop.is_set():
+            with self._lock:
+                self.between_requests()
+
+    def _serve(self, env: Envelope, frames: list[bytes]) -> _Reply:
+        lim = self.limits
+        x = decode_tokens(frames[0], lim) if lim.first else decode_hidden(frames[0], lim)
+        bt = (int(x.shape[0]), int(x.shape[1]))
+        self._rows = bt[0]
+        if env.type == FORWARD and not lim.last:
+            with torch.no_grad():
+                y = self.module(x)
+            return _Reply(ACTIVATIONS, [encode_hidden(y, self.compressor, key="act")])
+        if env.type == FORWARD:  # last stage: forward, loss and backward in one request
+            targets = decode_tokens(frames[1], lim)
+            if tuple(targets.shape) != bt:
+                raise ProtocolError(f"targets are {list(targets.shape)}, inputs {list(bt)}")
+            x.requires_grad_(True)
+            loss = self.module(x, targets)
+            loss.backward()
+            self._backward_done()
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)
+            return _Reply(
+                GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")], encode_loss(loss.item())
+            )
+        g = decode_hidden(frames[1], lim, expect=bt)
+        if not lim.first:
+            x.requires_grad_(True)
+        y = self.module(x)
+        y.backward(g)
+        self._backward_done()
+        if lim.first:
+            return _Reply(GRADIENTS, [])
+        grad = x.grad if x.grad is not None else torch.zeros_like(x)
+        return _Reply(GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")])
+
+    def _backward_done(self) -> None:
+        self._backwards += 1
+        if self._backwards % self.config.accumulate == 0:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """A copy of the stage's parameters (consistent: taken between requests)."""
+        with self._lock:
+            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Refuse new requests, finish the queued ones, stop the worker, remove the handler."""
+        if self._stop.is_set():
+            return
+        self._draining = True
+        deadline = time.monotonic() + timeout
+        while (self._inflight or not self._jobs.empty()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop.set()
+        self._worker.join(timeout)
+        self._announcer.join(timeout)
+        try:
+            self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler), 5.0)
+        except Exception:
+            logger.debug("removing the stage handler failed", exc_info=True)
