@@ -7,8 +7,8 @@ reduces the rows it received plus its own with a ``Reducer`` (token-weighted mea
 compresses the aggregate *once* and pushes those bytes to every other member. Every member, the owner
 included, decodes the same bytes, so all members end bit-identical. Membership comes from
 ``peers.rounds.Matchmaker`` (members push their joins to the likely leader, which pushes the list
-back); every message carries the group digest and is checked against it. Messages travel on
-persistent per-peer channels (``peers.channels``), each acknowledged.
+back; join windows and round timeouts are measured, ``peers.deadlines``); every message carries the
+group digest. Messages travel on persistent per-peer channels (``peers.channels``), each acknowledged.
 
 Receive budgets (DESIGN.md section 4): only admitted senders (``peers.admission``); capped streams
 per peer; a whole-message deadline and minimum rate (``peers.framereader``); a body read only after
@@ -43,6 +43,7 @@ import torch
 from peers.agreement import HAVE, agree
 from peers.butterfly import NoCheck, ReduceCheck, reduce_round
 from peers.channels import IDLE_CLOSE, ChannelPool
+from peers.deadlines import Deadlines
 from peers.framereader import MessageClock
 from peers.framereader import attach as attach_frame_reader
 from peers.group import Group
@@ -63,6 +64,7 @@ from peers.memory import HeapReturn
 from peers.messages import Envelope, decode_envelope, encode_ack
 from peers.node import PeerNode
 from peers.owner_check import GuardedReduce, OwnerCheck
+from peers.refusals import RefusalLog
 from peers.round_errors import QUIET, ListsBannedPeer, RoundLate
 from peers.round_io import PhaseClock, RoundIO, RoundLink
 from peers.rounds import Matchmaker, Pushes
@@ -93,7 +95,6 @@ _MAX_STREAMS = 256  # concurrent incoming streams from all peers together (raise
 _TYPE_CAPS = {"grp": _GROUP_BYTES, "join": 0, HAVE: 0, "abort": 0}  # join/have/abort carry no frames
 _GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
 _PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
-_LOGGED_MAX = 4096  # refusals remembered for log-once (per sender and round)
 
 
 class P2PCollective:
@@ -109,7 +110,7 @@ class P2PCollective:
         min_peers: a round is not closed with fewer members.
         expected_peers: close a round as soon as this many joined (else wait ``join_window``).
         ledger: where bytes are counted (default: ``node.ledger``).
-        join_window: seconds a round's leader waits for joiners.
+        join_window: a leader's wait for joiners: first guess and ceiling of the measured one.
         chunk_elems: elements per packet, one stream frame each (<= 2**21).
         max_message_bytes: ceiling on one incoming message (``None``: only each round's own cap, one
             chunk's packet bound; see ``peers.mailbox.reduce_budget``).
@@ -150,13 +151,14 @@ class P2PCollective:
         self.max_message_bytes = max_message_bytes
         self.max_gather_bytes = max_gather_bytes
         self.max_streams_per_peer = max_streams_per_peer
-        self.guard = guard
+        self.guard, self._timeout, self._deadline = guard, 0.0, 0.0
+        self.deadlines = Deadlines(join_window)  # measured join windows and timeouts (peers.deadlines)
         self._mailbox = Mailbox(max_buffer_bytes)
         self._mailbox.add_listener(self._wake_waiting)
         self._room: asyncio.Future[None] | None = None  # resolved when the mailbox may take more
         self._streams: dict[str, int] = {}  # open incoming streams per peer (event loop only)
         self._max_streams = _MAX_STREAMS  # all incoming streams; grows with the group (3 lanes each)
-        self._logged: set[tuple[str, int]] = set()  # (sender, round) refusals already logged
+        self._refusals = RefusalLog()  # (sender, round) refusals are logged once
         self.heap = HeapReturn()  # gives the heap back after a flood's data was dropped
         self._matchmaker = Matchmaker(
             node.dht,
@@ -166,6 +168,7 @@ class P2PCollective:
             min_peers=min_peers,
             expected_peers=expected_peers,
             join_window=join_window,
+            deadlines=self.deadlines,
         )
         # what every round's RoundIO uses; ``self._send`` is looked up here, so a subclass's wins
         self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
@@ -214,12 +217,12 @@ class P2PCollective:
         concurrent streams gets this one closed at once."""
         sender = str(info.peer_id.to_base58())
         if not await self.node.admitted.acheck(sender):  # the run's admission policy (peers.admission)
-            self._log_refusal(sender, -1, ProtocolError("not admitted to the run"))
+            self._refusals.log(sender, -1, ProtocolError("not admitted to the run"))
             writer.close()
             return
         open_now = self._streams.get(sender, 0)
         if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= self._max_streams:
-            self._log_refusal(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
+            self._refusals.log(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
             writer.close()
             return
         self._streams[sender] = open_now + 1
@@ -279,7 +282,7 @@ class P2PCollective:
         except SwarmError as e:
             ok, err, in_step = False, str(e), False
         if not ok:
-            self._log_refusal(sender, -1 if env is None else env.round, err)
+            self._refusals.log(sender, -1 if env is None else env.round, err)
         n_ack = write_frame(writer, encode_ack(ok, err[:200]))
         try:
             await asyncio.wait_for(writer.drain(), _FRAME_TIMEOUT)  # a sender that stopped reading
@@ -343,15 +346,6 @@ class P2PCollective:
             return False
         self.ledger.add_received(env.kind, env.round, nread + n)
         return True
-
-    def _log_refusal(self, sender: str, round_id: int, err: object) -> None:
-        """Log a refusal once per sender and round (a flood must not flood the log)."""
-        key = (sender, round_id)
-        if key in self._logged or len(self._logged) >= _LOGGED_MAX:
-            logger.debug("refused a message from %s: %s", sender[:16], err)
-            return
-        self._logged.add(key)
-        logger.info("refused a message from %s (round %d): %s", sender[:16], round_id, err)
 
     # --- send side ------------------------------------------------------------------------------------
 
@@ -449,8 +443,9 @@ class P2PCollective:
         r = self.round_id
         self.round_id = r + 1
         self._mailbox.set_floor(r)
-        self._logged = set()  # refusals are logged once per sender and round
-        deadline = time.monotonic() + timeout
+        self._refusals.reset()  # refusals are logged once per sender and round
+        self._timeout = timeout = self.deadlines.round_timeout(timeout)  # the caller's is the ceiling
+        self._deadline = deadline = time.monotonic() + timeout
         clock = PhaseClock()
         self.last_timings = clock.phases
         group = self._form_group(kind, r, deadline, clock)
@@ -485,6 +480,10 @@ class P2PCollective:
         logger.info("round %d (%s) failed: %s", round_id, kind, e)
 
     def _finish(self, r: int) -> None:
+        if "agree" in self.last_timings:  # committed: formation to commit is a sample of its duration
+            self.deadlines.observe_round(sum(self.last_timings.values()))
+        elif time.monotonic() >= self._deadline:  # ran out of time: a sample of its whole timeout
+            self.deadlines.observe_round(self._timeout)
         self._mailbox.set_floor(r + 1)
         self.heap.maybe_trim()
         if self.guard is not None:
@@ -585,6 +584,7 @@ class P2PCollective:
                 got = io.collect("gather", io.group.digest)
                 io.settle(sends)
                 agree(io)
+                io.mark("agree")
                 payloads = {p: b"".join(d.frames) for p, d in got.items()}
                 payloads[self.peer_id] = bytes(payload)
                 sent, recv = self.ledger.round_bytes(kind, r)

@@ -55,6 +55,7 @@ from typing import Any
 
 import msgpack
 
+from peers.deadlines import Deadlines
 from peers.group import Group, group_digest
 from peers.round_errors import ListsBannedPeer, MemberGone, RoundLate, RoundTimeout
 from swarmtrain.core.errors import ProtocolError
@@ -121,8 +122,10 @@ class Matchmaker:
         pushes: direct delivery of joins and lists between members (steps 4 and 5).
         min_peers: a leader does not close a round with fewer joiners.
         expected_peers: close as soon as this many joined (``None``: wait the whole join window).
-        join_window: seconds a leader waits for joiners after its own arrival.
+        join_window: seconds a leader waits for joiners after its own arrival: with ``deadlines``,
+            the first guess and the ceiling of the measured window (``peers.deadlines``).
         poll: seconds between DHT polls.
+        deadlines: measured join windows (``None``: always ``join_window``).
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class Matchmaker:
         expected_peers: int | None = None,
         join_window: float = 3.0,
         poll: float = 0.05,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.dht = dht
         self.peer_id = peer_id
@@ -143,6 +147,9 @@ class Matchmaker:
         self.min_peers = min_peers
         self.expected_peers = expected_peers
         self.join_window = join_window
+        self.deadlines = deadlines
+        #: the join window of the round being formed (seconds), for the log and the tests
+        self.window_used = join_window
         self.poll = poll
         self.pushes = pushes
         #: peers excluded from rounds (the guard's bans, ``peers.guard``): a leader leaves them out of
@@ -228,7 +235,8 @@ class Matchmaker:
         join_key = self._key(kind, round_id, "join")
         group_key = self._key(kind, round_id, "group")
         arrived = time.monotonic()
-        close_at = arrived + self.join_window
+        self.window_used = self.deadlines.join_window() if self.deadlines else self.join_window
+        close_at = arrived + self.window_used
         ttl = max(deadline - arrived, 0.0) + 60.0
         self._departed = self._gone_since_last_group()
         likely = min(set(self.last_members) - self._departed - self.banned, default=self.peer_id)
@@ -271,6 +279,7 @@ class Matchmaker:
         read_joins = True
         watch = _LeaderWatch(self.pushes.connected, set(self.last_members) - {self.peer_id})
         joined = [self.peer_id]
+        seen_at: dict[str, float] = {}  # when each joiner was first seen (a leader's join spread)
         while True:
             if group is not None:
                 return group
@@ -299,7 +308,13 @@ class Matchmaker:
                     return group
             joined = self._joiners(recorded | pushed)
             may_lead = joined[0] == self.peer_id
+            now = time.monotonic()
+            for p in joined:
+                seen_at.setdefault(p, now)
             if may_lead and self._may_close(joined, close_at):
+                if self.deadlines is not None:  # when each member it takes in (itself too) arrived
+                    arrived = close_at - self.window_used
+                    self.deadlines.observe_arrivals(seen_at[p] - arrived for p in joined[:_MAX_MEMBERS])
                 return self._publish(kind, round_id, tuple(joined[:_MAX_MEMBERS]), group_key)
             # sleep until a pushed list or join arrives or the next poll is due; a pushed join alone
             # needs no new DHT read (the records were read at least once; they are re-read each poll)

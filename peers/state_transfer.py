@@ -153,6 +153,7 @@ class StateServer:
         self._latest: tuple[bytes, int, int] | None = None  # (hash, nbytes, round)
         #: (round, shared-parameter digest) of the last states this peer committed itself
         self._vouches: list[tuple[int, bytes]] = []
+        self.leaving = False  # announced too: a peer about to leave is nobody's holder of the state
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.served = 0
@@ -186,6 +187,17 @@ class StateServer:
         self._announce()
         return digest.hex()
 
+    @property
+    def announced_round(self) -> int | None:
+        """The round of the state this peer announces (``None``: none yet)."""
+        with self._lock:
+            return None if self._latest is None else self._latest[2]
+
+    def announce_leaving(self) -> None:
+        """Say in the announcement that this peer is about to leave (it still serves its state)."""
+        self.leaving = True
+        self._announce()
+
     def _announce(self) -> None:
         with self._lock:
             latest = self._latest
@@ -193,6 +205,8 @@ class StateServer:
                 return
             vouches = [[r, d] for r, d in self._vouches]
         item = {"hash": latest[0], "nbytes": latest[1], "round": latest[2], "vouch": vouches}
+        if self.leaving:
+            item["leaving"] = True
         value = msgpack.packb(item, use_bin_type=True)
         try:
             self.node.dht.store(

@@ -15,8 +15,10 @@ If a round formed without this peer (it arrived late), the others committed an o
 take: it downloads the state that round committed before training on, so it never drifts from the
 swarm. A volunteer with an identity file keeps the state of its last committed round next to it
 (``swarmtrain.app.saved_state``); restarted, it loads that state instead of downloading one when the
-donors still vouch for it as their freshest. SIGTERM or Ctrl-C finishes the current step and leaves
-cleanly (the node deregisters); a second signal aborts at once.
+donors still vouch for it as their freshest. SIGTERM or Ctrl-C starts a preemption hand-off within
+``peers.preempt_grace`` (``swarmtrain.app.preemption``): finish the step, train on to the next sync if
+it fits, wait until a peer that stays holds the committed state, withdraw the records and leave; a
+second signal aborts at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from swarmtrain.app.peer_state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
+from swarmtrain.app.preemption import Preemption, finish_sync, withdraw_announcement
 from swarmtrain.app.run_agreement import check_agreement, run_settings
 from swarmtrain.app.saved_state import read_saved_state, save_state, saved_state_path
 from swarmtrain.core.config import Config, PeersConfig
@@ -187,8 +190,10 @@ def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None
     from peers import GracefulExit, PeerNode
 
     hooks = hooks or PeerHooks()
-    with GracefulExit() as stop, PeerNode(cfg.peers, role="trainer") as node:
-        peer = _Peer(cfg, node, membership, hooks, stop)
+    preemption = Preemption(cfg.peers.preempt_grace)
+    with GracefulExit(on_signal=preemption.on_signal) as stop, PeerNode(cfg.peers, role="trainer") as node:
+        preemption.arm()
+        peer = _Peer(cfg, node, membership, hooks, stop, preemption)
         try:
             return peer.run()
         finally:
@@ -238,7 +243,15 @@ class _Stop(Exception):
 class _Peer:
     """One peer's parts and counters while the loop runs."""
 
-    def __init__(self, cfg: Config, node: Any, membership: Membership, hooks: PeerHooks, stop: Any) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        node: Any,
+        membership: Membership,
+        hooks: PeerHooks,
+        stop: Any,
+        preemption: Preemption,
+    ) -> None:
         from peers import P2PCollective, StateServer
         from peers.admission import OwnAdmission
         from peers.reducers import build_reducer
@@ -283,6 +296,10 @@ class _Peer:
         self._peers_seen = 1
         self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
         self._last_status = 0.0
+        self.preemption = preemption  # the grace clock the stop signal starts
+        self._leaving = False  # a stop signal was seen at a step (its record says so)
+        self._sync_s = cfg.peers.join_window + 5.0  # a sync step's seconds (first guess, then measured)
+        self._step_t = time.monotonic()
         #: where a volunteer keeps its last committed state, to resume from on restart (no identity
         #: file: a restart is a new peer, nothing kept)
         self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
@@ -328,7 +345,9 @@ class _Peer:
         res.banned = dict(self.guard.refresh()) if self.guard is not None else {}
         if self.hooks.on_finished is not None:
             self.hooks.on_finished(res)
-        if not self.stop.requested:
+        if self.stop.requested:  # preempted: stay a donor until a peer that stays holds our state
+            self.preemption.hand_off(self.node, self.server.announced_round)
+        else:
             self.stop.wait(self.membership.linger_s)
         return res
 
@@ -447,6 +466,10 @@ class _Peer:
         """The trainer's step callback: count the sync, catch up when behind, report, obey a stop."""
         r = info.report
         self.result.comm_wait_s += float(r.extra.get("comm_wait_s", 0.0))
+        now = time.monotonic()
+        if r.synced:
+            self._sync_s = now - self._step_t
+        self._step_t = now
         note = ""
         if r.synced:
             note = self._after_sync(r)
@@ -489,9 +512,25 @@ class _Peer:
                     failed=res.failed_rounds + res.late_rounds,
                 )
             )
-        if self.stop.requested:
+        if self.stop.requested and self._leave_now(info):
             raise _Stop
         self.own_admission.check()  # an expired token: one line and out, not failing rounds
+
+    def _leave_now(self, info: StepInfo) -> bool:
+        """A stop signal arrived: leave after this step, or (the first time, when the next sync and
+        its round fit in the grace) train on to that sync so this peer's work since the last one counts."""
+        left = self.preemption.left()
+        if self._leaving:  # training on to the sync: leave once it happened or time is short
+            return info.report.synced or left <= self._sync_s
+        self._leaving = True
+        self.node.publish(leaving=1)  # no other leaving peer counts on this one to keep the state
+        self.server.announce_leaving()
+        steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
+        to_sync = None if info.report.synced else self._clock.seconds_left(self.trainer.step, steps_per_s)
+        if finish_sync(to_sync, self._sync_s, left):
+            logger.warning("training on to the next sync (~%.0f s) before leaving", to_sync or 0.0)
+            return False
+        return True
 
     def _after_sync(self, r: StepReport) -> str:
         """Count one sync and adopt the swarm's state when this peer missed a step; returns a note."""
@@ -507,7 +546,10 @@ class _Peer:
             res.sync_digests[r.round_id] = shared_digest(self.trainer)
             self.server.refresh(vouch=res.sync_digests[r.round_id])  # a state it committed itself
             self.save_committed_state(res.sync_digests[r.round_id])
-            logger.info("round %d committed (%d peers)", r.round_id, r.participants)
+            window = self.p2p.deadlines.join_window()  # measured (peers.deadlines)
+            logger.info(
+                "round %d committed (%d peers; join window %.1f s)", r.round_id, r.participants, window
+            )
             return ""
         if r.late:
             # the others commit the round we missed: wait for the state it produces (the donors
@@ -530,6 +572,7 @@ class _Peer:
 
     def close(self) -> None:
         self.server.close()
+        withdraw_announcement(self.node)  # newcomers must not ask a peer that left
         close = getattr(self.collective, "close", None)  # a wrapper closes what it wraps
         if callable(close):
             close()

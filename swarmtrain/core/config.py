@@ -360,6 +360,13 @@ class PeersConfig(_Section):
     join_window: float = Field(
         default=3.0, gt=0, le=600, description="seconds a round's leader waits for late joiners"
     )
+    preempt_grace: float = Field(
+        default=25.0,
+        gt=0,
+        le=3600,
+        description="seconds from SIGTERM to exit: finish the outer step if it fits, hand the state "
+        "to a live peer, leave (a spot instance's notice)",
+    )
     reducer: str = "mean"
     byzantine_f: int = Field(default=0, ge=0, description="peers the reducer must tolerate")
     reducer_options: dict[str, float | int] = Field(

@@ -351,8 +351,8 @@ class _Slot:
         return self.proc is not None and self.outcome is None and not self.signalled and self.proc.alive
 
 
-#: seconds a preempted peer has to leave through its graceful path before its group is killed
-PREEMPT_GRACE_S = 30.0
+#: seconds past its ``peers.preempt_grace`` a preempted peer has before its group is killed
+SLACK_S = 5.0
 
 
 class _Supervisor:
@@ -494,7 +494,7 @@ class _Supervisor:
             if s.proc is None or s.outcome is not None or s.gone or s.restart_at is not None:
                 continue
             if s.proc.alive:
-                if s.signalled == "preempt" and now - s.signalled_at > PREEMPT_GRACE_S:
+                if s.signalled == "preempt" and now - s.signalled_at > self.cfg.peers.preempt_grace + SLACK_S:
                     s.proc.terminate(grace=1.0)
                 continue
             if not s.signalled:  # nobody here caused it: read what it managed to send, then log it

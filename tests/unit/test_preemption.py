@@ -1,0 +1,49 @@
+"""The pure decisions of the preemption hand-off (``swarmtrain.app.preemption``): when a peer told to
+leave trains on to its next sync, and when its committed state is safe with the peers that stay."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from swarmtrain.app.preemption import LEAVE_RESERVE_S, Preemption, finish_sync, handoff_status
+
+
+def test_train_on_to_the_sync_only_when_it_and_its_round_fit() -> None:
+    assert finish_sync(3.0, 2.0, 10.0)
+    assert finish_sync(8.0, 2.0, 10.0)  # exactly fits
+    assert not finish_sync(9.0, 2.0, 10.0)
+    assert not finish_sync(None, 2.0, 10.0)  # the time to the sync is unknown: leave now
+    assert not finish_sync(1.0, 1.0, float("-inf"))
+
+
+def test_the_state_is_safe_once_a_peer_that_stays_announces_it() -> None:
+    live = [("a", True), ("b", False), ("c", False)]
+    assert handoff_status("a", 5, live, {"a": 5, "b": 5}) == "done"
+    assert handoff_status("a", 5, live, {"a": 5, "c": 7}) == "done"  # a newer state holds ours too
+    assert handoff_status("a", 5, live, {"a": 5, "b": 4}) == "wait"  # b is behind: it must take ours
+    assert handoff_status("a", 5, live, {"a": 5}) == "wait"  # c is still downloading
+
+
+def test_peers_that_leave_too_do_not_count_as_holders() -> None:
+    # two peers preempted together: each holds the state, neither may count on the other
+    live = [("a", True), ("b", True), ("c", False)]
+    assert handoff_status("a", 5, live, {"a": 5, "b": 5, "c": 4}) == "wait"
+    assert handoff_status("a", 5, [("a", True), ("b", True)], {"b": 5}) == "alone"
+    assert handoff_status("a", 5, [], {}) == "alone"
+
+
+def test_the_grace_clock_keeps_a_reserve_for_leaving() -> None:
+    p = Preemption(30.0)
+    assert p.left() == float("inf")  # no signal yet
+    p.on_signal(15)
+    first = p.signalled_at
+    p.on_signal(15)  # a second signal does not restart the clock
+    assert p.signalled_at == first
+    assert 30.0 - LEAVE_RESERVE_S - 1.0 < p.left() <= 30.0 - LEAVE_RESERVE_S
+    short = Preemption(3.0)
+    short.signalled_at = time.monotonic()
+    assert short.reserve == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        Preemption(0.0)
