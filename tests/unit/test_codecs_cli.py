@@ -68,7 +68,10 @@ def test_compare_example_names_the_file_it_wrote(
     monkeypatch.setattr(sys, "argv", ["compare_compressors.py", "--from-json", str(src), "--out", str(stem)])
     runpy.run_path(str(ROOT / "examples" / "compare_compressors.py"), run_name="__main__")
     assert not stem.exists() and (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {tmp_path / 'plot.png'}"
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
+        f"wrote {tmp_path / 'plot.png'}",
+        f"wrote {tmp_path / 'plot.json'}",
+    ]
 
 
 def _fake_cache(root: Path, cpu: int, index: int, level: int, kind: str, size: str, shared: str) -> None:
