@@ -23,7 +23,11 @@ ALLOWED: dict[str, set[str]] = {
     "peers": {"swarmtrain.core", "compression", "peers"},
 }
 # the only app modules that may reach the simulation package
-SIMULATION_ENTRY = {"swarmtrain.app.commands.simulate", "swarmtrain.app.commands.bench"}
+SIMULATION_ENTRY = {
+    "swarmtrain.app.commands.simulate",
+    "swarmtrain.app.commands.simulate_swarm",
+    "swarmtrain.app.commands.bench",
+}
 
 
 def _modules() -> dict[str, Path]:

@@ -5,7 +5,7 @@ The simulation package is imported lazily, inside the command: nothing else in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,9 @@ class SimulateOptions:
     json_path: Path | None = None
     config: Path | None = None
     timeout: float = 3600.0
+    stages: int | None = None
+    trainers: int | None = None
+    kill_servers: int = 0
 
     def overrides(self) -> dict[str, Any]:
         """The flags as dotted config keys (the highest config layer)."""
@@ -177,6 +180,11 @@ def simulate(
     json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON here."),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file."),
     timeout: float = typer.Option(3600.0, "--timeout", min=10, help="Seconds before giving up."),
+    stages: int | None = typer.Option(None, "--stages", min=2, help="swarm: pipeline stages [2]."),
+    trainers: int | None = typer.Option(None, "--trainers", min=1, max=16, help="swarm: trainers [1]."),
+    kill_servers: int = typer.Option(
+        0, "--kill-servers", min=0, help="swarm: SIGKILL this many servers at random moments mid-run."
+    ),
 ) -> None:
     """Train with N real peer processes on this machine (127.0.0.1) and report loss and bytes.
 
@@ -189,6 +197,10 @@ def simulate(
     with peers SIGKILLed (kill=RATE), SIGTERMed (preempt=RATE) and restarted with the same identity
     after a delay (restart=DELAY); the survivors must end identical, the loss is compared.
     A peer that dies is absorbed: the others go on and the report says who died when.
+    With --strategy swarm (SWARM pipeline parallelism): --peers stage servers spread over --stages,
+    --trainers peers feeding --steps micro-batches each, --compressor the codec between stages
+    [none], --kill-servers K servers SIGKILLed mid-run; the exit code is 1 when a micro-batch was
+    lost or a stage's replicas differ at the end.
     """
     # every parameter is a field of the same name, and there are no other locals yet
     run_simulate(SimulateOptions(**locals()))
@@ -207,6 +219,11 @@ def run_simulate(opts: SimulateOptions) -> None:
     from swarmtrain.app.data import describe_data
     from swarmtrain.simulation.chaos import parse_chaos
 
+    if opts.strategy == "swarm" or opts.stages is not None or opts.trainers is not None or opts.kill_servers:
+        from swarmtrain.app.commands.simulate_swarm import run_swarm_simulate
+
+        # SWARM is no data-parallel strategy: its own runner, and --compressor is its activation codec
+        return run_swarm_simulate(opts, replace(opts, strategy=None, compressor=None).load_config)
     cfg = opts.load_config()
     _validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
     chaos = parse_chaos(opts.chaos) if opts.chaos is not None else None

@@ -1,0 +1,167 @@
+"""``swarmtrain simulate --strategy swarm``: the flags of a SWARM run, its report and its JSON.
+
+``--peers`` counts stage servers (spread round-robin over ``--stages``), ``--trainers`` the peers that
+feed micro-batches, ``--steps`` the micro-batches each trainer feeds, ``--compressor`` the codec of
+hidden states and their gradients between stages (default ``none``: fp32). The run itself is
+``swarmtrain.simulation.swarm.run_swarm_simulation``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import typer
+
+from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.jsonsafe import dumps
+
+if TYPE_CHECKING:
+    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.core.config import Config
+
+__all__ = ["run_swarm_simulate", "swarm_settings", "SwarmFlags"]
+
+
+class SwarmFlags(Protocol):
+    """The flags of ``simulate`` this module reads (``simulate.SimulateOptions`` has them all)."""
+
+    @property
+    def peers(self) -> int: ...
+    @property
+    def strategy(self) -> str | None: ...
+    @property
+    def compressor(self) -> str | None: ...
+    @property
+    def stages(self) -> int | None: ...
+    @property
+    def trainers(self) -> int | None: ...
+    @property
+    def kill_servers(self) -> int: ...
+    @property
+    def baseline(self) -> bool: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def json_path(self) -> Path | None: ...
+    @property
+    def inner_steps(self) -> int | None: ...
+    @property
+    def fragments(self) -> int | None: ...
+    @property
+    def overlap(self) -> int | None: ...
+    @property
+    def mixing(self) -> float | None: ...
+    @property
+    def error_feedback(self) -> str | None: ...
+    @property
+    def reducer(self) -> str | None: ...
+    @property
+    def byzantine(self) -> int | None: ...
+    @property
+    def attack(self) -> str | None: ...
+    @property
+    def tolerate(self) -> int | None: ...
+    @property
+    def malicious_owners(self) -> int | None: ...
+    @property
+    def owner_check(self) -> bool | None: ...
+    @property
+    def chaos(self) -> str | None: ...
+    @property
+    def intruders(self) -> int: ...
+
+
+def _refuse_other_flags(opts: SwarmFlags) -> None:
+    """Flags of the data-parallel strategies mean nothing to SWARM: one line naming the first."""
+    if opts.strategy != "swarm":
+        raise ConfigError("--stages, --trainers and --kill-servers need --strategy swarm")
+    others = {
+        "--inner-steps": opts.inner_steps,
+        "--fragments": opts.fragments,
+        "--overlap": opts.overlap,
+        "--mixing": opts.mixing,
+        "--error-feedback": opts.error_feedback,
+        "--reducer": opts.reducer,
+        "--byzantine": opts.byzantine,
+        "--attack": opts.attack,
+        "--tolerate": opts.tolerate,
+        "--malicious-owners": opts.malicious_owners,
+        "--owner-check": opts.owner_check,
+        "--chaos": opts.chaos,
+        "--intruders": opts.intruders or None,
+    }
+    for flag, value in others.items():
+        if value is not None:
+            raise ConfigError(f"{flag} does not apply to --strategy swarm")
+
+
+def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple[Config, SwarmSettings]:
+    """The run's config and its :class:`swarmtrain.app.swarm_roles.SwarmSettings`, checked before any
+    process starts. ``load_config``: the run's config without the strategy and codec flags (they
+    mean other things here).
+
+    Raises:
+        ConfigError: one line naming the problem.
+    """
+    from compression import build_compressor
+    from swarmtrain.app.models import resolve_spec
+    from swarmtrain.app.models.stages import stage_blocks
+    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.simulation.swarm import spread_servers
+
+    _refuse_other_flags(opts)
+    cfg = load_config()
+    codec = opts.compressor or "none"
+    build_compressor(cfg.compression.model_copy(update={"codec": codec}))  # an unknown name fails here
+    settings = SwarmSettings(
+        stages=opts.stages or 2, codec=codec, microbatches=cfg.train.steps, trainers=opts.trainers or 1
+    )
+    stage_blocks(resolve_spec(cfg.model).n_layer, settings.stages)
+    spread_servers(opts.peers, settings.stages)
+    if opts.kill_servers > opts.peers - settings.stages:
+        raise ConfigError(
+            f"--kill-servers {opts.kill_servers}: {opts.peers} servers over {settings.stages} stages "
+            f"leave at most {opts.peers - settings.stages} that can die without emptying a stage"
+        )
+    return cfg, settings
+
+
+def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> None:
+    """Run SWARM as ``opts`` asks, print the outcome, write the JSON.
+
+    Raises:
+        typer.Exit: code 1 when a stage's replicas differ at the end or a micro-batch was lost.
+    """
+    from rich.console import Console
+
+    from swarmtrain.simulation.swarm import run_swarm_simulation
+
+    cfg, settings = swarm_settings(opts, load_config)
+    console = Console(stderr=True)
+    console.print(
+        f"swarmtrain simulate: SWARM, {opts.peers} servers over {settings.stages} stages, "
+        f"{settings.trainers} trainer(s) x {settings.microbatches} micro-batches of {cfg.train.batch_size}, "
+        f"codec {settings.codec}, {opts.kill_servers} server(s) killed mid-run"
+    )
+    res = run_swarm_simulation(
+        cfg,
+        settings,
+        opts.peers,
+        kill_servers=opts.kill_servers,
+        baseline=opts.baseline,
+        timeout=opts.timeout,
+    )
+    out = res.summary()
+    base = f", baseline {res.baseline_val_loss:.4f}" if res.baseline_val_loss is not None else ""
+    console.print(
+        f"val loss {res.final_val_loss:.4f}{base}; {res.samples} samples at "
+        f"{res.throughput_samples_per_s:.1f}/s; rerouted {res.rerouted}, lost {res.lost_microbatches}, "
+        f"killed {res.killed or 'none'}; replicas identical: {'yes' if res.params_identical else 'NO'}"
+    )
+    if opts.json_path is not None:
+        opts.json_path.write_text(dumps(out, indent=2) + "\n")
+        console.print(f"wrote {opts.json_path}")
+    if not res.params_identical or res.lost_microbatches:
+        raise typer.Exit(1)

@@ -1,0 +1,332 @@
+"""The two SWARM roles a peer can take, and the single-process reference they are compared with.
+
+* :func:`run_server`: build stage ``k`` of the run's GPT (``swarmtrain.app.models.stages``), serve it
+  (``peers.swarm.server.StageServer``), average it with the stage's other servers every
+  ``sync_period`` seconds (``peers.swarm.replicas.ReplicaSync``), and on stop take part in one last
+  average so the replicas of a stage leave identical.
+* :func:`run_trainer`: feed this trainer's share of the micro-batches through the stage servers
+  (``peers.swarm.client.SwarmPipeline``); trainer ``t`` of ``T`` takes the run-wide micro-batches
+  ``i * T + t`` (``BatchSampler`` with ``peer_index=t``), so none is fed twice.
+* :func:`train_baseline`: the same stages, micro-batches (in run-wide order), optimizer and learning
+  rate in one process.
+
+Every server steps its AdamW after each backward pass it serves (the baseline after each
+micro-batch), at the constant rate ``train.lr`` and without gradient clipping (a per-stage clip is
+not the whole model's clip).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from swarmtrain.app.models import resolve_spec
+from swarmtrain.app.models.presets import GPTSpec
+from swarmtrain.app.models.stages import GPTStage, build_stages, pipeline_loss
+from swarmtrain.core.config import Config
+from swarmtrain.core.errors import ConfigError
+
+__all__ = [
+    "SwarmSettings",
+    "ServerOutcome",
+    "TrainerOutcome",
+    "run_server",
+    "run_trainer",
+    "train_baseline",
+    "evaluate_stages",
+    "stage_digest",
+    "stage_spec",
+    "load_stage_state",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SwarmSettings:
+    """What a SWARM run adds to the config.
+
+    Attributes:
+        stages: pipeline stages.
+        codec: codec of hidden states and their gradients between stages.
+        sync_codec: codec of the replicas' parameter averaging.
+        sync_period: seconds between two averagings of a stage's replicas.
+        max_queue: requests a server holds at once.
+        microbatches: micro-batches each trainer feeds.
+        trainers: trainers of the run (each takes its share of the micro-batches).
+    """
+
+    stages: int = 2
+    codec: str = "none"
+    sync_codec: str = "none"
+    sync_period: float = 5.0
+    max_queue: int = 8
+    microbatches: int = 100
+    trainers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.stages < 2 or self.trainers < 1 or self.microbatches < 1 or self.max_queue < 1:
+            raise ConfigError("swarm: need stages >= 2, trainers >= 1, microbatches >= 1, max_queue >= 1")
+        if not self.sync_period > 0:
+            raise ConfigError("swarm: sync_period must be > 0")
+
+
+@dataclass
+class ServerOutcome:
+    """What a server reports when it leaves."""
+
+    stage: int
+    peer_id: str
+    served: int
+    refused: int
+    version: int
+    syncs_committed: int
+    syncs_failed: int
+    final_sync: bool
+    final_group: int
+    digest: str
+    ledger: dict[str, Any]
+    state: dict[str, tuple[str, tuple[int, ...], bytes]] = field(default_factory=dict)
+
+
+@dataclass
+class TrainerOutcome:
+    """What a trainer reports when it is done."""
+
+    index: int
+    peer_id: str
+    completed: int
+    lost: int
+    rerouted: int
+    samples: int
+    losses: list[float]
+    seconds: float
+    ledger: dict[str, Any]
+
+
+def stage_spec(cfg: Config) -> GPTSpec:
+    """The GPT architecture of the run (the data decides the vocab)."""
+    from swarmtrain.app.data import build_corpus
+
+    corpus = build_corpus(cfg.data)
+    return resolve_spec(cfg.model, vocab_size=corpus.vocab_size)
+
+
+def _optimizer(module: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    t = cfg.train
+    return torch.optim.AdamW(
+        module.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
+    )
+
+
+def stage_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of a stage's parameters (names, shapes and bytes, in order)."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _limits(spec: GPTSpec, stage: int, settings: SwarmSettings, cfg: Config) -> Any:
+    from peers.swarm.protocol import StageLimits
+
+    return StageLimits(
+        stage, settings.stages, spec.n_embd, spec.vocab_size, spec.block_size, cfg.train.batch_size
+    )
+
+
+def run_server(
+    cfg: Config,
+    settings: SwarmSettings,
+    stage: int,
+    stop: threading.Event | Any,
+    on_ready: Callable[[str], None] | None = None,
+) -> ServerOutcome:
+    """Serve stage ``stage`` until ``stop`` is set (anything with ``wait(timeout)``), then average a
+    last time with the stage's servers that leave with it.
+
+    Raises:
+        ConfigError: a bad stage or codec.
+    """
+    from compression import build_compressor
+    from peers.node import PeerNode
+    from peers.swarm.replicas import FINAL_ROUND, ReplicaSync
+    from peers.swarm.server import StageServer, StageServerConfig
+
+    if not 0 <= stage < settings.stages:
+        raise ConfigError(f"--stage {stage} is outside [0, {settings.stages})")
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    spec = stage_spec(cfg)
+    module: GPTStage = build_stages(spec, settings.stages, seed=cfg.train.seed)[stage]
+    module.train()
+    codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.codec}))
+    sync_codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.sync_codec}))
+    with PeerNode(cfg.peers, role="server", heartbeat_ttl=6.0) as node:
+        params = dict(module.named_parameters())
+        sync = ReplicaSync(node, stage, params, sync_codec, period=settings.sync_period)
+        server = StageServer(
+            node,
+            module,
+            _optimizer(module, cfg),
+            codec,
+            StageServerConfig(_limits(spec, stage, settings, cfg), max_queue=settings.max_queue),
+            between_requests=sync.maybe_sync,
+        )
+        if on_ready is not None:
+            on_ready(node.peer_id)
+        stop.wait(None)
+        server.stop()
+        final = sync.sync(FINAL_ROUND)
+        sync.close()
+        with torch.no_grad():
+            state = {k: _tensor_bytes(v) for k, v in module.state_dict().items()}
+        return ServerOutcome(
+            stage=stage,
+            peer_id=node.peer_id,
+            served=server.served,
+            refused=server.refused,
+            version=server.version,
+            syncs_committed=sync.committed,
+            syncs_failed=sync.failed,
+            final_sync=final.committed,
+            final_group=len(final.participants) if final.committed else 0,
+            digest=stage_digest(module),
+            ledger=node.ledger.totals(),
+            state=state,
+        )
+
+
+def _tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    t = t.detach().contiguous().cpu()
+    return str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numpy().tobytes()
+
+
+def load_stage_state(module: torch.nn.Module, state: dict[str, tuple[str, tuple[int, ...], bytes]]) -> None:
+    """Load what :func:`run_server` reported (from this machine's own child processes)."""
+    import numpy as np
+
+    tensors = {}
+    for k, (dtype, shape, data) in state.items():
+        arr = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+        tensors[k] = torch.from_numpy(arr.copy())
+    module.load_state_dict(tensors)
+
+
+def run_trainer(
+    cfg: Config,
+    settings: SwarmSettings,
+    index: int,
+    on_progress: Callable[[int, float], None] | None = None,
+) -> TrainerOutcome:
+    """Feed trainer ``index``'s micro-batches through the pipeline; returns its counts.
+
+    A micro-batch that no server of some stage answered for ``give_up_after`` seconds is counted as
+    lost and the trainer goes on with the next one.
+    """
+    import time
+
+    from peers.node import PeerNode
+    from peers.swarm.client import NoServer, PipelineConfig, SwarmPipeline
+    from swarmtrain.app.data import BatchSampler, build_corpus
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    corpus = build_corpus(cfg.data)
+    spec = resolve_spec(cfg.model, vocab_size=corpus.vocab_size)
+    sampler = BatchSampler(
+        corpus.train,
+        batch_size=cfg.train.batch_size,
+        block_size=spec.block_size,
+        seed=cfg.train.seed,
+        peer_index=index,
+        num_peers=settings.trainers,
+    )
+    pcfg = PipelineConfig(
+        settings.stages, spec.n_embd, spec.vocab_size, spec.block_size, cfg.train.batch_size
+    )
+    with PeerNode(cfg.peers, role="trainer", heartbeat_ttl=6.0) as node:
+        pipe = SwarmPipeline(node, pcfg, seed=cfg.train.seed * 1000 + index)
+        pipe.wait_for_servers(120.0)
+        losses: list[float] = []
+        t0 = time.perf_counter()
+        for i in range(settings.microbatches):
+            x, y = sampler.get(i)
+            try:
+                loss = pipe.train_microbatch(sampler.global_index(i), x, y)
+            except NoServer as e:
+                logger.warning("micro-batch %d lost: %s", sampler.global_index(i), e)
+                continue
+            losses.append(loss)
+            if on_progress is not None:
+                on_progress(i + 1, loss)
+        st = pipe.tracker.stats
+        return TrainerOutcome(
+            index=index,
+            peer_id=node.peer_id,
+            completed=st.completed,
+            lost=st.lost,
+            rerouted=st.rerouted,
+            samples=st.samples,
+            losses=losses,
+            seconds=time.perf_counter() - t0,
+            ledger=node.ledger.totals(),
+        )
+
+
+@torch.no_grad()
+def evaluate_stages(stages: list[GPTStage], cfg: Config) -> float:
+    """Mean validation loss of the composed stages on the run's fixed validation batches."""
+    from swarmtrain.app.data import build_corpus, eval_batches
+
+    corpus = build_corpus(cfg.data)
+    batches = eval_batches(
+        corpus.val,
+        n_batches=cfg.train.eval_batches,
+        batch_size=cfg.train.batch_size,
+        block_size=stages[0].spec.block_size,
+    )
+    for s in stages:
+        s.eval()
+    total = sum(float(pipeline_loss(stages, x, y)) for x, y in batches)
+    return total / len(batches)
+
+
+def train_baseline(cfg: Config, settings: SwarmSettings) -> tuple[float, list[GPTStage]]:
+    """The same stages trained in one process on the same micro-batches in run-wide order; returns
+    the final validation loss and the stages."""
+    from swarmtrain.app.data import BatchSampler, build_corpus
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    corpus = build_corpus(cfg.data)
+    spec = resolve_spec(cfg.model, vocab_size=corpus.vocab_size)
+    stages = build_stages(spec, settings.stages, seed=cfg.train.seed)
+    opts = [_optimizer(s, cfg) for s in stages]
+    samplers = [
+        BatchSampler(
+            corpus.train,
+            batch_size=cfg.train.batch_size,
+            block_size=spec.block_size,
+            seed=cfg.train.seed,
+            peer_index=t,
+            num_peers=settings.trainers,
+        )
+        for t in range(settings.trainers)
+    ]
+    for i in range(settings.microbatches):
+        for sampler in samplers:
+            x, y = sampler.get(i)
+            pipeline_loss(stages, x, y).backward()
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+    return evaluate_stages(stages, cfg), stages

@@ -1,0 +1,309 @@
+"""``simulate --strategy swarm``: SWARM parallelism with real peer processes on this machine.
+
+A bootstrap DHT node, ``servers`` stage servers spread round-robin over the stages
+(``swarmtrain.app.swarm_roles.run_server``) and ``trainers`` trainers
+(``swarmtrain.app.swarm_roles.run_trainer``), each a separate interpreter in its own process group
+(``peers.process.spawn_function``), admitted as ``swarmtrain run init`` would admit them
+(``swarmtrain.simulation.credentials``). With ``kill_servers=K``, K servers are SIGKILLed at random
+moments between 15 % and 60 % of the trainers' progress, never the last server of a stage. When every
+trainer is done, the servers are asked to leave (SIGTERM): the servers of each stage average a last
+time and report a digest of their parameters, so ``params_identical`` says whether each stage's
+surviving replicas are bit-identical. The final validation loss is that of one replica per stage,
+composed in this process; with ``baseline``, the same stages train on the same micro-batches in this
+process (``swarmtrain.app.swarm_roles.train_baseline``).
+
+Every child reports on its own queue: a SIGKILLed peer that was writing to a shared queue would hold
+its lock forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue as queue_mod
+import random
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarmtrain.app.swarm_roles import SwarmSettings
+from swarmtrain.core.config import Config
+from swarmtrain.core.errors import ConfigError, SwarmError
+from swarmtrain.simulation.credentials import admitted_configs
+from swarmtrain.simulation.logs import quiet_logs
+from swarmtrain.simulation.runner import (
+    _bootstrap_maddrs,
+    _bootstrap_main,
+    _loopback_copy,
+    _quiet_resource_tracker,
+    stop_peers,
+)
+
+__all__ = ["SwarmResult", "run_swarm_simulation", "spread_servers", "KILL_WINDOW"]
+
+logger = logging.getLogger(__name__)
+
+#: kills happen at uniformly drawn moments in this range of the trainers' progress
+KILL_WINDOW = (0.15, 0.6)
+
+
+def spread_servers(servers: int, stages: int) -> list[int]:
+    """The stage of each server: round-robin, so stage counts differ by at most one.
+
+    Raises:
+        ConfigError: fewer servers than stages.
+    """
+    if servers < stages:
+        raise ConfigError(f"--peers {servers} cannot serve {stages} stages (one server per stage at least)")
+    return [i % stages for i in range(servers)]
+
+
+@dataclass
+class SwarmResult:
+    """The outcome of one simulated SWARM run (the keys of ``simulate --json``)."""
+
+    stages: int
+    servers_per_stage: list[int]
+    trainers: int
+    codec: str
+    microbatches: int
+    samples: int
+    final_val_loss: float
+    throughput_samples_per_s: float
+    rerouted: int
+    lost_microbatches: int
+    params_identical: bool
+    bytes_sent_per_peer: dict[str, int]
+    killed: list[str]
+    wall_s: float
+    baseline_val_loss: float | None = None
+    rebalance_moves: int = 0
+    final_syncs: dict[str, int] = field(default_factory=dict)
+    train_loss_last: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON report."""
+        out: dict[str, Any] = {"strategy": "swarm", **asdict(self)}
+        return out
+
+
+def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int) -> None:
+    from peers import GracefulExit
+    from swarmtrain.app.swarm_roles import run_server
+
+    quiet_logs(level)
+    try:
+        cfg = Config.model_validate_json(cfg_json)
+        with GracefulExit() as stop:
+            out = run_server(
+                cfg, SwarmSettings(**settings), stage, stop, on_ready=lambda pid: q.put(("ready", rank, pid))
+            )
+        q.put(("done", rank, asdict(out)))
+    except BaseException as e:  # report, never hang the parent
+        q.put(("error", rank, f"server {rank}: {type(e).__name__}: {e}"))
+
+
+def _trainer_main(index: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int) -> None:
+    from swarmtrain.app.swarm_roles import run_trainer
+
+    quiet_logs(level)
+    try:
+        cfg = Config.model_validate_json(cfg_json)
+        out = run_trainer(
+            cfg, SwarmSettings(**settings), index, on_progress=lambda i, loss: q.put(("step", index, i))
+        )
+        q.put(("done", index, asdict(out)))
+    except BaseException as e:
+        q.put(("error", index, f"trainer {index}: {type(e).__name__}: {e}"))
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: Any
+    q: Any
+    stage: int = -1
+    ready: bool = False
+    progress: int = 0
+    outcome: dict[str, Any] | None = None
+    killed: bool = False
+
+    def poll(self) -> None:
+        """Drain this child's queue."""
+        if self.killed:
+            return
+        while True:
+            try:
+                kind, _, payload = self.q.get_nowait()
+            except (queue_mod.Empty, OSError, ValueError):
+                return
+            if kind == "error":
+                raise SwarmError(str(payload))
+            if kind == "ready":
+                self.ready = True
+            elif kind == "step":
+                self.progress = int(payload)
+            elif kind == "done":
+                self.outcome = payload
+
+
+def _poll(children: list[_Child]) -> None:
+    """Read every child's reports; a child that died before reporting (unless killed) is an error."""
+    for c in children:
+        c.poll()
+        if not c.killed and c.outcome is None and not c.proc.alive:
+            c.poll()  # it may have reported just before it exited
+            if c.outcome is None:
+                raise SwarmError(f"{c.name} exited with code {c.proc.exitcode} before reporting")
+
+
+def _wait(children: list[_Child], until: Any, deadline: float, what: str) -> None:
+    while True:
+        _poll(children)
+        if until():
+            return
+        if time.monotonic() > deadline:
+            raise SwarmError(f"the swarm simulation timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def run_swarm_simulation(
+    cfg: Config,
+    settings: SwarmSettings,
+    servers: int,
+    *,
+    kill_servers: int = 0,
+    baseline: bool = False,
+    timeout: float = 1800.0,
+) -> SwarmResult:
+    """Run SWARM with ``servers`` stage servers and ``settings.trainers`` trainers on loopback.
+
+    Raises:
+        ConfigError: too few servers for the stages, or more kills than servers beyond one per stage.
+        SwarmError: a child reported an error, died before its report, or the run timed out.
+    """
+    from peers import find_orphans, spawn_function
+    from swarmtrain.app.models.stages import build_stages
+    from swarmtrain.app.swarm_roles import evaluate_stages, load_stage_state, stage_spec, train_baseline
+
+    stage_of = spread_servers(servers, settings.stages)
+    if kill_servers > servers - settings.stages:
+        raise ConfigError(
+            f"--kill-servers {kill_servers}: {servers} servers over {settings.stages} stages leave "
+            f"at most {servers - settings.stages} that can die without emptying a stage"
+        )
+    cfg = _loopback_copy(cfg)
+    _quiet_resource_tracker()
+    ctx = mp.get_context("spawn")
+    rng = random.Random(cfg.train.seed + 1)
+    level = logging.getLogger().getEffectiveLevel()
+    level = level if level < logging.WARNING else logging.ERROR
+    sdict = asdict(settings)
+    deadline = time.monotonic() + timeout
+    procs: list[Any] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="swarmtrain-swarm-") as folder:
+        boot_cfg, cfgs = admitted_configs(cfg, servers + settings.trainers, Path(folder))
+        bq = ctx.Queue()
+        try:
+            procs.append(
+                spawn_function(_bootstrap_main, (boot_cfg.model_dump_json(), bq, level), name="bootstrap")
+            )
+            initial = _bootstrap_maddrs(bq, deadline)
+            for rc in cfgs:
+                rc.peers.initial_peers = initial
+            srv: list[_Child] = []
+            for r, stage in enumerate(stage_of):
+                q = ctx.Queue()
+                args = (r, stage, cfgs[r].model_dump_json(), sdict, q, level)
+                p = spawn_function(_server_main, args, name=f"server{r}")
+                procs.append(p)
+                srv.append(_Child(f"server{r}", p, q, stage))
+            _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
+            trn: list[_Child] = []
+            for t in range(settings.trainers):
+                q = ctx.Queue()
+                targs = (t, cfgs[servers + t].model_dump_json(), sdict, q, level)
+                p = spawn_function(_trainer_main, targs, name=f"trainer{t}")
+                procs.append(p)
+                trn.append(_Child(f"trainer{t}", p, q))
+            total = settings.microbatches * settings.trainers
+            kills = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
+            killed: list[str] = []
+            while not all(c.outcome is not None for c in trn):
+                _poll(srv + trn)
+                done = sum(c.progress for c in trn) / total
+                while kills and done >= kills[0]:
+                    kills.pop(0)
+                    killed.append(_kill_one(srv, rng))
+                if time.monotonic() > deadline:
+                    raise SwarmError("the swarm simulation timed out waiting for the trainers")
+                time.sleep(0.05)
+            for child in srv:
+                if not child.killed:
+                    child.proc.signal(signal.SIGTERM)
+            alive = [c for c in srv if not c.killed]
+            _wait(alive, lambda: all(c.outcome is not None for c in alive), deadline, "the servers' reports")
+        finally:
+            stop_peers(procs)
+            left = [o for p in procs for o in find_orphans(p.marker)]
+            if left:
+                logger.error("processes left behind after the swarm simulation: %s", [o.pid for o in left])
+    wall = time.perf_counter() - t0
+    touts = [c.outcome for c in trn if c.outcome is not None]
+    souts = [(c, c.outcome) for c in alive if c.outcome is not None]
+    identical = True
+    final_syncs: dict[str, int] = {}
+    stages = build_stages(stage_spec(cfg), settings.stages, seed=cfg.train.seed)
+    for s in range(settings.stages):
+        mine = [o for c, o in souts if c.stage == s]
+        identical &= bool(mine) and len({o["digest"] for o in mine}) == 1
+        final_syncs[f"stage{s}"] = max((o["final_group"] for o in mine), default=0)
+        if mine:
+            load_stage_state(stages[s], mine[0]["state"])
+    val = evaluate_stages(stages, cfg)
+    samples = sum(o["samples"] for o in touts)
+    seconds = max((o["seconds"] for o in touts), default=0.0)
+    bytes_sent = {f"server{c.name[6:]}.stage{c.stage}": int(o["ledger"]["sent"]) for c, o in souts}
+    bytes_sent.update({f"trainer{o['index']}": int(o["ledger"]["sent"]) for o in touts})
+    last = [o["losses"][-1] for o in touts if o["losses"]]
+    res = SwarmResult(
+        stages=settings.stages,
+        servers_per_stage=[stage_of.count(s) for s in range(settings.stages)],
+        trainers=settings.trainers,
+        codec=settings.codec,
+        microbatches=total,
+        samples=samples,
+        final_val_loss=val,
+        throughput_samples_per_s=samples / seconds if seconds > 0 else 0.0,
+        rerouted=sum(o["rerouted"] for o in touts),
+        lost_microbatches=total - sum(o["completed"] for o in touts),
+        params_identical=identical,
+        bytes_sent_per_peer=bytes_sent,
+        killed=killed,
+        wall_s=wall,
+        final_syncs=final_syncs,
+        train_loss_last=sum(last) / len(last) if last else None,
+    )
+    if baseline:
+        res.baseline_val_loss, _ = train_baseline(cfg, settings)
+    return res
+
+
+def _kill_one(servers: list[Any], rng: random.Random) -> str:
+    """SIGKILL a random server of a stage that keeps another one; returns its name."""
+    alive: dict[int, list[_Child]] = {}
+    for c in servers:
+        if not c.killed:
+            alive.setdefault(c.stage, []).append(c)
+    pool = [c for cs in alive.values() if len(cs) >= 2 for c in cs]
+    if not pool:
+        raise SwarmError("no server can be killed without emptying a stage")
+    victim = rng.choice(pool)
+    victim.killed = True  # its queue is not read again: a SIGKILL mid-write would leave a torn message
+    victim.proc.signal(signal.SIGKILL)
+    logger.info("killed %s (stage %d)", victim.name, victim.stage)
+    return f"{victim.name}.stage{victim.stage}"
