@@ -1,8 +1,9 @@
 """``swarmtrain bench ...``: measured comparisons that print a table and write JSON.
 
 ``swarmtrain bench codecs [--size N] [--json PATH]`` measures every codec's compress and decompress
-throughput against a same-run tensor copy (``compression.benchmark``). Other benchmarks can add
-commands to ``bench_app``.
+throughput against a same-run tensor copy (``compression.benchmark``).
+``swarmtrain bench strategies ...`` sweeps strategies and settings through the in-process harness
+against fp32 DataParallel (``swarmtrain.app.bench_strategies``).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from swarmtrain.core.errors import ConfigError
 
 if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
     from rich.table import Table
@@ -148,7 +151,6 @@ def codecs(
     from rich.console import Console
 
     from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, report
-    from swarmtrain.core.errors import ConfigError
 
     if size < 1024:
         raise ConfigError(f"--size must be at least 1024 elements, got {size}")
@@ -177,6 +179,117 @@ def codecs(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report(results, device), indent=2) + "\n", encoding="utf-8")
         console.log(f"wrote {path}")
+
+
+def _floats(text: str, flag: str) -> list[float | None]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()] or [None]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str, flag: str) -> list[int | None]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()] or [None]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def _words(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+@bench_app.command("strategies")
+def strategies(
+    strategy: str = typer.Option(
+        "diloco", "--strategy", help="Comma-separated: diloco, streaming_diloco, demo."
+    ),
+    codec: str = typer.Option("int8", "--codec", help="Comma-separated pseudo-gradient codecs."),
+    inner_steps: str = typer.Option("", "--inner-steps", "-H", help="Comma-separated H values [30]."),
+    outer_lr: str = typer.Option("", "--outer-lr", help="Comma-separated outer learning rates [config's]."),
+    outer_momentum: str = typer.Option(
+        "", "--outer-momentum", help="Comma-separated outer momenta [config's]."
+    ),
+    error_feedback: str = typer.Option("", "--error-feedback", help="Comma-separated: none, ef [config's]."),
+    workers: int = typer.Option(4, "--workers", min=1, help="In-process workers per point."),
+    steps: int = typer.Option(300, "--steps", min=1, help="Local steps per worker."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", min=1, help="Sequences per worker and step [16]."
+    ),
+    preset: str | None = typer.Option(None, "--preset", help="Model preset [tiny]."),
+    config: Path | None = typer.Option(None, "--config", help="A TOML config below the flags."),
+    real_peers: int = typer.Option(
+        0, "--real-peers", min=0, help="Re-run the K best points and the reference with real peer processes."
+    ),
+    json_path: Path = typer.Option(
+        Path("bench-strategies.json"), "--json", help="JSON; CSV and PNG beside it."
+    ),
+) -> None:
+    """Sweep strategies and settings in one process (the in-process harness) against fp32 DataParallel.
+
+    Every point trains the same run as `swarmtrain simulate` (model, data, seed, steps, per-worker
+    batch) with N workers in this process; the table gives each point's validation-loss gap to
+    DataParallel and how many fewer bytes per token it sends, and marks the Pareto front.
+    """
+    from rich.console import Console
+
+    from swarmtrain.app.bench_strategies import (
+        Grid,
+        grid_points,
+        load_point,
+        run_grid,
+        settings,
+        table_lines,
+        write_outputs,
+    )
+
+    grid = Grid(
+        strategies=_words(strategy),
+        codecs=_words(codec) or ["int8"],
+        inner_steps=_ints(inner_steps, "--inner-steps"),
+        outer_lrs=_floats(outer_lr, "--outer-lr"),
+        outer_momenta=_floats(outer_momentum, "--outer-momentum"),
+        error_feedback=[*_words(error_feedback)] or [None],
+    )
+    base: dict[str, Any] = {
+        "train.steps": steps,
+        "train.batch_size": batch_size,
+        "model.preset": preset,
+        "train.eval_interval": 10_000_000,  # one evaluation, at the end
+    }
+    base = {k: v for k, v in base.items() if v is not None}
+    points = grid_points(grid)
+    for p in points:  # every point's config is valid before the first one trains
+        load_point(config, {**base, **p.overrides})
+    meta = settings(base, workers, config)
+    console = Console(stderr=True)
+    total = len(points) + (min(real_peers, len(points) - 1) + 1 if real_peers else 0)
+    done = [0]
+
+    def on_row(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        done[0] += 1
+        real = "real_wall_s" in row and done[0] > len(points)
+        wall = row["real_wall_s"] if real else row["wall_s"]
+        loss = row["real_final_val_loss"] if real else row["final_val_loss"]
+        where = "real peers" if real else "in-process"
+        console.print(f"[{done[0]}/{total}] {row['label']} ({where}): val loss {loss:.4f} in {wall:.0f} s")
+        write_outputs(rows, meta, json_path)
+
+    console.print(
+        f"bench strategies: {len(points)} points x {workers} workers x {meta['steps']} steps "
+        f"(batch {meta['batch_size']}, {meta['preset']})"
+    )
+    from swarmtrain.simulation.runner import run_simulation
+
+    rows = run_grid(
+        base, points, workers, config_path=config, real_peers=real_peers,
+        real_run=run_simulation,
+        on_row=on_row,
+    )
+    for line in table_lines(rows):
+        typer.echo(line)
+    for path in write_outputs(rows, meta, json_path):
+        console.print(f"wrote {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,79 @@
+"""The grid, Pareto front and table of ``swarmtrain bench strategies`` (pure logic, no training)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from swarmtrain.app.bench_strategies import REFERENCE, Grid, _compare, grid_points, pareto, table_lines
+from swarmtrain.core.errors import ConfigError
+
+
+def test_reference_first_and_every_distinct_point_once() -> None:
+    grid = Grid(
+        strategies=("diloco", "demo", "data_parallel"),
+        codecs=("int8", "ternary"),
+        inner_steps=(10, 30),
+        outer_lrs=(1.0,),
+        outer_momenta=(0.0, 0.9),
+    )
+    points = grid_points(grid)
+    assert points[0].label == REFERENCE
+    assert points[0].overrides == {
+        "strategy.name": "data_parallel",
+        "compression.codec": "none",
+        "compression.error_feedback": "none",
+    }
+    labels = [p.label for p in points]
+    assert len(labels) == len(set(labels))
+    # diloco: 2 codecs x 2 H x 1 lr x 2 momenta; demo: codec, H and the outer step do not apply
+    assert len([p for p in points if p.strategy == "diloco"]) == 8
+    assert [p.label for p in points if p.strategy == "demo"] == ["demo"]
+    one = next(p for p in points if p.label == "diloco ternary H=10 outer=1/0.9")
+    assert one.overrides == {
+        "strategy.name": "diloco",
+        "compression.codec": "ternary",
+        "strategy.inner_steps": 10,
+        "strategy.outer_lr": 1.0,
+        "strategy.outer_momentum": 0.9,
+    }
+
+
+def test_unset_settings_add_nothing_to_the_label() -> None:
+    points = grid_points(Grid(strategies=("streaming_diloco",), codecs=("int4",)))
+    assert [p.label for p in points] == [REFERENCE, "streaming_diloco int4"]
+    assert points[1].overrides == {"strategy.name": "streaming_diloco", "compression.codec": "int4"}
+
+
+def test_unknown_strategy_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError, match="unknown strategy 'swarm'"):
+        grid_points(Grid(strategies=("swarm",)))
+
+
+def _rows(*points: tuple[str, float, float]) -> list[dict[str, Any]]:
+    return [
+        {"label": label, "final_val_loss": loss, "bytes_per_token": b, "params_identical": True}
+        for label, loss, b in points
+    ]
+
+
+def test_pareto_front_keeps_only_points_nobody_beats_on_both() -> None:
+    rows = _rows(("dp", 2.0, 1000.0), ("a", 2.1, 10.0), ("b", 2.2, 20.0), ("c", 2.3, 5.0), ("d", 2.1, 10.0))
+    # b loses to a on both; a and d tie (neither strictly better), both stay
+    assert pareto(rows) == {"dp", "a", "c", "d"}
+
+
+def test_gap_reduction_and_table_fit_80_columns() -> None:
+    rows = _rows(
+        (REFERENCE, 2.0, 1600.0),
+        ("streaming_diloco ternary H=100 outer=0.7/0.9 ef=ef", 2.06, 4.0),
+        ("diloco int8 H=30", 2.1, 16.0),
+    )
+    _compare(rows)
+    assert rows[0]["gap_vs_dp"] == 0 and rows[0]["reduction_vs_dp"] == 1
+    assert rows[1]["gap_vs_dp"] == pytest.approx(0.03) and rows[1]["reduction_vs_dp"] == pytest.approx(400)
+    assert rows[2]["pareto"] is False and rows[1]["pareto"] is True
+    lines = table_lines(rows)
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert any("+3.00%" in line and "400x" in line for line in lines)
