@@ -1,0 +1,67 @@
+"""Rebalancing SWARM stages (Ryabinin et al. 2023, section 3.3): a server moves from the stage with
+the most throughput to the bottleneck stage, when that raises the pipeline's throughput enough.
+
+A pipeline runs at the rate of its slowest stage; a stage's rate is the sum of its servers'
+announced throughputs. Every server evaluates the same rule on the same records, so they agree on
+who moves without talking: the *donor* stage is the one with the highest rate (ties: lower index),
+the *bottleneck* the one with the lowest; the donor's server with the smallest peer ID moves, and
+only when the donor keeps a server, and when the rate after the move
+(``min`` over stages, with the mover counted at the bottleneck's mean per-server rate) exceeds the
+rate now by more than ``hysteresis`` (a fraction). That hysteresis keeps two nearly balanced stages
+from trading a server back and forth on measurement noise. Servers that have not measured a
+throughput yet block any move (the picture is incomplete).
+
+Pure: the caller passes the servers and gets a move or ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from peers.swarm.routing import ServerInfo, servers_by_stage
+from swarmtrain.core.errors import ConfigError
+
+__all__ = ["Move", "plan_move", "stage_rates"]
+
+
+@dataclass(frozen=True)
+class Move:
+    """One server's move to another stage."""
+
+    peer_id: str
+    src: int
+    dst: int
+    rate_before: float
+    rate_after: float
+
+
+def stage_rates(by_stage: Sequence[Sequence[ServerInfo]]) -> list[float]:
+    """Samples per second each stage can serve: the sum of its servers' throughputs."""
+    return [sum(s.throughput for s in servers) for servers in by_stage]
+
+
+def plan_move(servers: Sequence[ServerInfo], stages: int, hysteresis: float = 0.2) -> Move | None:
+    """The move every server agrees on for these records, or ``None``.
+
+    Raises:
+        ConfigError: ``hysteresis`` < 0 or fewer than 2 stages.
+    """
+    if hysteresis < 0 or stages < 2:
+        raise ConfigError("need hysteresis >= 0 and stages >= 2")
+    by_stage = servers_by_stage(servers, stages)
+    if any(not s for s in by_stage) or any(s.throughput <= 0 for st in by_stage for s in st):
+        return None
+    rates = stage_rates(by_stage)
+    src = max(range(stages), key=lambda i: (rates[i], -i))
+    dst = min(range(stages), key=lambda i: (rates[i], i))
+    if src == dst or len(by_stage[src]) < 2:
+        return None
+    mover = by_stage[src][0]  # sorted by peer ID
+    after = list(rates)
+    after[src] -= mover.throughput
+    after[dst] += rates[dst] / len(by_stage[dst])  # the mover at the bottleneck's mean rate per server
+    before, new = min(rates), min(after)
+    if new <= before * (1.0 + hysteresis):
+        return None
+    return Move(mover.peer_id, src, dst, before, new)

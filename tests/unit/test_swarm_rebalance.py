@@ -1,0 +1,47 @@
+"""SWARM rebalancing: who moves where, and the hysteresis that stops ping-pong."""
+
+from __future__ import annotations
+
+import pytest
+
+from peers.swarm.rebalance import plan_move, stage_rates
+from peers.swarm.routing import ServerInfo, servers_by_stage
+from swarmtrain.core.errors import ConfigError
+
+
+def _servers(layout: dict[int, list[float]]) -> list[ServerInfo]:
+    return [ServerInfo(f"p{st}{i}", st, tp) for st, tps in layout.items() for i, tp in enumerate(tps)]
+
+
+def test_three_on_stage0_one_on_stage1_moves_one_to_the_bottleneck() -> None:
+    servers = _servers({0: [10.0, 10.0, 10.0], 1: [10.0]})
+    assert stage_rates(servers_by_stage(servers, 2)) == [30.0, 10.0]
+    move = plan_move(servers, 2)
+    assert move is not None
+    assert (move.peer_id, move.src, move.dst) == ("p00", 0, 1)  # the donor's smallest peer ID
+    assert move.rate_before == 10.0 and move.rate_after == 20.0
+    # after the move: 2/2, balanced, nobody moves again
+    moved = [ServerInfo(s.peer_id, 1 if s.peer_id == "p00" else s.stage, s.throughput) for s in servers]
+    assert plan_move(moved, 2) is None
+
+
+def test_hysteresis_blocks_small_gains() -> None:
+    # stage 1 is a bit slower, but moving a fast stage-0 server there would leave stage 0 the bottleneck
+    assert plan_move(_servers({0: [10.0, 10.0], 1: [18.0]}), 2) is None
+    # a gain of 25 % passes a 20 % hysteresis and fails a 30 % one
+    servers = _servers({0: [4.0, 10.0], 1: [8.0]})  # min rate 8 -> 10 after the move
+    assert plan_move(servers, 2, hysteresis=0.2) is not None
+    assert plan_move(servers, 2, hysteresis=0.3) is None
+
+
+def test_no_move_when_the_donor_would_empty_or_when_unmeasured() -> None:
+    assert plan_move(_servers({0: [30.0], 1: [5.0]}), 2) is None  # the donor has one server
+    assert plan_move(_servers({0: [10.0, 10.0, 0.0], 1: [10.0]}), 2) is None  # one not measured yet
+    assert plan_move(_servers({0: [10.0, 10.0]}), 2) is None  # a stage without servers: not ours to fix
+    with pytest.raises(ConfigError):
+        plan_move([], 2, hysteresis=-0.1)
+
+
+def test_three_stages_the_bottleneck_gets_the_server() -> None:
+    move = plan_move(_servers({0: [10.0, 10.0, 10.0], 1: [10.0, 10.0], 2: [10.0]}), 3)
+    assert move is not None and (move.src, move.dst) == (0, 2)
