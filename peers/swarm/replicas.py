@@ -3,8 +3,23 @@
 Every server of a stage trains its own copy of the stage on the micro-batches routed to it; every
 ``period`` seconds of DHT time the servers of the stage meet in one round of
 :class:`peers.collective.P2PCollective` (each stage is its own group: the rounds namespace is
-``<run>.stage<k>``) and replace their parameters by the mean (any codec: every member decodes the same
-aggregate bytes, so a committed round leaves them bit-identical). Optimizer states stay local.
+``<run>.stage<k>``). Each replica took optimizer steps on its own disjoint share of the micro-batches
+since the last sync, so the replicas *add* their updates rather than average them: with ``k``
+members, each holding parameters ``p_i`` and the parameters ``a_i`` it had after the last sync,
+
+    new = a + k * (mean(p_i) - a),   a = mean(a_i)
+
+(``a_i`` are equal unless a member missed a round; taking their mean keeps the result the same on
+every member either way). Averaging the parameters instead would make ``k`` replicas, each stepping
+on ``1/k`` of the micro-batches, progress like one model taking ``1/k`` of the steps. Both means come
+from one all-reduce with any codec; every member decodes the same aggregate bytes, so a committed
+round leaves them bit-identical. Optimizer states stay local.
+
+After each committed average a server serves the stage's parameters to newcomers
+(``peers.state_transfer.StateServer`` in the stage's namespace) and vouches for their digest
+(:func:`params_digest`); a server that joins a stage others already serve downloads them first
+(:meth:`ReplicaSync.adopt`): only a state donors vouched for, with exactly the stage's names,
+shapes and dtypes, finite, and hashing to the vouched digest.
 
 Rounds are numbered by the period's index of DHT time, so servers that check at different moments of
 the same period meet in the same round without agreeing on a counter first; a server that misses
@@ -13,22 +28,35 @@ one (busy with a long request, or late) fails that round and meets the others at
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from peers.collective import P2PCollective
 from peers.node import PeerNode, dht_time
-from swarmtrain.core.errors import ConfigError
+from peers.state_transfer import StateServer, download_state
+from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError
 from swarmtrain.core.protocols import Compressor, RoundResult
 
-__all__ = ["ReplicaSync", "FINAL_ROUND"]
+__all__ = ["ReplicaSync", "FINAL_ROUND", "params_digest"]
 
 logger = logging.getLogger(__name__)
 
 #: round number of the last sync, when every server of the stage leaves at the end of a run
 FINAL_ROUND = 1 << 40
+
+
+def params_digest(params: Mapping[str, torch.Tensor]) -> bytes:
+    """SHA-256 over the names, shapes, dtypes and bytes of ``params`` in name order."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        t = params[name].detach().contiguous().cpu()
+        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.digest()
 
 
 class ReplicaSync:
@@ -62,9 +90,12 @@ class ReplicaSync:
         self.compressor = compressor
         self.period = float(period)
         self.timeout = float(timeout)
-        self.collective = P2PCollective(
-            node, run_id=f"{node.run_id}.stage{stage}", min_peers=1, join_window=join_window
-        )
+        self.node = node
+        self.namespace = f"{node.run_id}.stage{stage}"
+        self.collective = P2PCollective(node, run_id=self.namespace, min_peers=1, join_window=join_window)
+        self._round = 0
+        self.state_server = StateServer(node, self._provide, run_id=self.namespace)
+        self.anchor = {k: v.detach().clone() for k, v in self.params.items()}  # parameters at the last sync
         self._last = self._epoch()
         self.committed = 0
         self.failed = 0
@@ -87,24 +118,70 @@ class ReplicaSync:
 
     @torch.no_grad()
     def sync(self, round_id: int) -> RoundResult:
-        """Average the parameters with the stage's servers in round ``round_id`` (rounds only go up)."""
+        """Add up the updates of the stage's servers in round ``round_id`` (rounds only go up)."""
         if round_id < self.collective.round_id:
             raise ConfigError(f"sync round {round_id} is behind the collective's {self.collective.round_id}")
         self.collective.round_id = round_id
-        tensors = {k: v.detach().clone() for k, v in self.params.items()}
+        tensors = {f"p.{k}": v.detach().clone() for k, v in self.params.items()}
+        tensors.update({f"a.{k}": v.clone() for k, v in self.anchor.items()})
         res = self.collective.all_reduce(
             tensors, compressor=self.compressor, timeout=self.timeout, kind="stage"
         )
         if res.committed:
-            for k, v in res.tensors.items():
-                self.params[k].copy_(v)
+            k = float(len(res.participants))
+            for name, p in self.params.items():
+                mean_p, mean_a = res.tensors[f"p.{name}"], res.tensors[f"a.{name}"]
+                p.copy_(mean_a + k * (mean_p - mean_a))
+                self.anchor[name] = p.detach().clone()
             self.committed += 1
             self.last_group = len(res.participants)
+            self._round = round_id
+            self.state_server.refresh(vouch=params_digest(self.params).hex())
         else:
             self.failed += 1
             logger.info("stage %d sync round %d failed: %s", self.stage, round_id, res.reason)
         return res
 
+    def _provide(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {k: v.detach().clone() for k, v in self.params.items()}, {"round": self._round}
+
+    def _check(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], digest: bytes | None) -> None:
+        if digest is None:
+            raise ProtocolError("the stage state is not vouched for")
+        if set(tensors) != set(self.params):
+            raise ProtocolError("the stage state has other tensors than this stage")
+        for k, t in tensors.items():
+            p = self.params[k]
+            if t.shape != p.shape or t.dtype != p.dtype or not bool(torch.isfinite(t).all()):
+                raise ProtocolError(f"stage tensor {k!r} has another shape/dtype or non-finite values")
+        if params_digest(tensors) != digest:
+            raise ProtocolError("the stage state does not hash to the digest its donors vouched for")
+
+    @torch.no_grad()
+    def adopt(self, timeout: float = 60.0) -> bool:
+        """Take the parameters the stage's other servers vouch for (call before serving). Returns
+        False, with a warning, when no donor served a vouched state in time (the server then starts
+        from its own parameters, and the next average brings it towards the others)."""
+        try:
+            tensors, meta = download_state(
+                self.node,
+                timeout,
+                run_id=self.namespace,
+                vouchers=2,
+                wait_for_donor=timeout,
+                check=self._check,
+            )
+        except PeerTimeoutError as e:
+            logger.warning("stage %d: no replica's state to adopt: %s", self.stage, e)
+            return False
+        for k, t in tensors.items():
+            self.params[k].copy_(t)
+            self.anchor[k] = t.clone()
+        self._round = int(meta["round"])
+        logger.info("stage %d: adopted round %d's state from %s", self.stage, self._round, meta["donor"][:16])
+        return True
+
     def close(self) -> None:
-        """Stop taking rounds."""
+        """Stop taking rounds and serving the state."""
+        self.state_server.close()
         self.collective.close()
