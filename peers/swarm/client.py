@@ -11,7 +11,9 @@ Forward: tokens to stage 0, each stage's output bytes forwarded unchanged to the
 quantisation), targets with the last stage's input; the last stage answers the loss and the gradient
 of its input. Backward: each earlier stage gets its input again with the gradient of its output and
 answers the gradient of its input (it recomputes its forward: no state is kept on servers between
-the two passes). Replies are untrusted: shapes are checked against the request's.
+the two passes). The backward goes to the server that ran the forward while it answers (its
+parameters made the activations the next stage differentiated); any other replica of the stage can
+take it over when it fails. Replies are untrusted: shapes are checked against the request's.
 """
 
 from __future__ import annotations
@@ -176,14 +178,16 @@ class SwarmPipeline:
         self.tracker.start(mb_id)
         last = self.config.stages - 1
         inputs = [encode_tokens(x)]  # inputs[s]: the bytes stage s gets (forwarded unchanged)
+        served_by: list[str] = []  # the backward goes back to the server that ran the forward
         for s in range(last):
-            _, frames = self._call(s, FORWARD, [inputs[s]], mb_id, bt)
+            _, frames, peer = self._call(s, FORWARD, [inputs[s]], mb_id, bt)
             inputs.append(frames[0])
-        head, frames = self._call(last, FORWARD, [inputs[last], encode_tokens(y)], mb_id, bt)
+            served_by.append(peer)
+        head, frames, _ = self._call(last, FORWARD, [inputs[last], encode_tokens(y)], mb_id, bt)
         loss = decode_loss(head.note)
         grad = frames[0]
         for s in range(last - 1, -1, -1):
-            _, frames = self._call(s, BACKWARD, [inputs[s], grad], mb_id, bt)
+            _, frames, _ = self._call(s, BACKWARD, [inputs[s], grad], mb_id, bt, prefer=served_by[s])
             if s:
                 grad = frames[0]
         self.tracker.complete(mb_id, bt[0])
@@ -199,8 +203,17 @@ class SwarmPipeline:
             decode_hidden(frames[0], self.config.limits(stage), expect=bt)
 
     def _call(
-        self, stage: int, typ: str, frames: Sequence[bytes], mb_id: int, bt: tuple[int, int]
-    ) -> tuple[Envelope, list[bytes]]:
+        self,
+        stage: int,
+        typ: str,
+        frames: Sequence[bytes],
+        mb_id: int,
+        bt: tuple[int, int],
+        prefer: str | None = None,
+    ) -> tuple[Envelope, list[bytes], str]:
+        """One request to a server of ``stage`` (``prefer``'s first while it is listed and not
+        excluded: its parameters produced the activations this backward differentiates), rerouted
+        until one answers; returns the reply and who served it."""
         kind = GRADIENTS if typ == BACKWARD else ACTIVATIONS
         env = Envelope(
             type=typ,
@@ -214,7 +227,9 @@ class SwarmPipeline:
         give_up = time.monotonic() + self.config.give_up_after
         while True:
             servers = self.refresh()[stage]
-            srv = pick_server(servers, self.exclusions.active(time.monotonic()), self.rng)
+            excluded = self.exclusions.active(time.monotonic())
+            mine = [x for x in servers if x.peer_id == prefer and x.peer_id not in excluded]
+            srv = mine[0] if mine else pick_server(servers, excluded, self.rng)
             if srv is None:
                 if time.monotonic() > give_up:
                     raise NoServer(
@@ -247,7 +262,7 @@ class SwarmPipeline:
                 )
                 continue
             self.times.record(stage, typ, time.monotonic() - t0)
-            return head, got
+            return head, got, srv.peer_id
 
     async def _request(
         self, peer_id: str, env: Envelope, frames: Sequence[bytes], timeout: float

@@ -3,17 +3,11 @@
 Every server of a stage trains its own copy of the stage on the micro-batches routed to it; every
 ``period`` seconds of DHT time the servers of the stage meet in one round of
 :class:`peers.collective.P2PCollective` (each stage is its own group: the rounds namespace is
-``<run>.stage<k>``). Each replica took optimizer steps on its own disjoint share of the micro-batches
-since the last sync, so the replicas *add* their updates rather than average them: with ``k``
-members, each holding parameters ``p_i`` and the parameters ``a_i`` it had after the last sync,
-
-    new = a + k * (mean(p_i) - a),   a = mean(a_i)
-
-(``a_i`` are equal unless a member missed a round; taking their mean keeps the result the same on
-every member either way). Averaging the parameters instead would make ``k`` replicas, each stepping
-on ``1/k`` of the micro-batches, progress like one model taking ``1/k`` of the steps. Both means come
-from one all-reduce with any codec; every member decodes the same aggregate bytes, so a committed
-round leaves them bit-identical. Optimizer states stay local.
+``<run>.stage<k>``) and replace their parameters by the mean (any codec: every member decodes the same
+aggregate bytes, so a committed round leaves them bit-identical). Optimizer states stay local.
+Adding the replicas' updates instead (``a + k * mean(p_i - a)``) was tried and is worse: summed
+updates that each replica took from the same point overshoot like stale gradients (figures in
+docs/decisions.md).
 
 After each committed average a server serves the stage's parameters to newcomers
 (``peers.state_transfer.StateServer`` in the stage's namespace) and vouches for their digest
@@ -95,7 +89,6 @@ class ReplicaSync:
         self.collective = P2PCollective(node, run_id=self.namespace, min_peers=1, join_window=join_window)
         self._round = 0
         self.state_server = StateServer(node, self._provide, run_id=self.namespace)
-        self.anchor = {k: v.detach().clone() for k, v in self.params.items()}  # parameters at the last sync
         self._last = self._epoch()
         self.committed = 0
         self.failed = 0
@@ -118,21 +111,17 @@ class ReplicaSync:
 
     @torch.no_grad()
     def sync(self, round_id: int) -> RoundResult:
-        """Add up the updates of the stage's servers in round ``round_id`` (rounds only go up)."""
+        """Average the parameters with the stage's servers in round ``round_id`` (rounds only go up)."""
         if round_id < self.collective.round_id:
             raise ConfigError(f"sync round {round_id} is behind the collective's {self.collective.round_id}")
         self.collective.round_id = round_id
-        tensors = {f"p.{k}": v.detach().clone() for k, v in self.params.items()}
-        tensors.update({f"a.{k}": v.clone() for k, v in self.anchor.items()})
+        tensors = {k: v.detach().clone() for k, v in self.params.items()}
         res = self.collective.all_reduce(
             tensors, compressor=self.compressor, timeout=self.timeout, kind="stage"
         )
         if res.committed:
-            k = float(len(res.participants))
-            for name, p in self.params.items():
-                mean_p, mean_a = res.tensors[f"p.{name}"], res.tensors[f"a.{name}"]
-                p.copy_(mean_a + k * (mean_p - mean_a))
-                self.anchor[name] = p.detach().clone()
+            for k, v in res.tensors.items():
+                self.params[k].copy_(v)
             self.committed += 1
             self.last_group = len(res.participants)
             self._round = round_id
@@ -176,7 +165,6 @@ class ReplicaSync:
             return False
         for k, t in tensors.items():
             self.params[k].copy_(t)
-            self.anchor[k] = t.clone()
         self._round = int(meta["round"])
         logger.info("stage %d: adopted round %d's state from %s", self.stage, self._round, meta["donor"][:16])
         return True

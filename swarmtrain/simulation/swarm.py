@@ -82,6 +82,7 @@ class SwarmResult:
     baseline_val_loss: float | None = None
     rebalance_moves: int = 0
     final_syncs: dict[str, int] = field(default_factory=dict)
+    phase_s: dict[str, float] = field(default_factory=dict)
     train_loss_last: float | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -204,6 +205,7 @@ def run_swarm_simulation(
     sdict = asdict(settings)
     deadline = time.monotonic() + timeout
     procs: list[Any] = []
+    phases: dict[str, float] = {}  # seconds: servers starting, training, servers' last sync and reports
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="swarmtrain-swarm-") as folder:
         boot_cfg, cfgs = admitted_configs(cfg, servers + settings.trainers, Path(folder))
@@ -223,6 +225,7 @@ def run_swarm_simulation(
                 procs.append(p)
                 srv.append(_Child(f"server{r}", p, q, stage))
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
+            phases["start"] = time.perf_counter() - t0
             trn: list[_Child] = []
             for t in range(settings.trainers):
                 q = ctx.Queue()
@@ -242,17 +245,20 @@ def run_swarm_simulation(
                 if time.monotonic() > deadline:
                     raise SwarmError("the swarm simulation timed out waiting for the trainers")
                 time.sleep(0.05)
+            phases["train"] = time.perf_counter() - t0 - phases["start"]
             for child in srv:
                 if not child.killed:
                     child.proc.signal(signal.SIGTERM)
             alive = [c for c in srv if not c.killed]
             _wait(alive, lambda: all(c.outcome is not None for c in alive), deadline, "the servers' reports")
+            phases["leave"] = time.perf_counter() - t0 - phases["start"] - phases["train"]
         finally:
             stop_peers(procs)
             left = [o for p in procs for o in find_orphans(p.marker)]
             if left:
                 logger.error("processes left behind after the swarm simulation: %s", [o.pid for o in left])
     wall = time.perf_counter() - t0
+    phases["teardown"] = wall - sum(phases.values())
     touts = [c.outcome for c in trn if c.outcome is not None]
     souts = [(c, c.outcome) for c in alive if c.outcome is not None]
     identical = True
@@ -286,6 +292,7 @@ def run_swarm_simulation(
         killed=killed,
         wall_s=wall,
         final_syncs=final_syncs,
+        phase_s=phases,
         train_loss_last=sum(last) / len(last) if last else None,
     )
     if baseline:
