@@ -88,6 +88,14 @@ class DiLoCo(AnchoredStrategy):
             return StepReport(extra={"comm_wait_s": 0.0})
         return self._sync()
 
+    def fast_forward(self, steps: int) -> int:
+        """Start the current period ``steps`` inner steps ahead (at most to its last step): a peer that
+        keeps arriving late syncs with the others after fewer steps (``swarmtrain.app.realign``).
+        Returns the steps skipped."""
+        k = max(0, min(int(steps), self.inner_steps - 1 - self.steps % self.inner_steps))
+        self.steps += k
+        return k
+
     def _sync(self) -> StepReport:
         pseudo = {
             n: self.store.anchor_on_device(n) - p.detach().to(torch.float32) for n, p in self.params.items()

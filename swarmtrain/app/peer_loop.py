@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmtrain.app.peer_state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
 from swarmtrain.app.preemption import Preemption, finish_sync, withdraw_announcement
+from swarmtrain.app.realign import Realign, fast_forward, state_age, steps_behind
 from swarmtrain.app.run_agreement import check_agreement, run_settings
 from swarmtrain.app.saved_state import read_saved_state, save_state, saved_state_path
 from swarmtrain.core.config import Config, PeersConfig
@@ -295,11 +296,13 @@ class _Peer:
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
         self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
+        # a volunteer that keeps arriving late starts its periods a few steps ahead (0: fixed members)
+        self._realign = Realign(self._clock.period if membership.rank is None else None)
         self._last_status = 0.0
         self.preemption = preemption  # the grace clock the stop signal starts
         self._leaving = False  # a stop signal was seen at a step (its record says so)
         self._sync_s = cfg.peers.join_window + 5.0  # a sync step's seconds (first guess, then measured)
-        self._step_t = time.monotonic()
+        self._step_t, self._steps_per_s, self._state_age = time.monotonic(), 0.0, 0.0
         #: where a volunteer keeps its last committed state, to resume from on restart (no identity
         #: file: a restart is a new peer, nothing kept)
         self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
@@ -323,6 +326,9 @@ class _Peer:
             resumed = self.resume_saved_state()
             if not resumed and not self.catch_up(wait_for_donor=window) and self._run_started():
                 self._wait_for_the_runs_state()
+            if self.result.downloads or resumed:  # behind its donors: start its first period ahead
+                behind = steps_behind(self.node, self._state_age, None, self.trainer.tokens_per_step)
+                fast_forward(self.trainer, self._realign.joined(behind))
             self.server.refresh(vouch=resumed)  # its own saved state is one it committed itself
             self.check_breakdown_point()
         logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
@@ -428,6 +434,7 @@ class _Peer:
         wait = self.cfg.peers.join_window
         if not adopt_saved_state(self.node, self.trainer, self.p2p, saved, wait_for_donor=wait):
             return None
+        self._state_age = state_age(saved.meta)
         logger.info(
             "resumed from its own saved state of round %d (step %d): no download",
             saved.round,
@@ -445,7 +452,7 @@ class _Peer:
     def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
         """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
         fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
-        donor = adopt_swarm_state(
+        got = adopt_swarm_state(
             self.node,
             self.trainer,
             self.p2p,
@@ -454,9 +461,9 @@ class _Peer:
             min_round=min_round,
             fresh_wait=fresh_wait,
         )
-        if donor is None:
+        if got is None:
             return False
-        step, rnd = self.trainer.step, self.p2p.round_id
+        (donor, self._state_age), step, rnd = got, self.trainer.step, self.p2p.round_id
         digest = shared_digest(self.trainer)
         self.result.downloads.append({"round": rnd, "step": step, "digest": digest, "donor": donor})
         logger.info("adopted the swarm's state: step %d, round %d", step, rnd)
@@ -469,7 +476,7 @@ class _Peer:
         now = time.monotonic()
         if r.synced:
             self._sync_s = now - self._step_t
-        self._step_t = now
+        self._step_t, self._steps_per_s = now, info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
         note = ""
         if r.synced:
             note = self._after_sync(r)
@@ -546,6 +553,7 @@ class _Peer:
             res.sync_digests[r.round_id] = shared_digest(self.trainer)
             self.server.refresh(vouch=res.sync_digests[r.round_id])  # a state it committed itself
             self.save_committed_state(res.sync_digests[r.round_id])
+            fast_forward(self.trainer, self._realign.committed())
             window = self.p2p.deadlines.join_window()  # measured (peers.deadlines)
             logger.info(
                 "round %d committed (%d peers; join window %.1f s)", r.round_id, r.participants, window
@@ -560,6 +568,9 @@ class _Peer:
             if self.catch_up(min_round=self.p2p.round_id):
                 res.late_caught_up += 1
                 self.server.refresh()
+                behind = steps_behind(self.node, self._state_age, self._steps_per_s)
+                if skipped := fast_forward(self.trainer, self._realign.late(behind)):
+                    logger.info("late: its sync periods now start %d steps ahead", skipped)
             return "round went on without us: catching up"
         res.failed_rounds += 1
         self.streak.failed(r.reason)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from swarmtrain.app.checkpoint import CheckpointError, pack_state, unpack_state
+from swarmtrain.app.realign import state_age
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
 
 if TYPE_CHECKING:
@@ -70,7 +71,10 @@ def state_snapshot(trainer: Trainer, round_id: int) -> tuple[dict[str, torch.Ten
     tensors.update(strat_tensors)
     opt_tensors, opt_skeleton = pack_state(trainer.optimizer.state_dict(), prefix="optimizer")
     tensors.update(opt_tensors)
+    from peers.node import dht_time
+
     meta = {
+        "time": dht_time(),  # when it was taken: a newcomer's measure of how far behind it starts
         "round": int(round_id),
         "step": int(trainer.step),
         "strategy_name": trainer.strategy.name,
@@ -126,12 +130,13 @@ def adopt_swarm_state(
     wait_for_donor: float = 0.0,
     min_round: int = 0,
     fresh_wait: float = 0.0,
-) -> str | None:
+) -> tuple[str, float] | None:
     """Download the run's state from a donor this peer has not banned and load it into ``trainer``
     (``peers.download_state`` says what ``min_round``/``fresh_wait`` do). The collective's round number
     never goes back: a donor's snapshot can name a round whose group has formed since, and re-joining
-    it would only be late again. Returns the donor's peer ID, or None (logged) when no usable state
-    came; nothing changed then.
+    it would only be late again. Returns the donor's peer ID and the state's age (seconds since the
+    donor took it, 0 when it does not say), or None (logged) when no usable state came; nothing
+    changed then.
     """
     from peers import download_state
     from peers.state_transfer import NoStateAnnounced
@@ -166,7 +171,7 @@ def adopt_swarm_state(
     except (PeerTimeoutError, ProtocolError) as e:
         logger.warning("no usable state from the swarm (%s)", e)
         return None
-    return str(meta["donor"])
+    return str(meta["donor"]), state_age(meta)
 
 
 def adopt_saved_state(
