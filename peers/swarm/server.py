@@ -45,7 +45,7 @@ from peers.transport import read_data_frames, read_envelope, write_frame, write_
 from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.core.protocols import Compressor
 
-__all__ = ["StageServer", "StageServerConfig", "ACTIVATIONS", "GRADIENTS"]
+__all__ = ["StageServer", "StageServerConfig", "ACTIVATIONS", "GRADIENTS", "check_request"]
 
 logger = logging.getLogger(__name__)
 ACTIVATIONS = "activations"
@@ -97,6 +97,28 @@ def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
         fut.set_exception(value)
     else:
         fut.set_result(value)
+
+
+def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
+    """Refuse a request header that is not for this run and stage, not a known request type, carries
+    the wrong number or kind of frames, or announces more bytes than the stage accepts (checked
+    before any of its body is read).
+
+    Raises:
+        ProtocolError: naming the problem.
+    """
+    if env.run != run_id or env.index != lim.stage:
+        raise ProtocolError("request for another run or stage")
+    if env.type not in (FORWARD, BACKWARD) or env.round < 0:
+        raise ProtocolError(f"unexpected request type {env.type[:16]!r}")
+    if env.type == BACKWARD and lim.last:
+        raise ProtocolError("the last stage runs backward within its forward request")
+    want = 2 if env.type == BACKWARD or lim.last else 1
+    kind = GRADIENTS if env.type == BACKWARD else ACTIVATIONS
+    if env.frames != want or env.kind != kind:
+        raise ProtocolError(f"{env.type} to stage {lim.stage} carries {want} frames of kind {kind}")
+    if env.nbytes > lim.max_request:
+        raise ProtocolError(f"request of {env.nbytes} bytes exceeds the stage's {lim.max_request}")
 
 
 class StageServer:
@@ -167,21 +189,6 @@ class StageServer:
 
     # --- receive side (event loop) --------------------------------------------------------------------
 
-    def _check(self, env: Envelope) -> None:
-        lim = self.limits
-        if env.run != self.node.run_id or env.index != lim.stage:
-            raise ProtocolError("request for another run or stage")
-        if env.type not in (FORWARD, BACKWARD) or env.round < 0:
-            raise ProtocolError(f"unexpected request type {env.type[:16]!r}")
-        if env.type == BACKWARD and lim.last:
-            raise ProtocolError("the last stage runs backward within its forward request")
-        want = 2 if env.type == BACKWARD or lim.last else 1
-        kind = GRADIENTS if env.type == BACKWARD else ACTIVATIONS
-        if env.frames != want or env.kind != kind:
-            raise ProtocolError(f"{env.type} to stage {lim.stage} carries {want} frames of kind {kind}")
-        if env.nbytes > lim.max_request:
-            raise ProtocolError(f"request of {env.nbytes} bytes exceeds the stage's {lim.max_request}")
-
     async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
         sender = str(info.peer_id.to_base58())
         sent = received = 0
@@ -198,7 +205,7 @@ class StageServer:
                 body, n = await read_envelope(reader, _FRAME_TIMEOUT)
                 received += n
                 env = decode_envelope(body)
-                self._check(env)
+                check_request(env, self.limits, self.node.run_id)
                 kind_in = env.kind
                 frames, n = await read_data_frames(
                     reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT

@@ -79,3 +79,29 @@ def test_loss_note() -> None:
     for bad in ("nan", "-1.0", "inf", "x", "1" * 100):
         with pytest.raises(ProtocolError):
             decode_loss(bad)
+
+
+def test_request_headers_checked_before_the_body() -> None:
+    from dataclasses import replace
+
+    from peers.messages import Envelope
+    from peers.swarm.server import check_request
+
+    first = StageLimits(stage=0, stages=2, width=8, vocab=50, max_len=16, max_batch=4)
+    ok = Envelope(type="sw_fwd", run="r", kind="activations", round=3, index=0, frames=1, nbytes=100)
+    check_request(ok, first, "r")
+    check_request(replace(ok, type="sw_bwd", kind="gradients", frames=2), first, "r")
+    check_request(replace(ok, index=1, frames=2), LIM, "r")  # the last stage: hidden + targets
+    bad = [
+        (replace(ok, run="other"), first),
+        (replace(ok, index=1), first),  # another stage
+        (replace(ok, type="part"), first),
+        (replace(ok, round=-1), first),
+        (replace(ok, frames=2), first),
+        (replace(ok, kind="gradients"), first),
+        (replace(ok, nbytes=first.max_request + 1), first),
+        (replace(ok, index=1, type="sw_bwd", kind="gradients", frames=2), LIM),  # no backward to the last
+    ]
+    for env, lim in bad:
+        with pytest.raises(ProtocolError):
+            check_request(env, lim, "r")
