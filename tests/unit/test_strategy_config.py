@@ -154,7 +154,7 @@ def test_base_layer_options_of_another_strategy_are_dropped_silently(
     }
     with caplog.at_level(logging.WARNING, logger="swarmtrain.core.config"):
         cfg = load_config(None, {"train.steps": 3}, env={}, base={"strategy": flat})
-        assert cfg.strategy == DiLoCoConfig(inner_steps=7)
+        assert cfg.strategy == DiLoCoConfig(inner_steps=7, outer_lr=0.7, outer_momentum=0.9)
         # simulate's defaults (diloco, H=30) sit in the base layer: any --strategy replaces them
         cfg = load_config(None, {"strategy.name": "data_parallel"}, env={}, base={"strategy": flat})
         assert cfg.strategy == DataParallelConfig()
