@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ class Deadlines:
         self._spreads: deque[float] = deque(maxlen=self.config.history)
         self._rounds: deque[float] = deque(maxlen=self.config.history)
         self._lock = threading.Lock()
+        #: ``time.monotonic()`` past which no round may run (a peer leaving within its grace), or None
+        self.end_by: float | None = None
 
     @staticmethod
     def _sample(seconds: float) -> float:
@@ -131,11 +134,14 @@ class Deadlines:
 
     def round_timeout(self, ceiling: float) -> float:
         """Seconds a whole round may take, the hand-set ``ceiling`` (a strategy's ``sync_timeout``)
-        included as the first guess and the upper bound."""
+        included as the first guess and the upper bound; never past :attr:`end_by` (at least 0.1 s)."""
         c = self.config
         with self._lock:
             rounds = list(self._rounds)
-        if len(rounds) < c.min_samples:
-            return ceiling
-        floor = max(c.round_floor, ceiling / 4.0)
-        return min(max(c.round_margin * robust_bound(rounds, c.k), floor), ceiling)
+        t = ceiling
+        if len(rounds) >= c.min_samples:
+            floor = max(c.round_floor, ceiling / 4.0)
+            t = min(max(c.round_margin * robust_bound(rounds, c.k), floor), ceiling)
+        if self.end_by is not None:
+            t = max(min(t, self.end_by - time.monotonic()), 0.1)
+        return t

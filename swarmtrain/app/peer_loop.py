@@ -534,8 +534,9 @@ class _Peer:
         self.server.announce_leaving()
         steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
         to_sync = None if info.report.synced else self._clock.seconds_left(self.trainer.step, steps_per_s)
-        if finish_sync(to_sync, self._sync_s, left):
+        if self._peers_seen > 1 and finish_sync(to_sync, self._sync_s, left):  # a round it can join
             logger.warning("training on to the next sync (~%.0f s) before leaving", to_sync or 0.0)
+            self.p2p.deadlines.end_by = time.monotonic() + left  # that round ends within the grace
             return False
         return True
 

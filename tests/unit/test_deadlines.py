@@ -5,6 +5,7 @@ widen again."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from hypothesis import given
@@ -94,6 +95,14 @@ def test_rounds_that_time_out_widen_the_timeout_again() -> None:
 def test_the_robust_bound_is_at_least_the_median(xs: list[float]) -> None:
     b = robust_bound(xs, 4.0)
     assert math.isfinite(b) and b >= sorted(xs)[(len(xs) - 1) // 2] - 1e-9
+
+
+def test_a_leaving_peer_bounds_its_round_by_its_grace() -> None:
+    d = Deadlines(3.0)
+    d.end_by = time.monotonic() + 5.0
+    assert 4.0 < d.round_timeout(60.0) <= 5.0
+    d.end_by = time.monotonic() - 1.0  # already past: the round fails at once instead of hanging
+    assert d.round_timeout(60.0) == 0.1
 
 
 def test_bad_input_fails_loudly() -> None:
