@@ -185,7 +185,7 @@ def run_server(
             on_ready(node.peer_id)
         stop.wait(None)
         server.stop()
-        final = sync.sync(FINAL_ROUND)
+        final = _final_sync(node, sync, FINAL_ROUND)
         sync.close()
         with torch.no_grad():
             state = {k: _tensor_bytes(v) for k, v in module.state_dict().items()}
@@ -203,6 +203,28 @@ def run_server(
             ledger=node.ledger.totals(),
             state=state,
         )
+
+
+def _stage_servers(node: Any, stage: int) -> int:
+    """Live servers of ``stage`` in the DHT (this one included)."""
+    try:
+        recs = node.live_peers(timeout=5.0)
+    except Exception:  # the count only decides whether to try once more
+        return 0
+    return sum(1 for r in recs if r.role == "server" and r.extra.get("stage") == stage)
+
+
+def _final_sync(node: Any, sync: Any, first_round: int, tries: int = 3) -> Any:
+    """The leaving servers' last average. A round that formed with fewer members than the stage has
+    live servers (one of them was slower to leave than the join window) is tried again, up to
+    ``tries`` more rounds: every member of a short round sees the same shortfall, so they all go on
+    to the next round and meet there."""
+    final = sync.sync(first_round)
+    for extra in range(1, tries + 1):
+        if final.committed and len(final.participants) >= _stage_servers(node, sync.stage):
+            break
+        final = sync.sync(first_round + extra)
+    return final
 
 
 def _tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
