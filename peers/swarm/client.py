@@ -100,6 +100,13 @@ class _Refused(SwarmError):
     """The server answered with a refusal (busy, invalid request)."""
 
 
+def _reason(e: BaseException) -> str:
+    """Why a request failed, for the reroute counts."""
+    if isinstance(e, _Refused):
+        return "busy" if "busy" in str(e) else "refused"
+    return "timeout" if isinstance(e, PeerTimeoutError | TimeoutError) else "error"
+
+
 class SwarmPipeline:
     """Runs micro-batches through the stage servers of a run (see the module docstring).
 
@@ -251,7 +258,7 @@ class SwarmPipeline:
                     self.times.record(stage, typ, timeout)
                 ttl = self.config.busy_exclude_s if busy else self.config.exclude_s
                 self.exclusions.exclude(srv.peer_id, time.monotonic(), ttl=ttl)
-                self.tracker.reroute(mb_id)
+                self.tracker.reroute(mb_id, _reason(e))
                 logger.info(
                     "stage %d %s of micro-batch %d on %s failed, rerouting: %s",
                     stage,

@@ -53,6 +53,8 @@ class TrackerStats:
     rerouted: int = 0
     failed_requests: int = 0
     samples: int = 0
+    #: reroutes by why the request failed (``timeout``, ``refused``, ``busy``, ``error``)
+    reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def lost(self) -> int:
@@ -79,12 +81,13 @@ class MicrobatchTracker:
         self._open.add(mb_id)
         self.stats.started += 1
 
-    def reroute(self, mb_id: int) -> None:
-        """A request of ``mb_id`` failed and goes to another server of the same stage."""
+    def reroute(self, mb_id: int, reason: str = "error") -> None:
+        """A request of ``mb_id`` failed (for ``reason``) and goes to another server of the stage."""
         if mb_id not in self._open:
             raise ConfigError(f"micro-batch {mb_id} is not in flight")
         self.stats.failed_requests += 1
         self.stats.rerouted += 1
+        self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
 
     def complete(self, mb_id: int, samples: int) -> None:
         """``mb_id`` went forward and backward through every stage.

@@ -104,6 +104,7 @@ class TrainerOutcome:
     completed: int
     lost: int
     rerouted: int
+    reroute_reasons: dict[str, int]
     samples: int
     losses: list[float]
     seconds: float
@@ -297,6 +298,7 @@ def run_trainer(
             completed=st.completed,
             lost=st.lost,
             rerouted=st.rerouted,
+            reroute_reasons=dict(st.reasons),
             samples=st.samples,
             losses=losses,
             seconds=time.perf_counter() - t0,

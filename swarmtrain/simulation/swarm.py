@@ -82,6 +82,9 @@ class SwarmResult:
     baseline_val_loss: float | None = None
     rebalance_moves: int = 0
     final_syncs: dict[str, int] = field(default_factory=dict)
+    reroute_reasons: dict[str, int] = field(default_factory=dict)
+    #: ledger bytes sent by all reporting peers, per kind (activations, gradients, stage averaging...)
+    bytes_sent_by_kind: dict[str, int] = field(default_factory=dict)
     phase_s: dict[str, float] = field(default_factory=dict)
     train_loss_last: float | None = None
 
@@ -276,6 +279,14 @@ def run_swarm_simulation(
     bytes_sent = {f"server{c.name[6:]}.stage{c.stage}": int(o["ledger"]["sent"]) for c, o in souts}
     bytes_sent.update({f"trainer{o['index']}": int(o["ledger"]["sent"]) for o in touts})
     last = [o["losses"][-1] for o in touts if o["losses"]]
+    reasons: dict[str, int] = {}
+    for o in touts:
+        for why, n in o["reroute_reasons"].items():
+            reasons[why] = reasons.get(why, 0) + int(n)
+    by_kind: dict[str, int] = {}
+    for o in [*touts, *(o for _, o in souts)]:
+        for kind, cell in o["ledger"]["by_kind"].items():
+            by_kind[kind] = by_kind.get(kind, 0) + int(cell["sent"])
     res = SwarmResult(
         stages=settings.stages,
         servers_per_stage=[stage_of.count(s) for s in range(settings.stages)],
@@ -293,6 +304,8 @@ def run_swarm_simulation(
         wall_s=wall,
         final_syncs=final_syncs,
         phase_s=phases,
+        reroute_reasons=reasons,
+        bytes_sent_by_kind=by_kind,
         train_loss_last=sum(last) / len(last) if last else None,
     )
     if baseline:

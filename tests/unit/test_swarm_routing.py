@@ -86,10 +86,11 @@ def test_tracker_counts_each_microbatch_once() -> None:
     tr = MicrobatchTracker()
     tr.start(0)
     tr.start(1)
-    tr.reroute(1)
-    tr.reroute(1)
+    tr.reroute(1, "timeout")
+    tr.reroute(1, "busy")
     tr.complete(1, samples=8)
     assert tr.stats.rerouted == 2 and tr.stats.completed == 1 and tr.stats.samples == 8
+    assert tr.stats.reasons == {"timeout": 1, "busy": 1}
     assert tr.stats.lost == 1 and tr.in_flight() == {0}
     with pytest.raises(ConfigError):
         tr.complete(1, samples=8)  # counted twice
