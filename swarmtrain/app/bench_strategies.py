@@ -35,6 +35,7 @@ __all__ = [
     "settings",
     "write_outputs",
     "table_lines",
+    "markdown_table",
 ]
 
 #: strategies with an outer step (H, outer learning rate and momentum apply)
@@ -341,3 +342,29 @@ def table_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
             )
     lines.append("* on the Pareto front (no other point has both lower loss and fewer bytes)")
     return lines
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The rows as the README's Markdown table (real-peer re-runs as rows of their own)."""
+    out = [
+        "| point | val loss | vs DataParallel | bytes / token / worker | fewer bytes | identical |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        red = r.get("reduction_vs_dp")
+        same = "yes" if r["params_identical"] else "NO"
+        out.append(
+            f"| {r['label']} | {r['final_val_loss']:.4f} | {r['gap_vs_dp']:+.2%} | "
+            f"{r['bytes_per_token']:,.2f} | {f'{red:,.0f}x' if red else '-'} | {same} |"
+        )
+        if "real_final_val_loss" in r:
+            gap = r.get("real_gap_vs_dp", 0.0)  # the reference's own real run: 0 by definition
+            same = "yes" if r["real_params_identical"] else "NO"
+            ref_bytes = rows[0].get("real_bytes_per_token")
+            red = ref_bytes / r["real_bytes_per_token"] if ref_bytes and r["real_bytes_per_token"] else None
+            out.append(
+                f"| {r['label']}, real peers | {r['real_final_val_loss']:.4f} | {gap:+.2%} | "
+                f"{r['real_bytes_per_token']:,.2f} (ledger) | {f'{red:,.0f}x' if red else '-'} | {same} |"
+            )
+    return out
+

@@ -1,0 +1,22 @@
+"""The README's strategy tables are the committed ``swarmtrain bench strategies`` JSON, as
+``markdown_table`` renders it (README figures come from JSON a benchmark wrote)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from swarmtrain.app.bench_strategies import markdown_table
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name", ["bench_strategies.json", "bench_outer.json"])
+def test_readme_table_is_the_committed_json(name: str) -> None:
+    rows = json.loads((RESULTS / name).read_text(encoding="utf-8"))["rows"]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = "\n".join(markdown_table(rows))
+    assert table in readme, f"README's table differs from {name}; regenerate it:\n{table}"
