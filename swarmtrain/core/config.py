@@ -209,8 +209,7 @@ class OuterLoopConfig(SyncedStrategyConfig):
     """Options of the strategies with an inner loop of H local steps and an outer Nesterov step."""
 
     inner_steps: int = Field(default=50, ge=1, description="H: local steps between syncs")
-    # 1.0 / 0.5, not the paper's 0.7 / 0.9: measured with `swarmtrain bench strategies` (docs/decisions.md)
-    outer_lr: float = Field(default=1.0, gt=0)
+    outer_lr: float = Field(default=1.0, gt=0)  # not the paper's 0.7 / 0.9: docs/decisions.md
     outer_momentum: float = Field(default=0.5, ge=0, lt=1)
     nesterov: bool = True
     outer_state: Literal["device", "cpu", "cpu8"] = Field(
