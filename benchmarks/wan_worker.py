@@ -40,16 +40,16 @@ class StdoutQueue:
 
 def main(argv: list[str]) -> int:
     """``bootstrap CONFIG`` or ``peer RANK N CONFIG``."""
-    from swarmtrain.simulation.runner import _bootstrap_main, _peer_main
+    from swarmtrain.simulation.runner import bootstrap_main, peer_main
 
     q = StdoutQueue()
     # SWARMTRAIN_WAN_LOG=WARNING shows the peers' warnings (e.g. why a round failed) on stderr
     level = getattr(logging, os.environ.get("SWARMTRAIN_WAN_LOG", "ERROR").upper(), logging.ERROR)
     if len(argv) == 2 and argv[0] == "bootstrap":
-        _bootstrap_main(Path(argv[1]).read_text(), q, level)
+        bootstrap_main(Path(argv[1]).read_text(), q, level)
         return 0
     if len(argv) == 4 and argv[0] == "peer":
-        _peer_main(int(argv[1]), int(argv[2]), Path(argv[3]).read_text(), q, level)
+        peer_main(int(argv[1]), int(argv[2]), Path(argv[3]).read_text(), q, level)
         return 0
     sys.stderr.write("usage: wan_worker.py bootstrap CONFIG | peer RANK N CONFIG\n")
     return 2

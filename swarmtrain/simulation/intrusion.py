@@ -18,7 +18,7 @@ from collections import Counter
 from typing import Any
 
 from swarmtrain.simulation.outsider import KINDS
-from swarmtrain.simulation.runner import PeerOutcome, SimulationResult, params_identical
+from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
 
 __all__ = ["intrusion_summary", "honest_outcomes"]
 

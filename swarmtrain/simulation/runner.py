@@ -27,7 +27,7 @@ import queue as queue_mod
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,128 +35,35 @@ from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
+from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
 
 if TYPE_CHECKING:
     from swarmtrain.app.peer_loop import PeerStatus
     from swarmtrain.simulation.chaos import ChaosSpec
 
-__all__ = ["PeerOutcome", "SimulationResult", "run_simulation", "params_identical", "stop_peers"]
+__all__ = [
+    "PeerOutcome",
+    "SimulationResult",
+    "run_simulation",
+    "params_identical",
+    "stop_peers",
+    # the pieces swarmtrain.simulation.swarm and the WAN benchmark start their own runs from
+    "bootstrap_main",
+    "bootstrap_maddrs",
+    "peer_main",
+    "loopback_copy",
+    "quiet_resource_tracker",
+]
 
 logger = logging.getLogger(__name__)
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
-@dataclass
-class PeerOutcome:
-    """What one peer reports at the end of its run."""
-
-    rank: int
-    peer_id: str
-    steps: int
-    tokens: int
-    final_train_loss: float
-    final_val_loss: float | None
-    final_digest: str
-    sync_digests: dict[int, str]  # round id -> parameter digest right after that committed sync
-    committed_rounds: int
-    failed_rounds: int
-    peak_sync_bytes_sent: int  # the most bytes this peer sent in any single sync
-    comm_wait_s: float  # time the training loop waited on communication (StepReport.extra)
-    bytes_sent: int
-    bytes_received: int
-    ledger: dict[str, Any]
-    wall_s: float
-    banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
-    late_rounds: int = 0  # rounds formed without this peer; it then adopted the state they committed
-    # attackers only: what the attack did (poisoned batches, collusion exchanges and failures)
-    attack_stats: dict[str, int] = field(default_factory=dict)
-    donors: list[str] = field(default_factory=list)  # the peers each adopted state came from
-    rss_growth_mib: float = 0.0  # peak resident memory over the run minus that at the first step
-    # Streaming DiLoCo: fragment -> {"committed", "failed"} rounds (late ones counted as failed)
-    fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
-
-
-@dataclass
-class SimulationResult:
-    """The outcome of one simulated run (one strategy/codec over N peers)."""
-
-    strategy: str
-    compressor: str
-    peers: int
-    steps: int
-    tokens: int
-    final_val_loss: float
-    params_identical: bool
-    admission: str
-    bytes_sent_per_peer: float
-    bytes_received_per_peer: float
-    wall_s: float
-    peak_sync_bytes_sent: int = 0  # the most bytes any peer sent in any single sync
-    compute_utilization: float = 1.0  # 1 - (time waiting on communication / training wall time)
-    intruders: int = 0  # non-admitted attacker processes (``swarmtrain.simulation.outsider``)
-    outcomes: list[PeerOutcome] = field(default_factory=list)
-    # each intruder's last report (peer_id, attempts and accepted per kind) and any intruder failure
-    intruder_reports: list[dict[str, Any]] = field(default_factory=list)
-    intruder_errors: list[str] = field(default_factory=list)
-    # faults: peers SIGKILLed and SIGTERMed by the chaos, restarts, deaths nobody caused
-    kills: int = 0
-    preemptions: int = 0
-    restarts: int = 0
-    deaths: int = 0
-    missing_ranks: list[int] = field(default_factory=list)  # ranks with no outcome (gone at the end)
-    timeline: list[dict[str, Any]] = field(default_factory=list)  # who, when (s), what
-
-    @property
-    def rounds_committed(self) -> int:
-        """Distinct rounds some peer that finished committed."""
-        return len({r for o in self.outcomes for r in o.sync_digests})
-
-    @property
-    def rounds_failed(self) -> int:
-        """Rounds failed or late, summed over the peers that finished (one per peer and round)."""
-        return sum(o.failed_rounds for o in self.outcomes)
-
-    @property
-    def rounds_per_fragment(self) -> dict[int, dict[str, int]]:
-        """Streaming DiLoCo: fragment -> rounds committed and failed, summed over the peers that
-        finished (one per peer and round); empty for strategies without fragments."""
-        out: dict[int, dict[str, int]] = {}
-        for o in self.outcomes:
-            for f, counts in o.fragment_rounds.items():
-                acc = out.setdefault(int(f), {"committed": 0, "failed": 0})
-                for k in acc:
-                    acc[k] += int(counts.get(k, 0))
-        return dict(sorted(out.items()))
-
-    @property
-    def stalled_fragments(self) -> list[int]:
-        """Fragments no peer ever committed while another fragment did (see :func:`params_identical`)."""
-        return _stalled(self.outcomes)
-
-    @property
-    def bytes_per_token(self) -> float:
-        """Bytes sent per peer per token that peer trained on."""
-        per_peer_tokens = self.tokens / max(self.peers, 1)
-        return self.bytes_sent_per_peer / max(per_peer_tokens, 1)
-
-    def summary(self) -> dict[str, Any]:
-        """Plain-data summary (no per-peer details)."""
-        d = asdict(self)
-        for detail in ("outcomes", "intruder_reports", "intruder_errors"):
-            d.pop(detail)
-        d["bytes_per_token"] = self.bytes_per_token
-        d["rounds_committed"] = self.rounds_committed
-        d["rounds_failed"] = self.rounds_failed
-        d["rounds_per_fragment"] = self.rounds_per_fragment
-        d["stalled_fragments"] = self.stalled_fragments
-        return d
-
-
 # ------------------------------------------------------------------------------ child processes
 
 
-def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
+def bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:
     """A DHT bootstrap node: reports its multiaddrs, then serves until its group is terminated."""
     from peers import GracefulExit, PeerNode
 
@@ -171,7 +78,7 @@ def _bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> No
         q.put(("error", -1, f"bootstrap: {type(e).__name__}: {e}"))
 
 
-def _peer_main(
+def peer_main(
     rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR, rejoin: bool = False
 ) -> None:
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
@@ -288,8 +195,8 @@ def run_simulation(
     if n_peers < 1:
         raise SwarmError("need at least one peer")
     check_attack_fits_strategy(cfg)
-    cfg = _loopback_copy(cfg)
-    _quiet_resource_tracker()
+    cfg = loopback_copy(cfg)
+    quiet_resource_tracker()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs: list[Any] = []
@@ -300,9 +207,9 @@ def run_simulation(
         try:
             level = logging.getLogger().getEffectiveLevel()
             level = level if level < logging.WARNING else logging.ERROR
-            boot = spawn_function(_bootstrap_main, (boot_cfg.model_dump_json(), q, level), name="bootstrap")
+            boot = spawn_function(bootstrap_main, (boot_cfg.model_dump_json(), q, level), name="bootstrap")
             procs.append(boot)
-            initial = _bootstrap_maddrs(q, deadline)
+            initial = bootstrap_maddrs(q, deadline)
             for rc in rank_cfgs:
                 rc.peers.initial_peers = initial
             sup = _Supervisor(cfg, [rc.model_dump_json() for rc in rank_cfgs], q, procs, level, chaos)
@@ -390,7 +297,7 @@ class _Supervisor:
         slot = self.slots[rank]
         slot.queue = self._ctx.Queue()
         args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin)
-        slot.proc = spawn_function(_peer_main, args, name=f"peer{rank}")
+        slot.proc = spawn_function(peer_main, args, name=f"peer{rank}")
         self.procs.append(slot.proc)
         slot.started, slot.signalled, slot.restart_at = False, "", None
         slot.rejoining = rejoin
@@ -567,7 +474,7 @@ class _Intrusion:
     errors: list[str]
 
 
-def _loopback_copy(cfg: Config) -> Config:
+def loopback_copy(cfg: Config) -> Config:
     """``cfg`` for peers that share this machine: loopback addresses, no progress bar, one thread each
     unless set."""
     cfg = cfg.model_copy(deep=True)
@@ -579,7 +486,7 @@ def _loopback_copy(cfg: Config) -> Config:
     return cfg
 
 
-def _bootstrap_maddrs(q: Any, deadline: float) -> list[str]:
+def bootstrap_maddrs(q: Any, deadline: float) -> list[str]:
     """Wait for the bootstrap node's multiaddrs."""
     while True:
         kind, _, payload = _next(q, deadline)
@@ -613,7 +520,7 @@ def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> Simulati
 _TRACKER_FILTER = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
-def _quiet_resource_tracker() -> None:
+def quiet_resource_tracker() -> None:
     """Keep multiprocessing's resource tracker from printing "leaked semaphore objects" after the
     run (unless -v). The semaphores are hivemind's, in peer processes killed at the end of a run
     before their finalizers ran; the tracker unlinks them either way, which is its job, so the line
@@ -638,26 +545,3 @@ def stop_peers(procs: list[Any]) -> None:
         p.join(max(0.1, end - time.monotonic()))
     for p in reversed(procs):
         p.terminate(grace=3.0)
-
-
-def _stalled(outcomes: list[PeerOutcome]) -> list[int]:
-    """Fragments that no peer committed a round of while some other fragment committed one."""
-    committed: dict[int, int] = {}
-    for o in outcomes:
-        for f, c in o.fragment_rounds.items():
-            committed[int(f)] = committed.get(int(f), 0) + int(c.get("committed", 0))
-    if not any(committed.values()):
-        return []  # nothing committed at all: the run's own failure, not one fragment's
-    return sorted(f for f, n in committed.items() if n == 0)
-
-
-def params_identical(outcomes: list[PeerOutcome]) -> bool:
-    """True when every peer ends bit-identical and agreed after every round all of them committed.
-
-    Not when a fragment never committed while others did (Streaming DiLoCo): its global parameters
-    are then the initial ones on every peer, identical without a single agreement, while each peer's
-    local copy of it trained alone."""
-    if len({o.final_digest for o in outcomes}) != 1 or _stalled(outcomes):
-        return False
-    common = set.intersection(*(set(o.sync_digests) for o in outcomes)) if outcomes else set()
-    return all(len({o.sync_digests[r] for o in outcomes}) == 1 for r in common)

@@ -35,10 +35,10 @@ from swarmtrain.core.errors import ConfigError, SwarmError
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
 from swarmtrain.simulation.runner import (
-    _bootstrap_maddrs,
-    _bootstrap_main,
-    _loopback_copy,
-    _quiet_resource_tracker,
+    bootstrap_maddrs,
+    bootstrap_main,
+    loopback_copy,
+    quiet_resource_tracker,
     stop_peers,
 )
 
@@ -199,8 +199,8 @@ def run_swarm_simulation(
             f"--kill-servers {kill_servers}: {servers} servers over {settings.stages} stages leave "
             f"at most {servers - settings.stages} that can die without emptying a stage"
         )
-    cfg = _loopback_copy(cfg)
-    _quiet_resource_tracker()
+    cfg = loopback_copy(cfg)
+    quiet_resource_tracker()
     ctx = mp.get_context("spawn")
     rng = random.Random(cfg.train.seed + 1)
     level = logging.getLogger().getEffectiveLevel()
@@ -215,9 +215,9 @@ def run_swarm_simulation(
         bq = ctx.Queue()
         try:
             procs.append(
-                spawn_function(_bootstrap_main, (boot_cfg.model_dump_json(), bq, level), name="bootstrap")
+                spawn_function(bootstrap_main, (boot_cfg.model_dump_json(), bq, level), name="bootstrap")
             )
-            initial = _bootstrap_maddrs(bq, deadline)
+            initial = bootstrap_maddrs(bq, deadline)
             for rc in cfgs:
                 rc.peers.initial_peers = initial
             srv: list[_Child] = []

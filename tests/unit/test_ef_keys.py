@@ -22,7 +22,7 @@ from peers.messages import encode_packet_bytes
 from peers.reducers import MeanReducer
 from peers.round_io import RoundIO
 from swarmtrain.core.errors import ConfigError
-from swarmtrain.simulation.runner import PeerOutcome, SimulationResult, params_identical
+from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
 
 
 def _job(tensors: dict[str, torch.Tensor], n_parts: int, codec: Any, step: int = 4) -> ReduceJob:

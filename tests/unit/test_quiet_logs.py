@@ -59,8 +59,8 @@ _LEAK = """
 import logging, multiprocessing as mp, sys
 from multiprocessing import resource_tracker
 logging.basicConfig(level=logging.DEBUG if sys.argv[1] == "verbose" else logging.WARNING)
-from swarmtrain.simulation.runner import _quiet_resource_tracker
-_quiet_resource_tracker()
+from swarmtrain.simulation.runner import quiet_resource_tracker
+quiet_resource_tracker()
 q = mp.get_context("spawn").Queue()  # starts the tracker, as run_simulation does
 resource_tracker.register("/swarmtrain-test-leak", "semaphore")  # what a killed peer leaves
 """
