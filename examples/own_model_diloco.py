@@ -32,8 +32,9 @@ def train(rank: int, initial_peers: list[str], steps: int, inner_steps: int) -> 
             report = peer.step(tokens=len(x))  # replaces opt.step(); every H steps it also syncs
             if report.synced:
                 done = f"committed by {report.participants} peers" if report.committed else "FAILED"
-                mean = sum(losses[-inner_steps:]) / inner_steps
-                print(f"peer {rank} step {step} loss {mean:.4f} sync {done} params {peer.digest()[:16]}")
+                head = f"peer {rank} step {step} loss {sum(losses[-inner_steps:]) / inner_steps:.4f}"
+                # one write per line: both peers share this stdout (unbuffered under PYTHONUNBUFFERED)
+                sys.stdout.write(f"{head} sync {done} params {peer.digest()[:16]}\n")
         return 0 if child is None or (child.join(300) and child.exitcode == 0) else 1
 
 

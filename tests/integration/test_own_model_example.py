@@ -26,7 +26,7 @@ LINE = re.compile(
     r"^peer (?P<rank>[01]) step (?P<step>\d+) loss (?P<loss>[0-9.]+) sync (?P<outcome>.+?) "
     r"params (?P<digest>[0-9a-f]{16})$"
 )
-STEPS, INNER = 30, 10
+STEPS, INNER = 60, 10  # a few syncs: the first outer steps may overshoot before the loss falls
 
 
 def _tree(tag: str) -> list[Any]:
