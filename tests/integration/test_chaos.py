@@ -22,7 +22,7 @@ def _cfg(**overrides: Any) -> Config:
     base: dict[str, Any] = {
         "train.eval_interval": 10_000,
         "train.log_interval": 5,
-        "train.steps": 80,
+        "train.steps": 200,  # long enough that a fault comes before the quiet last quarter
         "train.batch_size": 8,
         "train.eval_batches": 4,
         "peers.min_peers": 2,
@@ -68,6 +68,7 @@ def test_chaos_kills_and_restarts_peers_and_the_survivors_agree() -> None:
     finally:
         os.environ.pop(TAG_ENV, None)
     faults = res.kills + res.preemptions
+    print(f"\n{res.kills} kills, {res.preemptions} preemptions in {res.wall_s:.0f} s: {res.timeline}")
     assert faults >= 1, res.timeline
     events = [e["event"] for e in res.timeline]
     # every fault came back with the same rank (and identity file) and adopted the swarm's state
