@@ -96,6 +96,62 @@ def _identical(trainers: list[Any]) -> bool:
     return len({shared_digest(t) for t in trainers}) == 1
 
 
+def _train(trainer: Any, tally: _Tally) -> None:
+    """One worker's thread: train to the end, counting its syncs; an exception is kept for the caller."""
+
+    def on_step(info: Any) -> None:
+        report = info.report
+        if report.synced:
+            tally.peak = max(tally.peak, report.bytes_sent)
+            if report.committed:
+                tally.committed += 1
+            else:
+                tally.failed += 1
+
+    try:
+        val = trainer.fit(on_step).final_val_loss
+        tally.val_loss = float("nan") if val is None else val
+    except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+        tally.errors.append(e)
+
+
+def _run_threads(trainers: list[Any], tallies: list[_Tally], timeout: float) -> float:
+    """Train every worker in its own thread; the wall time. Raises a worker's error or a hang."""
+    t0 = time.perf_counter()
+    threads = [
+        threading.Thread(target=_train, args=(t, tally), daemon=True)
+        for t, tally in zip(trainers, tallies, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(timeout - (time.perf_counter() - t0), 1.0))
+        if t.is_alive():
+            raise RuntimeError(f"the in-process run hung for more than {timeout:.0f} s")
+    for tally in tallies:
+        if tally.errors:
+            raise RuntimeError(f"a worker failed: {tally.errors[0]}") from tally.errors[0]
+    return time.perf_counter() - t0
+
+
+def _summarise(cfg: Config, trainers: list[Any], tallies: list[_Tally], wall: float) -> HarnessResult:
+    n = len(trainers)
+    val_losses = tuple(t.val_loss for t in tallies)
+    return HarnessResult(
+        workers=n,
+        steps=cfg.train.steps,
+        tokens=sum(t.tokens for t in trainers),
+        final_val_loss=sum(val_losses) / n,
+        val_losses=val_losses,
+        bytes_sent_per_peer=sum(t.bytes_sent for t in trainers) / n,
+        peak_sync_bytes=max(t.peak for t in tallies),
+        rounds_committed=sum(t.committed for t in tallies) / n,
+        rounds_failed=sum(t.failed for t in tallies) / n,
+        params_identical=_identical(trainers),
+        wall_s=wall,
+    )
+
+
 def run_in_process(cfg: Config, workers: int, *, timeout: float = 1800.0) -> HarnessResult:
     """Train ``workers`` replicas of ``cfg``'s run in this process, each on its own data shard.
 
@@ -129,51 +185,9 @@ def run_in_process(cfg: Config, workers: int, *, timeout: float = 1800.0) -> Har
             )
             for i in range(workers)
         ]
-
-        def work(i: int) -> None:
-            tally = tallies[i]
-
-            def on_step(info: Any) -> None:
-                report = info.report
-                if report.synced:
-                    tally.peak = max(tally.peak, report.bytes_sent)
-                    if report.committed:
-                        tally.committed += 1
-                    else:
-                        tally.failed += 1
-
-            try:
-                val = trainers[i].fit(on_step).final_val_loss
-                tally.val_loss = float("nan") if val is None else val
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                tally.errors.append(e)
-
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(timeout - (time.perf_counter() - t0), 1.0))
-            if t.is_alive():
-                raise RuntimeError(f"the in-process run hung for more than {timeout:.0f} s")
-        wall = time.perf_counter() - t0
-        for tally in tallies:
-            if tally.errors:
-                raise RuntimeError(f"a worker failed: {tally.errors[0]}") from tally.errors[0]
-        val_losses = tuple(t.val_loss for t in tallies)
-        result = HarnessResult(
-            workers=workers,
-            steps=cfg.train.steps,
-            tokens=sum(t.tokens for t in trainers),
-            final_val_loss=sum(val_losses) / workers,
-            val_losses=val_losses,
-            bytes_sent_per_peer=sum(t.bytes_sent for t in trainers) / workers,
-            peak_sync_bytes=max(t.peak for t in tallies),
-            rounds_committed=sum(t.committed for t in tallies) / workers,
-            rounds_failed=sum(t.failed for t in tallies) / workers,
-            params_identical=_identical(trainers),
-            wall_s=wall,
-        )
-        for trainer in trainers:
-            trainer.close()
+        try:
+            result = _summarise(cfg, trainers, tallies, _run_threads(trainers, tallies, timeout))
+        finally:
+            for trainer in trainers:
+                trainer.close()
     return result
