@@ -9,7 +9,7 @@ against fp32 DataParallel (``swarmtrain.app.bench_strategies``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,6 +199,25 @@ def _words(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _grid_progress(
+    console: Any, n_points: int, total: int, save: Callable[[list[dict[str, Any]]], object]
+) -> Callable[[dict[str, Any], list[dict[str, Any]]], None]:
+    """A line per finished run (in-process points first, then real-peer re-runs), and the outputs
+    rewritten after each, so an interrupted grid keeps what it measured."""
+    done = [0]
+
+    def on_row(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        done[0] += 1
+        real = "real_wall_s" in row and done[0] > n_points
+        wall = row["real_wall_s"] if real else row["wall_s"]
+        loss = row["real_final_val_loss"] if real else row["final_val_loss"]
+        where = "real peers" if real else "in-process"
+        console.print(f"[{done[0]}/{total}] {row['label']} ({where}): val loss {loss:.4f} in {wall:.0f} s")
+        save(rows)
+
+    return on_row
+
+
 @bench_app.command("strategies")
 def strategies(
     strategy: str = typer.Option(
@@ -264,17 +283,7 @@ def strategies(
     meta = settings(base, workers, config)
     console = Console(stderr=True)
     total = len(points) + (min(real_peers, len(points) - 1) + 1 if real_peers else 0)
-    done = [0]
-
-    def on_row(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-        done[0] += 1
-        real = "real_wall_s" in row and done[0] > len(points)
-        wall = row["real_wall_s"] if real else row["wall_s"]
-        loss = row["real_final_val_loss"] if real else row["final_val_loss"]
-        where = "real peers" if real else "in-process"
-        console.print(f"[{done[0]}/{total}] {row['label']} ({where}): val loss {loss:.4f} in {wall:.0f} s")
-        write_outputs(rows, meta, json_path)
-
+    on_row = _grid_progress(console, len(points), total, lambda rows: write_outputs(rows, meta, json_path))
     console.print(
         f"bench strategies: {len(points)} points x {workers} workers x {meta['steps']} steps "
         f"(batch {meta['batch_size']}, {meta['preset']})"
@@ -282,7 +291,11 @@ def strategies(
     from swarmtrain.simulation.runner import run_simulation
 
     rows = run_grid(
-        base, points, workers, config_path=config, real_peers=real_peers,
+        base,
+        points,
+        workers,
+        config_path=config,
+        real_peers=real_peers,
         real_run=run_simulation,
         on_row=on_row,
     )
