@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fas
     from rich.table import Table
 
     from compression.benchmark import CodecResult
+    from swarmtrain.app.bench_strategies import Grid
 
 __all__ = ["register", "bench_app", "codec_table", "last_level_cache_bytes", "cache_warning"]
 
@@ -199,6 +200,22 @@ def _words(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _grid_from_flags(
+    strategy: str, codec: str, inner_steps: str, outer_lr: str, outer_momentum: str, error_feedback: str
+) -> Grid:
+    """The comma-separated flags as a ``Grid`` (an empty flag: the config's value)."""
+    from swarmtrain.app.bench_strategies import Grid
+
+    return Grid(
+        strategies=_words(strategy),
+        codecs=_words(codec) or ["int8"],
+        inner_steps=_ints(inner_steps, "--inner-steps"),
+        outer_lrs=_floats(outer_lr, "--outer-lr"),
+        outer_momenta=_floats(outer_momentum, "--outer-momentum"),
+        error_feedback=[*_words(error_feedback)] or [None],
+    )
+
+
 def _grid_progress(
     console: Any, n_points: int, total: int, save: Callable[[list[dict[str, Any]]], object]
 ) -> Callable[[dict[str, Any], list[dict[str, Any]]], None]:
@@ -253,7 +270,6 @@ def strategies(
     from rich.console import Console
 
     from swarmtrain.app.bench_strategies import (
-        Grid,
         grid_points,
         load_point,
         run_grid,
@@ -262,14 +278,7 @@ def strategies(
         write_outputs,
     )
 
-    grid = Grid(
-        strategies=_words(strategy),
-        codecs=_words(codec) or ["int8"],
-        inner_steps=_ints(inner_steps, "--inner-steps"),
-        outer_lrs=_floats(outer_lr, "--outer-lr"),
-        outer_momenta=_floats(outer_momentum, "--outer-momentum"),
-        error_feedback=[*_words(error_feedback)] or [None],
-    )
+    grid = _grid_from_flags(strategy, codec, inner_steps, outer_lr, outer_momentum, error_feedback)
     base: dict[str, Any] = {
         "train.steps": steps,
         "train.batch_size": batch_size,

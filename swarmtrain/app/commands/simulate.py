@@ -16,6 +16,7 @@ from swarmtrain.core.jsonsafe import dumps
 if TYPE_CHECKING:
     from swarmtrain.app.peer_loop import PeerStatus
     from swarmtrain.core.config import Config
+    from swarmtrain.simulation.results import SimulationResult
 
 __all__ = ["register", "simulate", "run_simulate", "SimulateOptions", "SIMULATE_DEFAULTS"]
 
@@ -252,18 +253,7 @@ def run_simulate(opts: SimulateOptions) -> None:
         base = _run_one(console, "data_parallel+fp32", _baseline_config(cfg), opts)
         runs.append(("data_parallel fp32", base))
     Console().print(_table(runs))
-    out: dict[str, Any] = {
-        **main.summary(),
-        "inner_steps": getattr(cfg.strategy, "inner_steps", None),
-        "baseline_val_loss": base.final_val_loss if base else None,
-        "baseline_bytes_sent_per_peer": base.bytes_sent_per_peer if base else None,
-        "baseline_params_identical": base.params_identical if base else None,
-        "baseline_wall_s": base.wall_s if base else None,
-        "rounds_per_peer": [
-            {"rank": o.rank, "committed": o.committed_rounds, "failed": o.failed_rounds}
-            for o in main.outcomes
-        ],
-    }
+    out = _summary(cfg, main, base)
     if base is not None:
         out["loss_ratio"] = main.final_val_loss / base.final_val_loss
         out["bytes_reduction"] = base.bytes_sent_per_peer / max(main.bytes_sent_per_peer, 1.0)
@@ -293,6 +283,33 @@ def run_simulate(opts: SimulateOptions) -> None:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_text(dumps(out, indent=2) + "\n")
         typer.echo(f"wrote {opts.json_path}")
+    _exit_on_failure(runs, main, base, harmed)
+
+
+def _summary(cfg: Config, main: SimulationResult, base: SimulationResult | None) -> dict[str, Any]:
+    """The JSON's run fields: the run's summary, its baseline's figures and each peer's rounds."""
+    return {
+        **main.summary(),
+        "inner_steps": getattr(cfg.strategy, "inner_steps", None),
+        "baseline_val_loss": base.final_val_loss if base else None,
+        "baseline_bytes_sent_per_peer": base.bytes_sent_per_peer if base else None,
+        "baseline_params_identical": base.params_identical if base else None,
+        "baseline_wall_s": base.wall_s if base else None,
+        "rounds_per_peer": [
+            {"rank": o.rank, "committed": o.committed_rounds, "failed": o.failed_rounds}
+            for o in main.outcomes
+        ],
+    }
+
+
+def _exit_on_failure(
+    runs: list[tuple[str, SimulationResult]],
+    main: SimulationResult,
+    base: SimulationResult | None,
+    harmed: bool,
+) -> None:
+    """Exit 1 with one line when a run failed: a stalled fragment, peers that disagree, no round
+    committed, or intruders that had an effect."""
     for label, res in runs:
         stalled = res.stalled_fragments
         if stalled:
