@@ -190,8 +190,7 @@ def run_swarm_simulation(
         SwarmError: a child reported an error, died before its report, or the run timed out.
     """
     from peers import find_orphans, spawn_function
-    from swarmtrain.app.models.stages import build_stages
-    from swarmtrain.app.swarm_roles import evaluate_stages, load_stage_state, stage_spec, train_baseline
+    from swarmtrain.app.swarm_roles import train_baseline
 
     stage_of = spread_servers(servers, settings.stages)
     if kill_servers > servers - settings.stages:
@@ -262,6 +261,27 @@ def run_swarm_simulation(
                 logger.error("processes left behind after the swarm simulation: %s", [o.pid for o in left])
     wall = time.perf_counter() - t0
     phases["teardown"] = wall - sum(phases.values())
+    res = _result(cfg, settings, stage_of, trn, alive, killed, wall, phases)
+    if baseline:
+        res.baseline_val_loss, _ = train_baseline(cfg, settings)
+    return res
+
+
+def _result(
+    cfg: Config,
+    settings: SwarmSettings,
+    stage_of: list[int],
+    trn: list[_Child],
+    alive: list[_Child],
+    killed: list[str],
+    wall: float,
+    phases: dict[str, float],
+) -> SwarmResult:
+    """The run's result from the children's reports: replicas compared per stage, the final model
+    (one replica per stage) evaluated, samples, reroutes and bytes summed."""
+    from swarmtrain.app.models.stages import build_stages
+    from swarmtrain.app.swarm_roles import evaluate_stages, load_stage_state, stage_spec
+
     touts = [c.outcome for c in trn if c.outcome is not None]
     souts = [(c, c.outcome) for c in alive if c.outcome is not None]
     identical = True
@@ -292,12 +312,12 @@ def run_swarm_simulation(
         servers_per_stage=[stage_of.count(s) for s in range(settings.stages)],
         trainers=settings.trainers,
         codec=settings.codec,
-        microbatches=total,
+        microbatches=settings.microbatches * settings.trainers,
         samples=samples,
         final_val_loss=val,
         throughput_samples_per_s=samples / seconds if seconds > 0 else 0.0,
         rerouted=sum(o["rerouted"] for o in touts),
-        lost_microbatches=total - sum(o["completed"] for o in touts),
+        lost_microbatches=settings.microbatches * settings.trainers - sum(o["completed"] for o in touts),
         params_identical=identical,
         bytes_sent_per_peer=bytes_sent,
         killed=killed,
@@ -308,8 +328,6 @@ def run_swarm_simulation(
         bytes_sent_by_kind=by_kind,
         train_loss_last=sum(last) / len(last) if last else None,
     )
-    if baseline:
-        res.baseline_val_loss, _ = train_baseline(cfg, settings)
     return res
 
 
