@@ -367,4 +367,3 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
                 f"{r['real_bytes_per_token']:,.2f} (ledger) | {f'{red:,.0f}x' if red else '-'} | {same} |"
             )
     return out
-

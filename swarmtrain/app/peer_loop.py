@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from swarmtrain.app.failure_streak import FailureStreak
 from swarmtrain.app.peer_state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
 from swarmtrain.app.preemption import Preemption, finish_sync, withdraw_announcement
 from swarmtrain.app.realign import Realign, fast_forward, state_age, steps_behind
@@ -64,7 +65,7 @@ class Membership:
         linger_s: seconds to stay reachable after the last step, so that a peer finishing its last
             round can still sync with this one.
         give_up_after: seconds of failed rounds, none committed, after which the peer stops with the
-            last failure's reason (``RoundsKeepFailing``); 0: never.
+            streak's most common reason (``RoundsKeepFailing``); 0: never.
     """
 
     rank: int | None
@@ -201,42 +202,6 @@ def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None
             peer.close()
 
 
-class RoundsKeepFailing(SwarmError):
-    """A volunteer's rounds kept failing (``Membership.give_up_after`` seconds, none committed)."""
-
-
-#: consecutive failed rounds after which their reason is logged at normal verbosity
-SAY_AFTER = 3
-
-
-class _FailureStreak:
-    """Consecutive failed rounds: says why after :data:`SAY_AFTER` of them (a warning, so a volunteer
-    sees it without ``-v``), and gives up after ``give_up_after`` seconds without a commit."""
-
-    def __init__(self, give_up_after: float) -> None:
-        self.give_up_after = give_up_after
-        self.count = 0
-        self.since = 0.0
-
-    def committed(self) -> None:
-        self.count = 0
-
-    def failed(self, reason: str) -> None:
-        """Count one failed round; raise :class:`RoundsKeepFailing` once they lasted too long."""
-        now = time.monotonic()
-        if self.count == 0:
-            self.since = now
-        self.count += 1
-        why = reason or "no reason given"
-        if self.count == SAY_AFTER:
-            logger.warning("%d rounds in a row failed; the last: %s", self.count, why)
-        if self.give_up_after and now - self.since >= self.give_up_after:
-            raise RoundsKeepFailing(
-                f"no round committed in {now - self.since:.0f} s ({self.count} failed); the last "
-                f"failure: {why}"
-            )
-
-
 class _Stop(Exception):
     """Raised from the step callback when a stop signal arrived (caught in ``_Peer.run``)."""
 
@@ -292,7 +257,7 @@ class _Peer:
             self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
         self.server = StateServer(node, lambda: state_snapshot(self.trainer, self.p2p.round_id))
         self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
-        self.streak = _FailureStreak(membership.give_up_after)
+        self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
         self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))

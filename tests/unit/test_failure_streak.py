@@ -1,4 +1,4 @@
-"""A volunteer's streak of failed rounds (``swarmtrain.app.peer_loop._FailureStreak``): pure logic."""
+"""A volunteer's streak of failed rounds (``swarmtrain.app.peer_loop.FailureStreak``): pure logic."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from swarmtrain.app.peer_loop import SAY_AFTER, RoundsKeepFailing, _FailureStreak
+from swarmtrain.app.failure_streak import SAY_AFTER, FailureStreak, RoundsKeepFailing
 
 
 def test_the_reason_is_said_after_a_few_failures_and_a_commit_resets(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    s = _FailureStreak(give_up_after=0.0)  # never gives up
+    s = FailureStreak(give_up_after=0.0)  # never gives up
     with caplog.at_level(logging.WARNING):
         for _ in range(SAY_AFTER - 1):
             s.failed("reducer 'centered_clip' cannot tolerate f=2 Byzantine peers among n=2: it needs n >= 5")
@@ -27,7 +27,7 @@ def test_the_reason_is_said_after_a_few_failures_and_a_commit_resets(
 
 
 def test_it_gives_up_with_the_last_reason_once_failures_lasted_long_enough() -> None:
-    s = _FailureStreak(give_up_after=0.2)
+    s = FailureStreak(give_up_after=0.2)
     s.failed("first")
     s.committed()  # a commit starts the clock again
     s.failed("a")
@@ -36,3 +36,16 @@ def test_it_gives_up_with_the_last_reason_once_failures_lasted_long_enough() -> 
         RoundsKeepFailing, match=r"no round committed in 0 s \(2 failed\); the last failure: b"
     ):
         s.failed("b")
+
+
+def test_it_gives_up_with_the_most_common_reason_when_a_race_ended_the_last_round() -> None:
+    """The CI failure that motivated it: a reducer that can never commit, and the streak's last
+    round ended in a race (a peer's round already over), which hid the cause."""
+    s = FailureStreak(give_up_after=0.2)
+    for _ in range(3):
+        s.failed("reducer 'centered_clip' ... it needs n >= 5")
+    time.sleep(0.25)
+    with pytest.raises(
+        RoundsKeepFailing, match=r"\(4 failed\); 3 of them: reducer 'centered_clip' \.\.\. it needs n >= 5"
+    ):
+        s.failed("sending failed: peer QmX refused part: its round is over")
