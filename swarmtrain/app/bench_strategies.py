@@ -27,6 +27,8 @@ from swarmtrain.core.jsonsafe import finite
 
 __all__ = [
     "GridPoint",
+    "Sweep",
+    "parse_sweep",
     "Grid",
     "grid_points",
     "pareto",
@@ -54,6 +56,48 @@ class GridPoint:
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """Any config field swept over ``values`` (``--sweep [STRATEGY:]KEY=V1,V2``): only for the
+    points of ``strategy`` (every strategy when ``None``); a ``strategy.*`` key only for the
+    strategies whose config has that field. The reference point is never swept."""
+
+    key: str
+    values: Sequence[Any]
+    strategy: str | None = None
+
+    def applies_to(self, strategy: str) -> bool:
+        from swarmtrain.core.config import STRATEGY_CONFIGS
+
+        if self.strategy is not None and self.strategy != strategy:
+            return False
+        section, _, name = self.key.partition(".")
+        return section != "strategy" or name in STRATEGY_CONFIGS[strategy].model_fields
+
+
+def _value(text: str) -> Any:
+    """A swept value as TOML would read it: an int, a float, true/false, else the word."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_sweep(text: str) -> Sweep:
+    """``[STRATEGY:]SECTION.FIELD=V1,V2,...`` -> a :class:`Sweep`; a malformed one is one line."""
+    head, eq, values = text.partition("=")
+    strategy, colon, key = head.rpartition(":")
+    words = [v.strip() for v in values.split(",") if v.strip()]
+    if not eq or "." not in key or not words:
+        raise ConfigError(
+            f"--sweep {text!r}: expected [STRATEGY:]SECTION.FIELD=V1,V2,... "
+            "(e.g. demo:train.lr=3e-4,1e-3 or strategy.mixing=0.3,0.5)"
+        )
+    return Sweep(key.strip(), [_value(w) for w in words], strategy.strip() if colon else None)
+
+
+@dataclass(frozen=True)
 class Grid:
     """What to sweep; a setting that does not apply to a strategy is not crossed with it."""
 
@@ -63,6 +107,7 @@ class Grid:
     outer_lrs: Sequence[float | None] = (None,)
     outer_momenta: Sequence[float | None] = (None,)
     error_feedback: Sequence[str | None] = (None,)
+    sweeps: Sequence[Sweep] = ()
 
 
 def _fmt(x: float) -> str:
@@ -118,11 +163,26 @@ def grid_points(grid: Grid) -> list[GridPoint]:
             if ef is not None:
                 overrides["compression.error_feedback"] = ef
                 words.append(f"ef={ef}")
-            label = " ".join(words)
-            if label not in seen:
-                seen.add(label)
-                points.append(GridPoint(label, strategy, codec or "", overrides))
+            for swept in _swept(grid.sweeps, strategy):
+                label = " ".join([*words, *(f"{k.rpartition('.')[2]}={_word(v)}" for k, v in swept)])
+                if label not in seen:
+                    seen.add(label)
+                    points.append(GridPoint(label, strategy, codec or "", {**overrides, **dict(swept)}))
+    for sweep in grid.sweeps:
+        if not any(sweep.applies_to(s) for s in grid.strategies if s != "data_parallel"):
+            where = f"{sweep.strategy}:" if sweep.strategy else ""
+            raise ConfigError(f"--sweep {where}{sweep.key}: applies to none of the swept strategies")
     return points
+
+
+def _word(v: Any) -> str:
+    return _fmt(v) if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _swept(sweeps: Sequence[Sweep], strategy: str) -> list[tuple[tuple[str, Any], ...]]:
+    """Every combination of the sweeps that apply to ``strategy`` (one empty one when none do)."""
+    axes = [[(s.key, v) for v in s.values] for s in sweeps if s.applies_to(strategy)]
+    return list(itertools.product(*axes))
 
 
 def pareto(rows: Sequence[dict[str, Any]]) -> set[str]:
@@ -150,6 +210,7 @@ def _row(point: GridPoint, cfg: Config, res: Any) -> dict[str, Any]:
         "inner_steps": getattr(cfg.strategy, "inner_steps", None),
         "outer_lr": getattr(cfg.strategy, "outer_lr", None),
         "outer_momentum": getattr(cfg.strategy, "outer_momentum", None),
+        "overrides": point.overrides,
         "final_val_loss": res.final_val_loss,
         "bytes_sent_per_peer": res.bytes_sent_per_peer,
         "bytes_per_token": res.bytes_per_token,

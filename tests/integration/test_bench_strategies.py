@@ -59,6 +59,9 @@ def test_bad_grid_input_is_one_line_before_any_training(tmp_path: Path) -> None:
         (["--outer-lr", "fast"], "--outer-lr"),
         (["--strategy", "swarm"], "swarm"),
         (["--codec", "int9"], "int9"),
+        (["--sweep", "train.lrr=1"], "train.lrr"),
+        (["--sweep", "strategy.mixng=0.3"], "applies to none"),
+        (["--sweep", "mixing"], "--sweep"),
     ):
         proc = _bench(*args, "--json", str(tmp_path / "x.json"), timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from swarmtrain.app.bench_strategies import REFERENCE, Grid, _compare, grid_points, pareto, table_lines
+from swarmtrain.app.bench_strategies import (
+    REFERENCE,
+    Grid,
+    _compare,
+    grid_points,
+    pareto,
+    parse_sweep,
+    table_lines,
+)
 from swarmtrain.core.errors import ConfigError
 
 
@@ -77,3 +86,49 @@ def test_gap_reduction_and_table_fit_80_columns() -> None:
     lines = table_lines(rows)
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert any("+3.00%" in line and "400x" in line for line in lines)
+
+
+def test_sweeps_cross_only_the_strategies_they_apply_to() -> None:
+    """``--sweep``: a strategy prefix limits a sweep to that strategy, a ``strategy.*`` field to the
+    strategies that have it; values read as TOML would; the reference is never swept."""
+    grid = Grid(
+        strategies=("streaming_diloco", "demo"),
+        codecs=("int4",),
+        sweeps=(
+            parse_sweep("demo:train.lr=3e-4,1e-3"),
+            parse_sweep("strategy.demo_topk=4,8"),
+            parse_sweep("strategy.mixing=0.3,0.5"),
+            parse_sweep("strategy.demo_sign=false"),
+        ),
+    )
+    points = grid_points(grid)
+    assert points[0].label == REFERENCE and "train.lr" not in points[0].overrides
+    streaming = [p for p in points if p.strategy == "streaming_diloco"]
+    demo = [p for p in points if p.strategy == "demo"]
+    assert [p.label for p in streaming] == [
+        "streaming_diloco int4 mixing=0.3",
+        "streaming_diloco int4 mixing=0.5",
+    ]
+    assert len(demo) == 4 and all("mixing" not in p.label for p in demo)
+    one = next(p for p in demo if p.label == "demo lr=0.0003 demo_topk=8 demo_sign=false")
+    assert one.overrides == {
+        "strategy.name": "demo",
+        "train.lr": 0.0003,
+        "strategy.demo_topk": 8,
+        "strategy.demo_sign": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("strategy.mixing", "expected [STRATEGY:]SECTION.FIELD=V1,V2"),
+        ("mixing=0.3", "expected [STRATEGY:]SECTION.FIELD=V1,V2"),
+        ("strategy.mixing=", "expected [STRATEGY:]SECTION.FIELD=V1,V2"),
+        ("demo:strategy.mixing=0.3", "applies to none of the swept strategies"),
+        ("strategy.mixng=0.3", "applies to none of the swept strategies"),
+    ],
+)
+def test_a_sweep_that_cannot_apply_is_one_clear_error(text: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        grid_points(Grid(strategies=("demo", "diloco"), sweeps=(parse_sweep(text),)))

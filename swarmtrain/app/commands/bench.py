@@ -201,10 +201,16 @@ def _words(text: str) -> list[str]:
 
 
 def _grid_from_flags(
-    strategy: str, codec: str, inner_steps: str, outer_lr: str, outer_momentum: str, error_feedback: str
+    strategy: str,
+    codec: str,
+    inner_steps: str,
+    outer_lr: str,
+    outer_momentum: str,
+    error_feedback: str,
+    sweep: Sequence[str] = (),
 ) -> Grid:
     """The comma-separated flags as a ``Grid`` (an empty flag: the config's value)."""
-    from swarmtrain.app.bench_strategies import Grid
+    from swarmtrain.app.bench_strategies import Grid, parse_sweep
 
     return Grid(
         strategies=_words(strategy),
@@ -213,6 +219,7 @@ def _grid_from_flags(
         outer_lrs=_floats(outer_lr, "--outer-lr"),
         outer_momenta=_floats(outer_momentum, "--outer-momentum"),
         error_feedback=[*_words(error_feedback)] or [None],
+        sweeps=[parse_sweep(s) for s in sweep],
     )
 
 
@@ -247,6 +254,13 @@ def strategies(
         "", "--outer-momentum", help="Comma-separated outer momenta [config's]."
     ),
     error_feedback: str = typer.Option("", "--error-feedback", help="Comma-separated: none, ef [config's]."),
+    sweep: list[str] | None = typer.Option(
+        None,
+        "--sweep",
+        help="Sweep any config field too: [STRATEGY:]SECTION.FIELD=V1,V2,... (repeatable), e.g. "
+        "demo:train.lr=3e-4,1e-3 or strategy.mixing=0.3,0.5 (strategy.* fields only where the "
+        "strategy has them).",
+    ),
     workers: int = typer.Option(4, "--workers", min=1, help="In-process workers per point."),
     steps: int = typer.Option(300, "--steps", min=1, help="Local steps per worker."),
     batch_size: int | None = typer.Option(
@@ -278,7 +292,9 @@ def strategies(
         write_outputs,
     )
 
-    grid = _grid_from_flags(strategy, codec, inner_steps, outer_lr, outer_momentum, error_feedback)
+    grid = _grid_from_flags(
+        strategy, codec, inner_steps, outer_lr, outer_momentum, error_feedback, sweep or ()
+    )
     base: dict[str, Any] = {
         "train.steps": steps,
         "train.batch_size": batch_size,
