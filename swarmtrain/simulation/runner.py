@@ -40,6 +40,7 @@ from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_
 if TYPE_CHECKING:
     from swarmtrain.app.peer_loop import PeerStatus
     from swarmtrain.simulation.chaos import ChaosSpec
+    from swarmtrain.simulation.regions import EmulatedRegions
 
 __all__ = [
     "PeerOutcome",
@@ -169,6 +170,7 @@ def run_simulation(
     on_progress: Callable[[int, PeerStatus], None] | None = None,
     intruders: int = 0,
     chaos: ChaosSpec | None = None,
+    regions: EmulatedRegions | None = None,
 ) -> SimulationResult:
     """Train ``cfg`` with ``n_peers`` real peer processes on loopback and collect their outcomes.
 
@@ -178,6 +180,7 @@ def run_simulation(
         intruders: non-admitted processes that attack the run until it ends
             (``swarmtrain.simulation.outsider``); their reports land in the result.
         chaos: kill, preempt and restart peers while they train (``swarmtrain.simulation.chaos``).
+        regions: run each process in its emulated region instead (``swarmtrain.simulation.regions``).
         timeout: seconds for the whole run; every process is torn down after it.
         on_progress: called with (rank, the peer's live status) as peers report (several times a
             second each).
@@ -204,16 +207,19 @@ def run_simulation(
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="swarmtrain-sim-") as folder:
         boot_cfg, rank_cfgs = admitted_configs(cfg, n_peers, Path(folder))
+        if regions is not None:
+            regions.place(boot_cfg, rank_cfgs)
+        boot_main = bootstrap_main if regions is None else regions.entry(-1, bootstrap_main)
         try:
             level = logging.getLogger().getEffectiveLevel()
             level = level if level < logging.WARNING else logging.ERROR
-            boot = spawn_function(bootstrap_main, (boot_cfg.model_dump_json(), q, level), name="bootstrap")
+            boot = spawn_function(boot_main, (boot_cfg.model_dump_json(), q, level), name="bootstrap")
             procs.append(boot)
             initial = bootstrap_maddrs(q, deadline)
             for rc in rank_cfgs:
                 rc.peers.initial_peers = initial
             sup = _Supervisor(cfg, [rc.model_dump_json() for rc in rank_cfgs], q, procs, level, chaos)
-            sup.on_progress = on_progress
+            sup.on_progress, sup.regions = on_progress, regions
             for rank in range(n_peers):
                 sup.spawn(rank)
             if intruders:
@@ -284,6 +290,7 @@ class _Supervisor:
         self.schedule = ChaosSchedule(chaos, cfg.train.seed) if chaos is not None else None
         self.min_running = min(self.n, max(cfg.peers.min_peers, 2))
         self.on_progress: Callable[[int, PeerStatus], None] | None = None
+        self.regions: EmulatedRegions | None = None
         self.intrusion = _Intrusion({}, [])
         self.timeline: list[dict[str, Any]] = []
         self.counts = {"kill": 0, "preempt": 0, "restart": 0, "died": 0}
@@ -297,7 +304,8 @@ class _Supervisor:
         slot = self.slots[rank]
         slot.queue = self._ctx.Queue()
         args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin)
-        slot.proc = spawn_function(peer_main, args, name=f"peer{rank}")
+        target = peer_main if self.regions is None else self.regions.entry(rank, peer_main)
+        slot.proc = spawn_function(target, args, name=f"peer{rank}")
         self.procs.append(slot.proc)
         slot.started, slot.signalled, slot.restart_at = False, "", None
         slot.rejoining = rejoin

@@ -79,6 +79,7 @@ class SimulateOptions:
     stages: int | None = None
     trainers: int | None = None
     kill_servers: int = 0
+    topology: Path | None = None
 
     def overrides(self) -> dict[str, Any]:
         """The flags as dotted config keys (the highest config layer)."""
@@ -186,6 +187,9 @@ def simulate(
     kill_servers: int = typer.Option(
         0, "--kill-servers", min=0, help="swarm: SIGKILL this many servers at random moments mid-run."
     ),
+    topology: Path | None = typer.Option(
+        None, "--topology", help="Place the peers in emulated regions (TOML: RTTs, Mbit/s; root only)."
+    ),
 ) -> None:
     """Train with N real peer processes on this machine (127.0.0.1) and report loss and bytes.
 
@@ -201,7 +205,8 @@ def simulate(
     With --strategy swarm (SWARM pipeline parallelism): --peers stage servers spread over --stages,
     --trainers peers feeding --steps micro-batches each, --compressor the codec between stages
     [none], --kill-servers K servers SIGKILLed mid-run; the exit code is 1 when a micro-batch was
-    lost or a stage's replicas differ at the end.
+    lost or a stage's replicas differ at the end. With --topology FILE.toml (root), each peer runs in
+    its own network namespace in a region, its link rate-capped and delayed as the file says.
     """
     # every parameter is a field of the same name, and there are no other locals yet
     run_simulate(SimulateOptions(**locals()))
@@ -220,6 +225,12 @@ def run_simulate(opts: SimulateOptions) -> None:
     from swarmtrain.app.data import describe_data
     from swarmtrain.simulation.chaos import parse_chaos
 
+    if opts.topology is not None:  # a bad file or no root: one line, before any process starts
+        from swarmtrain.simulation.regions import check_topology
+
+        regions_line = check_topology(
+            opts.topology, opts.peers, strategy=opts.strategy, intruders=opts.intruders
+        )
     if opts.strategy == "swarm" or opts.stages is not None or opts.trainers is not None or opts.kill_servers:
         from swarmtrain.app.commands.simulate_swarm import run_swarm_simulate
 
@@ -237,6 +248,10 @@ def run_simulate(opts: SimulateOptions) -> None:
         soft_wrap=True,
     )
     console.print(describe_data(cfg.data), highlight=False, markup=False, soft_wrap=True)  # paths whole
+    if opts.topology is not None:
+        console.print(
+            f"topology {opts.topology}: {regions_line}", highlight=False, markup=False, soft_wrap=True
+        )
     clean = None
     runs = []
     if opts.intruders or chaos is not None:
@@ -254,6 +269,8 @@ def run_simulate(opts: SimulateOptions) -> None:
         runs.append(("data_parallel fp32", base))
     Console().print(_table(runs))
     out = _summary(cfg, main, base)
+    if opts.topology is not None:
+        out["topology"] = {"file": str(opts.topology), **getattr(main, "network", {})}
     if base is not None:
         out["loss_ratio"] = main.final_val_loss / base.final_val_loss
         out["bytes_reduction"] = base.bytes_sent_per_peer / max(main.bytes_sent_per_peer, 1.0)
@@ -389,9 +406,10 @@ def _run_one(
     import time
 
     from swarmtrain.app.live import combine, format_status
+    from swarmtrain.simulation.regions import emulated_regions
     from swarmtrain.simulation.runner import run_simulation
 
-    with console.status(f"{label}: starting {opts.peers} peers") as status:
+    with emulated_regions(opts.topology, opts.peers) as net, console.status(f"{label}: starting") as status:
         seen: dict[int, PeerStatus] = {}
         last = [time.monotonic()]
 
@@ -408,9 +426,18 @@ def _run_one(
                 last[0] = time.monotonic()
                 console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False, soft_wrap=True)
 
-        return run_simulation(
-            cfg, opts.peers, timeout=opts.timeout, on_progress=progress, intruders=intruders, chaos=chaos
+        res = run_simulation(
+            cfg,
+            opts.peers,
+            timeout=opts.timeout,
+            on_progress=progress,
+            intruders=intruders,
+            chaos=chaos,
+            regions=net,
         )
+        if net is not None:
+            setattr(res, "network", net.report())  # noqa: B010 - the JSON's "topology" (run_simulate)
+        return res
 
 
 def _baseline_config(cfg: Config) -> Config:
