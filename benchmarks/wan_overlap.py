@@ -2,7 +2,7 @@
 
 Four training peers and a bootstrap node run in their own network namespaces, joined by veth pairs
 to a bridge, every link capped with ``tc tbf`` (20 Mbit/s by default, both directions;
-``benchmarks/wan_netns.py``). Each peer is ``swarmtrain.simulation.runner``'s peer process, started with
+``swarmtrain.simulation.netns``). Each peer is ``swarmtrain.simulation.runner``'s peer process, started with
 ``ip netns exec`` (``benchmarks/wan_worker.py``). Both strategies send fp32 pseudo-gradients (codec
 ``none``), so a DiLoCo sync of the tiny model moves megabytes through the cap and the training loop
 stalls on it, while StreamingDiLoCo sends one fragment at a time in a background thread and joins it
@@ -42,11 +42,11 @@ if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
     sys.path.insert(0, str(HERE))
 
 from runlog import append_run, load_runs  # noqa: E402
-from wan_netns import Wan, ip_of  # noqa: E402
 from wan_worker import MESSAGE_PREFIX  # noqa: E402
 
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.core.errors import SwarmError  # noqa: E402
+from swarmtrain.simulation.netns import Wan  # noqa: E402
 from swarmtrain.simulation.runner import PeerOutcome, params_identical, stop_peers  # noqa: E402
 
 __all__ = ["WanRun", "run_wan", "run_benchmark", "initial_val_loss", "main"]
@@ -157,7 +157,7 @@ def run_wan(wan: Wan, cfg: Config, n_peers: int, timeout: float = 900.0) -> WanR
 
         def write(node: int, c: Config) -> str:
             c = c.model_copy(deep=True)
-            c.peers.host_maddrs = [f"/ip4/{ip_of(node)}/tcp/0"]
+            c.peers.host_maddrs = [f"/ip4/{wan.ip(node)}/tcp/0"]
             c.peers.announce_maddrs = []
             path = Path(tmp) / f"node{node}.json"
             path.write_text(c.model_dump_json())

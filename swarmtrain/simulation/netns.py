@@ -44,17 +44,12 @@ __all__ = [
     "in_namespace",
     "socket_in",
     "run_cmd",
-    "HUB",
-    "PREFIX",
-    "ip_of",
 ]
 
 NETNS_DIR = "/var/run/netns"
 CLONE_NEWNET = 0x40000000
 
-# the benchmark's names (benchmarks/wan_overlap.py): prefix "swt", addresses 10.213.0.0/24
-HUB = "swt-hub"
-PREFIX = "swt-n"
+#: the benchmark's addresses (benchmarks/wan_overlap.py, prefix "swt"): 10.213.0.0/24
 SUBNET = "10.213.0"
 
 
@@ -92,11 +87,6 @@ def cleanup(prefix: str = "swt") -> None:
     """Delete every namespace a fabric with ``prefix`` owns (their veths and qdiscs go with them)."""
     for ns in namespaces(prefix):
         run_cmd("ip", "netns", "del", ns, check=False)
-
-
-def ip_of(i: int) -> str:
-    """The address of node ``i`` of the benchmark's fabric (prefix ``swt``)."""
-    return f"{SUBNET}.{i + 1}"
 
 
 def _setns(path: str) -> None:

@@ -1,7 +1,7 @@
 """Opt-in (``SWARMTRAIN_WAN=1``, root): DiLoCo and StreamingDiLoCo over rate-capped emulated links.
 
 Four peers and a bootstrap node in network namespaces joined by veth pairs to a bridge, each link
-capped with ``tc tbf`` (``benchmarks/wan_netns.py``, ``benchmarks/wan_overlap.py``). Checked here:
+capped with ``tc tbf`` (``swarmtrain.simulation.netns``, ``benchmarks/wan_overlap.py``). Checked here:
 the cap is in place and enforced (a raw TCP transfer cannot beat it), both strategies train over the
 capped links with identical global parameters on every peer, both learned (the final validation loss
 is well below the same model's loss at step 0, measured here on the same validation batches), DiLoCo's
@@ -24,10 +24,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import wan_netns  # noqa: E402
 import wan_overlap  # noqa: E402
 
 from swarmtrain.core.config import load_config  # noqa: E402
+from swarmtrain.simulation import netns as wan_netns  # noqa: E402
 
 pytestmark = [
     pytest.mark.wan,
