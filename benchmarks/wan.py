@@ -1,0 +1,288 @@
+"""All-reduce round time across emulated regions vs the bandwidth bound ``2(n-1)/n * S/B + 2 RTT``.
+
+Three peers, one per region of ``examples/topologies/three_regions.toml`` (10 ms RTT inside a region,
+80 / 120 / 150 ms between), each in its own network namespace with its link capped at ``B`` (20 and
+100 Mbit/s, both directions, ``tc tbf``) and every byte between two peers delayed by the userspace
+proxy (``swarmtrain.simulation.regions``: the same network ``swarmtrain simulate --topology``
+builds). The peers average an fp32 vector the size of the tiny preset's parameters (``S`` bytes) with
+swarmtrain's butterfly all-reduce (``peers.P2PCollective``, codec ``none``), after a barrier, for a
+few timed rounds after one warm-up round.
+
+Per rate: the round time (the slowest peer's ``all_reduce`` call, group formation over the DHT
+included: median, min, max), its data phase (the round minus that peer's group formation), the
+bytes each peer sent (byte ledger), the RTTs measured through the proxy, and the bound
+``2(n-1)/n * S/B + 2 * RTT_max`` (each peer must send and receive ``2(n-1)/n * S`` through its own
+link, and a reduce-scatter then an all-gather each wait at least one round trip on the slowest pair)
+with the ratios round / bound and data phase / bound. Root only; the namespaces are removed on
+every exit (``docs/decisions.md``, eleventh session).
+
+Usage::
+
+    sudo python benchmarks/wan.py                 # 20 and 100 Mbit/s -> benchmarks/results/wan.json + wan.png
+    sudo python benchmarks/wan.py --rates 20 --rounds 2 --out /tmp/wan_quick.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from runlog import loadavg, recorded  # noqa: E402
+
+from peers.process import find_orphans, spawn_function  # noqa: E402
+from swarmtrain.simulation.netns import in_namespace  # noqa: E402
+from swarmtrain.simulation.regions import EmulatedRegions  # noqa: E402
+from swarmtrain.simulation.runner import quiet_resource_tracker  # noqa: E402
+from swarmtrain.simulation.topology import load_topology  # noqa: E402
+
+__all__ = ["bound_s", "run_rate", "main"]
+
+RESULTS = HERE / "results"
+TOPOLOGY = ROOT / "examples" / "topologies" / "three_regions.toml"
+
+
+def bound_s(n: int, nbytes: float, rate_mbit: float, rtt_s: float) -> float:
+    """``2(n-1)/n * S/B + 2 RTT``: the least a butterfly all-reduce of ``nbytes`` can take."""
+    return 2 * (n - 1) / n * nbytes * 8 / (rate_mbit * 1e6) + 2 * rtt_s
+
+
+def _worker(
+    rank: int,
+    host: str,
+    announce: str,
+    initial: list[str],
+    q: Any,
+    barrier: Any,
+    n: int,
+    numel: int,
+    rounds: int,
+) -> None:
+    """One peer in its region: ``rounds + 1`` fp32 all-reduces of ``numel`` elements (the first untimed)."""
+    import traceback
+
+    try:
+        import torch
+
+        from compression import build_compressor
+        from peers import P2PCollective, PeerNode
+        from swarmtrain.core.config import CompressionConfig, PeersConfig
+
+        torch.set_num_threads(1)
+        cfg = PeersConfig(
+            run_id="bench-wan", initial_peers=initial, host_maddrs=[host], announce_maddrs=[announce]
+        )
+        with PeerNode(cfg) as node:
+            q.put(("ready", rank, node.visible_maddrs))
+            node.wait_for_peers(n, timeout=180)
+            comp = build_compressor(CompressionConfig(codec="none"))
+            coll = P2PCollective(node, min_peers=n, expected_peers=n)
+            x = torch.full((numel,), float(rank + 1))
+            times, group, sent, failed = [], [], [], []
+            for i in range(rounds + 1):
+                barrier.wait(timeout=600)
+                t0 = time.perf_counter()
+                res = coll.all_reduce({"x": x}, compressor=comp, timeout=300)
+                dt = time.perf_counter() - t0
+                if not res.committed:
+                    failed.append(str(res.reason)[:120])
+                    continue
+                mean = (n + 1) / 2
+                if float((res.tensors["x"] - mean).abs().max()) > 1e-4:
+                    failed.append("wrong mean")
+                if i > 0:
+                    times.append(dt)
+                    group.append(float(coll.last_timings.get("group", 0.0)))
+                    sent.append(int(res.bytes_sent))
+            q.put(("result", rank, {"times": times, "group": group, "sent": sent, "failed": failed}))
+            barrier.wait(timeout=600)  # nobody leaves while another still needs it
+    except BaseException:
+        q.put(("error", rank, traceback.format_exc()[-3000:]))
+        raise
+
+
+def _get(q: Any, procs: list[Any], timeout: float) -> tuple[str, int, Any]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            tag, rank, payload = q.get(timeout=1.0)
+        except queue_mod.Empty:
+            if any(not p.alive for p in procs):
+                raise RuntimeError("a peer process died") from None
+            continue
+        if tag == "error":
+            raise RuntimeError(f"peer {rank} failed:\n{payload}")
+        return str(tag), int(rank), payload
+    raise TimeoutError("no report from the peers in time")
+
+
+def run_rate(rate_mbit: float, n: int, numel: int, rounds: int) -> dict[str, Any]:
+    """Build the regions at ``rate_mbit`` per peer, run the all-reduces, return the row."""
+    topo = load_topology(TOPOLOGY)
+    topo = topo.model_copy(update={"rate_mbit": rate_mbit})
+    quiet_resource_tracker()  # hivemind's semaphores in peers terminated at the end: not leaks
+    ctx = mp.get_context("spawn")
+    q, barrier = ctx.Queue(), ctx.Barrier(n)
+    procs: list[Any] = []
+    with EmulatedRegions(topo, n) as net:
+        rtts = net.measure()
+        try:
+            initial: list[str] = []
+            per: dict[int, dict[str, Any]] = {}
+            for r in range(n):
+                node = net.plan.node_of_rank(r)
+                target = functools.partial(in_namespace, node.ns, _worker)
+                args = (r, node.host_maddr, node.announce_maddr, list(initial), q, barrier, n, numel, rounds)
+                procs.append(spawn_function(target, args, name=f"wan{r}"))
+                if r == 0:
+                    tag, _, initial = _get(q, procs, 180)
+            while len(per) < n:
+                tag, rank, payload = _get(q, procs, 1800)
+                if tag == "result":
+                    per[rank] = payload
+            proxy_bytes = sum(net.proxy.bytes.values()) if net.proxy else 0
+        finally:
+            for p in procs:
+                p.terminate(grace=5.0)
+            left = [o.pid for p in procs for o in find_orphans(p.marker)]
+            if left:
+                print(f"warning: leftover processes {left}", file=sys.stderr)
+    rows = [per[r] for r in range(n)]
+    k = min(len(r["times"]) for r in rows)
+    round_s = [max(r["times"][i] for r in rows) for i in range(k)]
+    data_s = [max(r["times"][i] - r["group"][i] for r in rows) for i in range(k)]
+    nbytes = numel * 4
+    rtt_max_s = (
+        max(topo.rtt_ms(a.region, b.region) for a in net.nodes[1:] for b in net.nodes[1:] if a != b) / 1e3
+    )
+    bound = bound_s(n, nbytes, rate_mbit, rtt_max_s)
+    med = statistics.median(round_s) if round_s else float("nan")
+    dmed = statistics.median(data_s) if data_s else float("nan")
+    return {
+        "rate_mbit": rate_mbit,
+        "peers": n,
+        "regions": [net.nodes[r + 1].region for r in range(n)],
+        "payload_bytes": nbytes,
+        "rtt_ms_measured": rtts,
+        "rtt_max_ms_configured": rtt_max_s * 1e3,
+        "bound_s": bound,
+        "bound_transfer_s": bound - 2 * rtt_max_s,
+        "round_s_median": med,
+        "round_s_min": min(round_s, default=float("nan")),
+        "round_s_max": max(round_s, default=float("nan")),
+        "round_s_all": round_s,
+        "data_phase_s_median": dmed,
+        "round_over_bound": med / bound,
+        "data_phase_over_bound": dmed / bound,
+        "bytes_sent_per_peer_per_round": statistics.mean(s for r in rows for s in r["sent"]) if k else None,
+        "bound_bytes_per_peer": 2 * (n - 1) / n * nbytes,
+        "proxy_bytes": proxy_bytes,
+        "failed_rounds": sum(len(r["failed"]) for r in rows),
+        "failures": sorted({f for r in rows for f in r["failed"]})[:5],
+        "loadavg": loadavg(),
+    }
+
+
+def _table(doc: dict[str, Any]) -> str:
+    lines = [
+        f"{'Mbit/s':>7}{'S MB':>7}{'RTTmax ms':>10}{'bound s':>9}{'round s':>9}{'data s':>8}"
+        f"{'round/bnd':>10}{'data/bnd':>9}{'sent MB':>9}{'failed':>7}"
+    ]
+    for r in doc["rows"]:
+        sent = r["bytes_sent_per_peer_per_round"] or 0
+        lines.append(
+            f"{r['rate_mbit']:>7g}{r['payload_bytes'] / 1e6:>7.2f}{r['rtt_max_ms_configured']:>10.0f}"
+            f"{r['bound_s']:>9.2f}{r['round_s_median']:>9.2f}{r['data_phase_s_median']:>8.2f}"
+            f"{r['round_over_bound']:>10.2f}{r['data_phase_over_bound']:>9.2f}{sent / 1e6:>9.2f}"
+            f"{r['failed_rounds']:>7}"
+        )
+    return "\n".join(lines)
+
+
+def _plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["rows"]
+    labels = [f"{r['rate_mbit']:g} Mbit/s" for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    w = 0.26
+    ax.bar([x - w for x in xs], [r["bound_s"] for r in rows], w, label="bound 2(n-1)/n S/B + 2 RTT")
+    ax.bar(list(xs), [r["data_phase_s_median"] for r in rows], w, label="data phase (median)")
+    ax.bar([x + w for x in xs], [r["round_s_median"] for r in rows], w, label="round incl. group (median)")
+    for x, r in zip(xs, rows, strict=True):
+        ax.text(
+            x + w, r["round_s_median"], f"{r['round_over_bound']:.2f}x", ha="center", va="bottom", fontsize=8
+        )
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("seconds")
+    n = rows[0]["peers"] if rows else 0
+    ax.set_title(f"fp32 all-reduce, {n} peers in 3 regions (RTT 80-150 ms)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run each rate, print the table, write the JSON and PNG."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="20,100", help="per-peer Mbit/s, comma-separated")
+    ap.add_argument("--peers", type=int, default=3, help="peers (round-robin over the three regions)")
+    ap.add_argument("--numel", type=int, default=0, help="fp32 elements (default: the tiny preset's params)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per rate (after one warm-up)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "wan.json")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("benchmarks/wan.py: network namespaces and tc need root", file=sys.stderr)
+        return 2
+    numel = args.numel
+    if numel <= 0:
+        from swarmtrain.app.models import build_model
+        from swarmtrain.core.config import ModelConfig
+
+        numel = sum(p.numel() for p in build_model(ModelConfig(preset="tiny")).parameters())
+    rows = []
+    for rate in [float(x) for x in args.rates.split(",") if x.strip()]:
+        print(f"{rate:g} Mbit/s ...", flush=True)
+        rows.append(run_rate(rate, args.peers, numel, args.rounds))
+    doc = {
+        "benchmark": "wan",
+        "topology": str(TOPOLOGY.relative_to(ROOT)),
+        "numel": numel,
+        "rounds": args.rounds,
+        "recorded": recorded(),
+        "note": (
+            "round: the slowest peer's all_reduce call after a barrier (group formation over the DHT "
+            "included); data phase: the round minus that peer's group formation; bound: "
+            "2(n-1)/n * S/B + 2 * the largest RTT between two peers' regions"
+        ),
+        "rows": rows,
+    }
+    print(_table(doc))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    png = args.out.with_suffix(".png")
+    _plot(doc, png)
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
