@@ -13,8 +13,11 @@ included: median, min, max), its data phase (the round minus that peer's group f
 bytes each peer sent (byte ledger), the RTTs measured through the proxy, and the bound
 ``2(n-1)/n * S/B + 2 * RTT_max`` (each peer must send and receive ``2(n-1)/n * S`` through its own
 link, and a reduce-scatter then an all-gather each wait at least one round trip on the slowest pair)
-with the ratios round / bound and data phase / bound. Root only; the namespaces are removed on
-every exit (``docs/decisions.md``, eleventh session).
+with the ratios round / bound and data phase / bound. Per rate a control run follows with the same
+caps and every RTT 0 (``--no-control`` skips it): the data phase's excess over the transfer there is
+the protocol's cost at that rate, and what the delayed run adds beyond it is the latency's (more
+than the bound's 2 RTT: a round makes several sequential round trips). Root only; the namespaces
+are removed on every exit (``docs/decisions.md``, eleventh session).
 
 Usage::
 
@@ -129,10 +132,17 @@ def _get(q: Any, procs: list[Any], timeout: float) -> tuple[str, int, Any]:
     raise TimeoutError("no report from the peers in time")
 
 
-def run_rate(rate_mbit: float, n: int, numel: int, rounds: int) -> dict[str, Any]:
-    """Build the regions at ``rate_mbit`` per peer, run the all-reduces, return the row."""
-    topo = load_topology(TOPOLOGY)
-    topo = topo.model_copy(update={"rate_mbit": rate_mbit})
+def run_rate(
+    rate_mbit: float, n: int, numel: int, rounds: int, topology: Path = TOPOLOGY, no_delay: bool = False
+) -> dict[str, Any]:
+    """Build the regions of ``topology`` at ``rate_mbit`` per peer (``no_delay``: every RTT 0, the
+    control), run the all-reduces, return the row."""
+    topo = load_topology(topology)
+    update: dict[str, Any] = {"rate_mbit": rate_mbit}
+    if no_delay:
+        update["regions"] = [r.model_copy(update={"rtt_ms": 0.0}) for r in topo.regions]
+        update["links"] = [x.model_copy(update={"rtt_ms": 0.0}) for x in topo.links]
+    topo = topo.model_copy(update=update)
     quiet_resource_tracker()  # hivemind's semaphores in peers terminated at the end: not leaks
     ctx = mp.get_context("spawn")
     q, barrier = ctx.Queue(), ctx.Barrier(n)
@@ -173,6 +183,7 @@ def run_rate(rate_mbit: float, n: int, numel: int, rounds: int) -> dict[str, Any
     dmed = statistics.median(data_s) if data_s else float("nan")
     return {
         "rate_mbit": rate_mbit,
+        "delay": not no_delay,
         "peers": n,
         "regions": [net.nodes[r + 1].region for r in range(n)],
         "payload_bytes": nbytes,
@@ -198,13 +209,14 @@ def run_rate(rate_mbit: float, n: int, numel: int, rounds: int) -> dict[str, Any
 
 def _table(doc: dict[str, Any]) -> str:
     lines = [
-        f"{'Mbit/s':>7}{'S MB':>7}{'RTTmax ms':>10}{'bound s':>9}{'round s':>9}{'data s':>8}"
+        f"{'Mbit/s':>7}{'delay':>6}{'S MB':>7}{'RTTmax ms':>10}{'bound s':>9}{'round s':>9}{'data s':>8}"
         f"{'round/bnd':>10}{'data/bnd':>9}{'sent MB':>9}{'failed':>7}"
     ]
     for r in doc["rows"]:
         sent = r["bytes_sent_per_peer_per_round"] or 0
         lines.append(
-            f"{r['rate_mbit']:>7g}{r['payload_bytes'] / 1e6:>7.2f}{r['rtt_max_ms_configured']:>10.0f}"
+            f"{r['rate_mbit']:>7g}{'yes' if r['delay'] else 'no':>6}{r['payload_bytes'] / 1e6:>7.2f}"
+            f"{r['rtt_max_ms_configured']:>10.0f}"
             f"{r['bound_s']:>9.2f}{r['round_s_median']:>9.2f}{r['data_phase_s_median']:>8.2f}"
             f"{r['round_over_bound']:>10.2f}{r['data_phase_over_bound']:>9.2f}{sent / 1e6:>9.2f}"
             f"{r['failed_rounds']:>7}"
@@ -218,7 +230,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = doc["rows"]
+    control = {r["rate_mbit"]: r for r in doc["rows"] if not r["delay"]}
+    rows = [r for r in doc["rows"] if r["delay"]]
     labels = [f"{r['rate_mbit']:g} Mbit/s" for r in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
@@ -229,6 +242,14 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     for x, r in zip(xs, rows, strict=True):
         ax.text(
             x + w, r["round_s_median"], f"{r['round_over_bound']:.2f}x", ha="center", va="bottom", fontsize=8
+        )
+    ctl = [
+        control[r["rate_mbit"]]["data_phase_s_median"] if r["rate_mbit"] in control else None for r in rows
+    ]
+    if any(c is not None for c in ctl):
+        ys = [c if c is not None else float("nan") for c in ctl]
+        ax.scatter(
+            list(xs), ys, color="k", marker="_", s=900, zorder=3, label="data phase, same caps, no delay"
         )
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("seconds")
@@ -248,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--numel", type=int, default=0, help="fp32 elements (default: the tiny preset's params)")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per rate (after one warm-up)")
     ap.add_argument("--out", type=Path, default=RESULTS / "wan.json")
+    ap.add_argument("--no-control", action="store_true", help="skip the same caps without delay")
+    ap.add_argument("--topology", type=Path, default=TOPOLOGY, help="regions and RTTs (its rate is replaced)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("benchmarks/wan.py: network namespaces and tc need root", file=sys.stderr)
@@ -261,17 +284,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for rate in [float(x) for x in args.rates.split(",") if x.strip()]:
         print(f"{rate:g} Mbit/s ...", flush=True)
-        rows.append(run_rate(rate, args.peers, numel, args.rounds))
+        rows.append(run_rate(rate, args.peers, numel, args.rounds, args.topology))
+        if not args.no_control:
+            print(f"{rate:g} Mbit/s, no delay (control) ...", flush=True)
+            rows.append(run_rate(rate, args.peers, numel, args.rounds, args.topology, no_delay=True))
     doc = {
         "benchmark": "wan",
-        "topology": str(TOPOLOGY.relative_to(ROOT)),
+        "topology": str(args.topology),
         "numel": numel,
         "rounds": args.rounds,
         "recorded": recorded(),
         "note": (
             "round: the slowest peer's all_reduce call after a barrier (group formation over the DHT "
             "included); data phase: the round minus that peer's group formation; bound: "
-            "2(n-1)/n * S/B + 2 * the largest RTT between two peers' regions"
+            "2(n-1)/n * S/B + 2 * the largest RTT between two peers' regions; delay false: the control, "
+            "the same caps with every RTT 0 (so the bound is the transfer alone)"
         ),
         "rows": rows,
     }
