@@ -2,8 +2,9 @@
 
 Four training peers and a bootstrap node run in their own network namespaces, joined by veth pairs
 to a bridge, every link capped with ``tc tbf`` (20 Mbit/s by default, both directions;
-``swarmtrain.simulation.netns``). Each peer is ``swarmtrain.simulation.runner``'s peer process, started with
-``ip netns exec`` (``benchmarks/wan_worker.py``). Both strategies send fp32 pseudo-gradients (codec
+``swarmtrain.simulation.netns``). Each peer is ``swarmtrain.simulation.runner``'s peer process, which
+enters its node's namespace first (``netns.in_namespace``, as ``simulate --topology`` starts its
+peers). Both strategies send fp32 pseudo-gradients (codec
 ``none``), so a DiLoCo sync of the tiny model moves megabytes through the cap and the training loop
 stalls on it, while StreamingDiLoCo sends one fragment at a time in a background thread and joins it
 ``tau`` steps later. Reported per strategy: compute utilization (1 - time ``step()`` blocked on
@@ -24,15 +25,15 @@ file's ``summary``: per strategy the range over all runs of the figures the READ
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
+import multiprocessing as mp
 import os
 import queue
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,18 @@ if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
     sys.path.insert(0, str(HERE))
 
 from runlog import append_run, load_runs  # noqa: E402
-from wan_worker import MESSAGE_PREFIX  # noqa: E402
 
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.core.errors import SwarmError  # noqa: E402
-from swarmtrain.simulation.netns import Wan  # noqa: E402
-from swarmtrain.simulation.runner import PeerOutcome, params_identical, stop_peers  # noqa: E402
+from swarmtrain.simulation.netns import Wan, in_namespace  # noqa: E402
+from swarmtrain.simulation.runner import (  # noqa: E402
+    PeerOutcome,
+    bootstrap_main,
+    params_identical,
+    peer_main,
+    quiet_resource_tracker,
+    stop_peers,
+)
 
 __all__ = ["WanRun", "run_wan", "run_benchmark", "initial_val_loss", "main"]
 
@@ -117,24 +124,11 @@ class WanRun:
         }
 
 
-def _reader(stream: Any, rank: int, q: queue.Queue[tuple[str, int, Any]]) -> None:
-    for line in stream:
-        if line.startswith(MESSAGE_PREFIX):
-            kind, r, payload = json.loads(line[len(MESSAGE_PREFIX) :])
-            q.put((str(kind), int(r), payload))
-    q.put(("eof", rank, None))
+def _start(wan: Wan, node: int, target: Any, args: tuple[Any, ...]) -> Any:
+    """Start ``target(*args)`` in node ``node``'s namespace, in its own session, dying with us."""
+    from peers.process import spawn_function
 
-
-def _start(wan: Wan, node: int, args: list[str], rank: int, q: queue.Queue[tuple[str, int, Any]]) -> Any:
-    """Start a worker in node ``node``'s namespace, in its own session, with a peer marker."""
-    from peers.process import MARKER_ENV, PeerProcess
-
-    argv = ["ip", "netns", "exec", wan.ns(node), sys.executable, str(HERE / "wan_worker.py"), *args]
-    marker = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARKER_ENV: marker}
-    popen = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
-    threading.Thread(target=_reader, args=(popen.stdout, rank, q), daemon=True).start()
-    return PeerProcess(popen.pid, marker, popen)
+    return spawn_function(functools.partial(in_namespace, wan.ns(node), target), args, name=f"node{node}")
 
 
 def _outcome(payload: dict[str, Any]) -> PeerOutcome:
@@ -149,50 +143,56 @@ def run_wan(wan: Wan, cfg: Config, n_peers: int, timeout: float = 900.0) -> WanR
     cfg = cfg.model_copy(deep=True)
     cfg.train.progress = False
     cfg.train.threads = 1
-    q: queue.Queue[tuple[str, int, Any]] = queue.Queue()
+    quiet_resource_tracker()
+    q = mp.get_context("spawn").Queue()
     procs: list[Any] = []
+    # SWARMTRAIN_WAN_LOG=WARNING shows the peers' warnings (e.g. why a round failed) on stderr
+    level = getattr(logging, os.environ.get("SWARMTRAIN_WAN_LOG", "ERROR").upper(), logging.ERROR)
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="swt-wan-") as tmp:
+    outcomes: dict[int, PeerOutcome] = {}
 
-        def write(node: int, c: Config) -> str:
-            c = c.model_copy(deep=True)
-            c.peers.host_maddrs = [f"/ip4/{wan.ip(node)}/tcp/0"]
-            c.peers.announce_maddrs = []
-            path = Path(tmp) / f"node{node}.json"
-            path.write_text(c.model_dump_json())
-            return str(path)
+    def at(node: int, c: Config) -> str:
+        c = c.model_copy(deep=True)
+        c.peers.host_maddrs = [f"/ip4/{wan.ip(node)}/tcp/0"]
+        c.peers.announce_maddrs = []
+        return c.model_dump_json()
 
-        def get() -> tuple[str, int, Any]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SwarmError("the WAN run did not finish in time")
-            try:
-                return q.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                return ("tick", -1, None)
-
+    def get() -> tuple[str, int, Any]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SwarmError("the WAN run did not finish in time")
         try:
-            procs.append(_start(wan, 0, ["bootstrap", write(0, cfg)], -1, q))
-            initial: list[str] = []
-            while not initial:
-                kind, _, payload = get()
-                if kind in ("error", "eof"):
-                    raise SwarmError(f"bootstrap failed: {payload}")
-                if kind == "bootstrap":
-                    initial = list(payload)
-            cfg.peers.initial_peers = initial
-            for r in range(n_peers):
-                procs.append(_start(wan, r + 1, ["peer", str(r), str(n_peers), write(r + 1, cfg)], r, q))
-            outcomes: dict[int, PeerOutcome] = {}
-            while len(outcomes) < n_peers:
-                kind, rank, payload = get()
-                if kind == "error" or (kind == "eof" and rank not in outcomes):
-                    raise SwarmError(f"peer {rank} failed: {payload}")
-                if kind == "done":
-                    outcomes[rank] = _outcome(payload)
-        finally:
-            stop_peers(procs)
+            msg: tuple[str, int, Any] = q.get(timeout=min(left, 1.0))
+            return msg
+        except queue.Empty:
+            # procs[0] is the bootstrap, procs[r + 1] peer r (which may leave once it reported)
+            dead = [i - 1 for i, p in enumerate(procs) if not p.alive and i - 1 not in outcomes]
+            if dead:
+                raise SwarmError(f"ranks {dead} died without an outcome (-1: the bootstrap)") from None
+            return ("tick", -1, None)
+
+    try:
+        procs.append(_start(wan, 0, bootstrap_main, (at(0, cfg), q, level)))
+        initial: list[str] = []
+        while not initial:
+            kind, _, payload = get()
+            if kind == "error":
+                raise SwarmError(f"bootstrap failed: {payload}")
+            if kind == "bootstrap":
+                initial = list(payload)
+        cfg.peers.initial_peers = initial
+        for r in range(n_peers):
+            procs.append(_start(wan, r + 1, peer_main, (r, n_peers, at(r + 1, cfg), q, level)))
+        while len(outcomes) < n_peers:
+            kind, rank, payload = get()
+            if kind == "error":
+                raise SwarmError(f"peer {rank} failed: {payload}")
+            if kind == "done":
+                outcomes[rank] = _outcome(payload)
+    finally:
+        stop_peers(procs)
+        q.close()
     return WanRun(cfg.strategy.name, [outcomes[r] for r in range(n_peers)], time.perf_counter() - t0)
 
 
