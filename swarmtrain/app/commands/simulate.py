@@ -409,7 +409,8 @@ def _run_one(
     from swarmtrain.simulation.regions import emulated_regions
     from swarmtrain.simulation.runner import run_simulation
 
-    with emulated_regions(opts.topology, opts.peers) as net, console.status(f"{label}: starting") as status:
+    starting = f"{label}: starting {opts.peers} peers"
+    with emulated_regions(opts.topology, opts.peers) as net, console.status(starting) as status:
         seen: dict[int, PeerStatus] = {}
         last = [time.monotonic()]
 
