@@ -6,7 +6,8 @@ configured RTT (never less; more by at most a generous margin for load), nodes c
 other except through the proxy, the rate cap holds through the proxy, the namespaces go away on a
 normal exit, SIGTERM and Ctrl-C, a SIGKILLed run's leftovers are removed by the next run, a second run
 cannot build over a live one; and a 3-peer ``swarmtrain simulate --topology`` run ends with identical
-parameters, every peer's bytes having gone through the proxy.
+parameters, every peer's bytes having gone through the proxy; SIGTERM or SIGKILL of that command
+mid-run leaves no process of it in the regions (and, after SIGKILL, namespaces the next run removes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,54 @@ def test_simulate_over_three_regions_ends_identical(tmp_path: Path) -> None:
     # every byte a peer sent to another went through the proxy (it also carries the DHT's traffic)
     assert topo["proxy_bytes"] >= 3 * doc["bytes_sent_per_peer"]
     assert doc["final_val_loss"] < 5.0
+
+
+def _pids_in_regions() -> set[int]:
+    out: set[int] = set()
+    for ns in leftover_namespaces():
+        got = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False)
+        out.update(int(x) for x in got.stdout.split())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_simulate_killed_mid_run_leaves_no_process_and_no_network(sig: signal.Signals) -> None:
+    argv = [
+        sys.executable, "-m", "swarmtrain", "simulate", "--peers", "2", "--steps", "2000",
+        "--topology", str(EXAMPLE), "--timeout", "600",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # hang guard: the peers are up well before
+        pids: set[int] = set()
+        while len(pids) < 6 and time.monotonic() < deadline:  # 3 nodes x (process, DHT, p2pd) at least
+            time.sleep(1)
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            pids = _pids_in_regions()
+        assert len(pids) >= 6, pids
+        time.sleep(3)
+        pids = _pids_in_regions()
+        proc.send_signal(sig)
+        proc.wait(60)
+        end = time.monotonic() + 30
+        while any(_alive(p) for p in pids) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert not [p for p in pids if _alive(p)]
+        if sig == signal.SIGKILL:  # nothing could clean up: the next run does
+            assert leftover_namespaces() != []
+            with EmulatedRegions(load_topology(EXAMPLE), 1):
+                pass
+        assert leftover_namespaces() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
