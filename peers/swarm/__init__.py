@@ -1,12 +1,14 @@
-"""SWARM parallelism (Ryabinin et al. 2023): stage servers, stochastic wiring, replica averaging.
+"""SWARM parallelism (Ryabinin et al. 2023): stage servers, stochastic wiring, replicas stepping together.
 
 * :mod:`peers.swarm.protocol`: the wire of stage requests (safe packets, bounded, validated).
 * :mod:`peers.swarm.server`: :class:`StageServer`, one stage served with a bounded queue.
 * :mod:`peers.swarm.client`: :class:`SwarmPipeline`, a trainer's micro-batches through the stages.
-* :mod:`peers.swarm.replicas`: :class:`ReplicaSync`, servers of one stage averaging parameters.
-* pure logic: :mod:`peers.swarm.routing` (weighted random wiring), :mod:`peers.swarm.deadlines`
-  (deadlines from measured service times), :mod:`peers.swarm.tracker` (exclusions, reroutes,
-  micro-batches completed once).
+* :mod:`peers.swarm.replicas`: :class:`ReplicaSync`, servers of one stage averaging gradients at
+  each step (and parameters when a run ends).
+* pure logic: :mod:`peers.swarm.steps` (when a server steps, on which gradient; duplicates),
+  :mod:`peers.swarm.routing` (weighted random wiring), :mod:`peers.swarm.deadlines` (deadlines
+  from measured service times), :mod:`peers.swarm.tracker` (exclusions, reroutes, micro-batches
+  completed once).
 
 Submodules are imported explicitly (``from peers.swarm.server import StageServer``) so the pure ones
 stay importable without hivemind.

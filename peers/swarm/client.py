@@ -14,6 +14,11 @@ answers the gradient of its input (it recomputes its forward: no state is kept o
 the two passes). The backward goes to the server that ran the forward while it answers (its
 parameters made the activations the next stage differentiated); any other replica of the stage can
 take it over when it fails. Replies are untrusted: shapes are checked against the request's.
+
+Steps (:meth:`SwarmPipeline.close_step`): after its micro-batches of an optimizer step, a trainer
+tells every server of every stage it sees that it closed the step, and waits until they answer that
+the step is applied (``peers.swarm.server``: the replicas of a stage average their gradients and
+step together), so no micro-batch of the next step meets parameters of the last one.
 """
 
 from __future__ import annotations
@@ -35,9 +40,12 @@ from peers.swarm.protocol import (
     BACKWARD,
     FORWARD,
     REPLY,
+    STEPS,
     StageLimits,
+    decode_count,
     decode_hidden,
     decode_loss,
+    encode_count,
     encode_tokens,
     handler_name,
 )
@@ -78,6 +86,9 @@ class PipelineConfig:
         busy_exclude_s: seconds a server that answered ``busy`` is left out.
         refresh_s: seconds between two reads of the servers' records.
         first_contact: deadline of a request before service times of its stage are measured.
+        step_timeout: seconds a closed step may take to be applied (the other trainers' closes and
+            the stage's gradient rounds included).
+        min_grace: seconds the other servers of a stage have to answer a step after its first one.
     """
 
     stages: int
@@ -90,6 +101,8 @@ class PipelineConfig:
     busy_exclude_s: float = 1.0
     refresh_s: float = 1.0
     first_contact: float = 60.0
+    step_timeout: float = 300.0
+    min_grace: float = 2.0
 
     def limits(self, stage: int) -> StageLimits:
         """The bounds of ``stage``'s messages."""
@@ -199,6 +212,73 @@ class SwarmPipeline:
                 grad = frames[0]
         self.tracker.complete(mb_id, bt[0])
         return loss
+
+    def close_step(self, step: int) -> int:
+        """Tell every server of every stage that this trainer fed all its micro-batches of ``step``;
+        returns once they applied the step. The servers of a stage take it in one round, so once one
+        of them answered, the others answer within moments or not at all (a dead server whose record
+        has not expired yet, one that missed the round): those are left after a grace of the time
+        the first answer took (at least ``min_grace`` s). Returns how many servers took the step."""
+        servers = self.refresh(force=True)
+        calls: list[tuple[int, str, Any]] = []
+        for stage, group in enumerate(servers):
+            env = Envelope(
+                type=FORWARD,  # of kind STEPS, without frames: a step request
+                run=self.node.run_id,
+                kind=STEPS,
+                round=step,
+                index=stage,
+                frames=0,
+                nbytes=0,
+                note=encode_count(max(1, len(group))),
+            )
+            for srv in group:
+                req = self._request(srv.peer_id, env, [], self.config.step_timeout)
+                calls.append((stage, srv.peer_id, req))
+        results = self.node.loop.run(self._gather_steps(calls), self.config.step_timeout + 5.0)
+        took = 0
+        for (stage, peer, _), res in zip(calls, results, strict=True):
+            if isinstance(res, BaseException):
+                logger.info("stage %d server %s did not take step %d: %s", stage, peer[:16], step, res)
+                continue
+            try:
+                took += int(decode_count(res[0].note) > step)
+            except ProtocolError as e:
+                logger.info("stage %d server %s answered step %d oddly: %s", stage, peer[:16], step, e)
+        return took
+
+    async def _gather_steps(self, calls: list[tuple[int, str, Any]]) -> list[Any]:
+        """Run the step requests; a stage's stragglers are cancelled once a grace after its first
+        answer is over. Returns each request's reply or exception, in order."""
+        t0 = time.monotonic()
+        tasks = [asyncio.ensure_future(c) for _, _, c in calls]
+        stage_of = {t: calls[i][0] for i, t in enumerate(tasks)}
+        answered: dict[int, float] = {}  # stage -> when its first server answered
+        pending = set(tasks)
+
+        def limit(t: asyncio.Future[Any]) -> float:
+            first = answered.get(stage_of[t])
+            if first is None:
+                return t0 + self.config.step_timeout
+            return first + max(self.config.min_grace, first - t0)
+
+        while pending:
+            wait = max(0.0, min(limit(t) for t in pending) - time.monotonic())
+            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if not t.cancelled() and t.exception() is None:
+                    answered.setdefault(stage_of[t], time.monotonic())
+            now = time.monotonic()
+            for t in [t for t in pending if now >= limit(t)]:
+                t.cancel()
+                pending.discard(t)
+        out: list[Any] = []
+        for t in tasks:
+            if t.cancelled():
+                out.append(PeerTimeoutError("no answer within the grace after its stage's first"))
+            else:
+                out.append(t.exception() or t.result())
+        return out
 
     def _check_reply(
         self, stage: int, typ: str, head: Envelope, frames: list[bytes], bt: tuple[int, int]

@@ -18,6 +18,13 @@ One request per stream, on the project's framed streams (``peers.messages``):
   the input (``sw_bwd`` after stage 0, ``sw_fwd`` to the last stage), or nothing (``sw_bwd`` to
   stage 0). The last stage puts the loss in the header's ``note`` (a float's ``repr``).
 
+* a step request (trainer -> every server of every stage): ``sw_fwd`` of kind ``steps`` without
+  frames (the message types are fixed in ``peers.messages``; :func:`is_step`), ``round`` = the step,
+  ``note`` = how many servers of the stage the trainer sees: the trainer fed all its micro-batches of this
+  optimizer step. A server answers once the step is applied (``note`` = its new version): when every
+  trainer closed it, the stage's servers average the gradients they accumulated and all take the
+  same optimizer step (``peers.swarm.server``).
+
 Token IDs travel as float32 packets of codec ``none`` (exact below 2**24), so there is one packet
 format; the decoder checks they are integers in ``[0, vocab)``. Hidden states and gradients travel
 with any registered codec. Every check raises ``ProtocolError``: shape ``[B, T, C]`` with ``C`` the
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from compression import decompress_any
-from peers.messages import MAX_FRAME
+from peers.messages import MAX_FRAME, Envelope
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
 from swarmtrain.core.protocols import Compressor
@@ -42,6 +49,11 @@ __all__ = [
     "FORWARD",
     "BACKWARD",
     "REPLY",
+    "STEPS",
+    "is_step",
+    "step_of",
+    "encode_count",
+    "decode_count",
     "StageLimits",
     "encode_tokens",
     "decode_tokens",
@@ -55,6 +67,9 @@ __all__ = [
 FORWARD = "sw_fwd"
 BACKWARD = "sw_bwd"
 REPLY = "sw_out"
+#: kind of the step requests (``sw_fwd`` without frames) and their replies; their ledger kind
+STEPS = "steps"
+_MAX_COUNT = 1 << 20
 _TOKEN_EXACT = 1 << 24  # float32 holds every integer below this exactly
 
 
@@ -195,4 +210,36 @@ def decode_loss(note: str) -> float:
         raise ProtocolError("loss note is not a float") from None
     if not math.isfinite(v) or v < 0:
         raise ProtocolError("loss must be finite and >= 0")
+    return v
+
+
+def is_step(env: Envelope) -> bool:
+    """Whether a request header is a step request rather than a forward."""
+    return env.type == FORWARD and env.kind == STEPS
+
+
+def step_of(mb_id: int, trainers: int, per_step: int) -> int:
+    """The optimizer step a run-wide micro-batch belongs to: trainer ``t`` of ``trainers`` feeds the
+    run-wide IDs ``i * trainers + t`` and closes a step after each ``per_step`` of its own."""
+    if trainers < 1 or per_step < 1 or mb_id < 0:
+        raise ProtocolError("step_of needs trainers >= 1, per_step >= 1 and a micro-batch ID >= 0")
+    return (mb_id // trainers) // per_step
+
+
+def encode_count(n: int) -> str:
+    """A small count (servers of a stage, a version) for a header's ``note``."""
+    return str(int(n))
+
+
+def decode_count(note: str) -> int:
+    """A count a peer put in a header's ``note``.
+
+    Raises:
+        ProtocolError: not a decimal integer in ``[0, 2**20]``.
+    """
+    if not 1 <= len(note) <= 8 or not (note.isascii() and note.isdigit()):
+        raise ProtocolError("count note is not a small decimal integer")
+    v = int(note)
+    if v > _MAX_COUNT:
+        raise ProtocolError("count note out of range")
     return v

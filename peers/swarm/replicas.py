@@ -1,7 +1,16 @@
-"""Replicas of one SWARM stage average their parameters through the run's collective.
+"""Replicas of one SWARM stage average their gradients (or parameters) through the run's collective.
 
-Every server of a stage trains its own copy of the stage on the micro-batches routed to it; every
-``period`` seconds of DHT time the servers of the stage meet in one round of
+**Gradients, at every step** (:meth:`ReplicaSync.average_grads`, what a SWARM run uses): when the
+trainers close an optimizer step, the stage's servers meet in one round (``4 * step + attempt``) and
+take the mean of their accumulated gradients weighted by the micro-batches each served; every member
+decodes the same aggregate bytes, so all apply the same step to the same parameters and stay
+bit-identical, following one server that saw every micro-batch. A round that fails for a reason
+other than having gone on without this server is tried again (``_ATTEMPTS`` in all). The round's
+leader closes it as soon as the servers of the stage the trainer saw have joined.
+
+**Parameters, periodically** (:meth:`ReplicaSync.maybe_sync`; a server that steps alone, and the last
+average when a run ends): every server of a stage trains its own copy of the stage on the
+micro-batches routed to it; every ``period`` seconds of DHT time the servers of the stage meet in one round of
 :class:`peers.collective.P2PCollective` (each stage is its own group: the rounds namespace is
 ``<run>.stage<k>``) and replace their parameters by the mean (any codec: every member decodes the same
 aggregate bytes, so a committed round leaves them bit-identical). Optimizer states stay local.
@@ -41,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 #: round number of the last sync, when every server of the stage leaves at the end of a run
 FINAL_ROUND = 1 << 40
+_ATTEMPTS = 4  # rounds per step: 4 * step + attempt
 
 
 def params_digest(params: Mapping[str, torch.Tensor]) -> bytes:
@@ -130,6 +140,55 @@ class ReplicaSync:
             self.failed += 1
             logger.info("stage %d sync round %d failed: %s", self.stage, round_id, res.reason)
         return res
+
+    @torch.no_grad()
+    def average_grads(
+        self, step: int, expected: int, grads: dict[str, torch.Tensor], weight: float
+    ) -> dict[str, torch.Tensor] | None:
+        """The stage's weighted mean of ``grads`` for optimizer step ``step`` (a
+        ``peers.swarm.server.StepSync``).
+
+        Args:
+            step: the step being taken (rounds only go up).
+            expected: servers of the stage the closing trainers saw (the leader closes the round as
+                soon as that many joined).
+            grads: this server's mean gradient per parameter over the micro-batches it served.
+            weight: how many micro-batches that was (0: none; it still joins, so the round's members
+                step together).
+
+        Returns:
+            The mean over the stage, identical on every member; ``None`` when no round committed with
+            this server in it (it then steps on its own gradients).
+        """
+        base = step * _ATTEMPTS
+        if base < self.collective.round_id:
+            raise ConfigError(f"step {step}'s rounds are behind the collective's {self.collective.round_id}")
+        # the collective's public knob is fixed at construction; the stage's size changes as servers
+        # die or join, and the trainers see it
+        self.collective._matchmaker.expected_peers = max(1, int(expected))
+        reason = ""
+        for attempt in range(_ATTEMPTS):
+            self.collective.round_id = base + attempt
+            res = self.collective.all_reduce(
+                grads, compressor=self.compressor, weight=weight, timeout=self.timeout, kind="stage"
+            )
+            if res.committed:
+                self.committed += 1
+                self.last_group = len(res.participants)
+                return dict(res.tensors)
+            reason = res.reason
+            if res.late:  # the others stepped without this server: trying again meets no one
+                break
+        self.failed += 1
+        logger.warning("stage %d: no gradient round for step %d: %s", self.stage, step, reason)
+        return None
+
+    def vouch(self, version: int) -> None:
+        """Serve the current parameters (after ``version`` steps) to newcomers and vouch for them:
+        replicas that step together hold the same parameters at the same version."""
+        self._round = int(version)
+        self._last = self._epoch()
+        self.state_server.refresh(vouch=params_digest(self.params).hex())
 
     def _provide(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {k: v.detach().clone() for k, v in self.params.items()}, {"round": self._round}

@@ -3,9 +3,27 @@
 The stream handler (on the node's event loop) checks admission and the bounded queue *before* it
 reads a request's body, reads at most the stage's request cap (``StageLimits.max_request``), and
 hands the raw frames to one worker thread, which decodes and validates them
-(``peers.swarm.protocol``), runs the stage, applies the optimizer after every ``accumulate``
-backward passes, and between requests lets the replicas of its stage average their parameters
-(``peers.swarm.replicas``). A full queue refuses at once with ``busy`` (the trainer reroutes).
+(``peers.swarm.protocol``) and runs the stage. A full queue refuses at once with ``busy`` (the trainer
+reroutes).
+
+How the stage steps (``StageServerConfig.closes``):
+
+* ``closes = T >= 1`` (what a SWARM run uses): the replicas of a stage take *one* optimization
+  together, the one a single server that saw every micro-batch would take. Each accumulates the
+  parameter gradients of the micro-batches it serves; micro-batch ``m`` belongs to step
+  ``step_of(m, T, accumulate)``, and a server only serves micro-batches of the step it is at
+  (``stale`` otherwise). When all ``T`` trainers closed the step (``sw_step``), the stage's servers
+  average their accumulated gradients weighted by how many micro-batches each served (``step_sync``:
+  ``peers.swarm.replicas.ReplicaSync.average_grads``, the run's collective, any codec) and every one
+  applies the same optimizer step to the same parameters, so the replicas stay identical and follow
+  the trajectory of one process stepping on the mean gradient of the step's micro-batches. A step a
+  trainer never closes is taken ``close_timeout`` seconds after its first close.
+* ``closes = 0``: each server steps alone after every ``accumulate`` backward passes (replicas drift
+  apart until ``between_requests`` averages them).
+
+A micro-batch's gradient counts once per server: a backward retried on a server that already applied
+it (the trainer timed out and asked again) answers the input gradient without accumulating the
+parameters' gradients again.
 
 The server announces itself through its peer record (role ``server``): ``throughput`` (samples per
 second of service, a moving average), and in ``extra`` its ``stage``, ``queue`` (requests waiting or
@@ -34,18 +52,23 @@ from peers.swarm.protocol import (
     BACKWARD,
     FORWARD,
     REPLY,
+    STEPS,
     StageLimits,
+    decode_count,
     decode_hidden,
     decode_tokens,
+    encode_count,
     encode_hidden,
     encode_loss,
     handler_name,
+    is_step,
 )
+from peers.swarm.steps import StageSteps, StepSync
 from peers.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
 from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.core.protocols import Compressor
 
-__all__ = ["StageServer", "StageServerConfig", "ACTIVATIONS", "GRADIENTS", "check_request"]
+__all__ = ["StageServer", "StageServerConfig", "StepSync", "ACTIVATIONS", "GRADIENTS", "check_request"]
 
 logger = logging.getLogger(__name__)
 ACTIVATIONS = "activations"
@@ -61,18 +84,25 @@ class StageServerConfig:
     Attributes:
         limits: the stage and the shapes it accepts.
         max_queue: requests waiting or running at once; more are refused with ``busy``.
-        accumulate: backward passes per optimizer step.
+        accumulate: with ``closes == 0``, backward passes per optimizer step; otherwise micro-batches
+            each trainer feeds per step.
+        closes: trainers that close each step (0: every server steps alone; see the module docstring).
+        close_timeout: seconds a step waits for the trainers that did not close it yet.
         announce_interval: seconds between two record updates (queue, throughput, version).
     """
 
     limits: StageLimits
     max_queue: int = 8
     accumulate: int = 1
+    closes: int = 0
+    close_timeout: float = 120.0
     announce_interval: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_queue < 1 or self.accumulate < 1 or not self.announce_interval > 0:
             raise ConfigError("need max_queue >= 1, accumulate >= 1, announce_interval > 0")
+        if self.closes < 0 or not self.close_timeout > 0:
+            raise ConfigError("need closes >= 0 and close_timeout > 0")
 
 
 @dataclass
@@ -81,6 +111,7 @@ class _Job:
     frames: list[bytes]
     fut: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    sender: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +142,12 @@ def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
         raise ProtocolError("request for another run or stage")
     if env.type not in (FORWARD, BACKWARD) or env.round < 0:
         raise ProtocolError(f"unexpected request type {env.type[:16]!r}")
+    if is_step(env):
+        if env.frames or env.nbytes or env.kind != STEPS:
+            raise ProtocolError("a step request carries no frames")
+        if decode_count(env.note) < 1:
+            raise ProtocolError("a step request names at least one server of the stage")
+        return
     if env.type == BACKWARD and lim.last:
         raise ProtocolError("the last stage runs backward within its forward request")
     want = 2 if env.type == BACKWARD or lim.last else 1
@@ -132,6 +169,8 @@ class StageServer:
         compressor: codec of the hidden states and gradients this server sends.
         config: limits and queue.
         between_requests: called by the worker when idle or after each request (replica sync).
+        step_sync: averages the stage's accumulated gradients at each step (``closes >= 1``;
+            ``None``: the server steps on its own gradients).
     """
 
     def __init__(
@@ -143,6 +182,7 @@ class StageServer:
         config: StageServerConfig,
         *,
         between_requests: Callable[[], object] | None = None,
+        step_sync: StepSync | None = None,
     ) -> None:
         self.node = node
         self.module = module
@@ -151,11 +191,20 @@ class StageServer:
         self.config = config
         self.limits = config.limits
         self.between_requests = between_requests
-        self.version = 0  # optimizer steps applied
+        self.steps = StageSteps(
+            module,
+            optimizer,
+            closes=config.closes,
+            accumulate=config.accumulate,
+            step_sync=step_sync,
+            stage=self.limits.stage,
+        )
         self.served = 0  # requests answered
         self.refused = 0
+        self._waiting: list[_Job] = []  # step requests, answered once the step is taken (worker only)
+        self._first_close = 0.0
+        self._steps_open = 0  # step requests held (event loop only)
         self.throughput = 0.0  # samples per second of service (EWMA)
-        self._backwards = 0
         self._rows = 0  # rows of the request being served (worker only)
         self._draining = False  # set by stop(): refuse new requests, finish the queued ones
         self._inflight = 0  # event loop only
@@ -171,6 +220,21 @@ class StageServer:
         )
         self._announce()
         self._announcer.start()
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps taken."""
+        return self.steps.version
+
+    @property
+    def duplicates(self) -> int:
+        """Backwards of a micro-batch already accumulated here (answered, not accumulated again)."""
+        return self.steps.duplicates
+
+    @property
+    def step_failures(self) -> int:
+        """Steps taken on this server's own gradients (the stage's round failed)."""
+        return self.steps.step_failures
 
     # --- announcing ---------------------------------------------------------------------------------
 
@@ -193,27 +257,35 @@ class StageServer:
         sender = str(info.peer_id.to_base58())
         sent = received = 0
         kind_in, kind_out = ACTIVATIONS, ACTIVATIONS
-        counted = False
+        counted = step_counted = False
         try:
             try:
                 if not await self.node.admitted.acheck(sender):
                     raise ProtocolError("not admitted to the run")
-                if self._inflight >= self.config.max_queue or self._draining:
+                if self._draining:
                     raise ProtocolError("busy")
-                self._inflight += 1
-                counted = True
                 body, n = await read_envelope(reader, _FRAME_TIMEOUT)
                 received += n
                 env = decode_envelope(body)
                 check_request(env, self.limits, self.node.run_id)
                 kind_in = env.kind
+                if is_step(env):  # held until the step is applied: not in the request queue
+                    if self._steps_open >= self.config.max_queue:
+                        raise ProtocolError("busy")
+                    self._steps_open += 1
+                    step_counted = True
+                elif self._inflight >= self.config.max_queue:
+                    raise ProtocolError("busy")
+                else:
+                    self._inflight += 1
+                    counted = True
                 frames, n = await read_data_frames(
                     reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
                 )
                 received += n
                 loop = asyncio.get_running_loop()
                 fut: asyncio.Future[Any] = loop.create_future()
-                self._jobs.put(_Job(env, frames, fut, loop))
+                self._jobs.put(_Job(env, frames, fut, loop, sender))
                 reply: _Reply = await asyncio.wait_for(fut, _JOB_TIMEOUT)
             except ProtocolError as e:
                 self.refused += 1
@@ -243,6 +315,8 @@ class StageServer:
         finally:
             if counted:
                 self._inflight -= 1
+            if step_counted:
+                self._steps_open -= 1
             self.node.ledger.add_received(kind_in, self.limits.stage, received)
             self.node.ledger.add_sent(kind_out, self.limits.stage, sent)
             writer.close()
@@ -260,29 +334,68 @@ class StageServer:
             result: Any
             try:
                 with self._lock:
-                    result = self._serve(job.env, job.frames)
+                    result = self._close(job) if is_step(job.env) else self._serve(job.env, job.frames)
             except ProtocolError as e:
                 result = e
             except Exception as e:  # a bug must not kill the worker; the trainer reroutes
                 logger.exception("stage %d failed a request", self.limits.stage)
                 result = ProtocolError(f"server error: {type(e).__name__}")
+            if result is None:  # a step request held until the other trainers close the step
+                self._idle()
+                continue
             job.loop.call_soon_threadsafe(_resolve, job.fut, result)
-            if isinstance(result, _Reply):
+            if isinstance(result, _Reply) and not is_step(job.env):
                 dt = max(time.perf_counter() - t0, 1e-6)
                 rate = self._rows / dt
                 self.throughput = rate if self.throughput == 0 else 0.8 * self.throughput + 0.2 * rate
             self._idle()
 
     def _idle(self) -> None:
+        if self._waiting and time.monotonic() - self._first_close > self.config.close_timeout:
+            logger.warning(
+                "stage %d: step %d closed by %d of %d trainers after %.0f s; taking it",
+                self.limits.stage,
+                self.version,
+                len(self.steps.closers),
+                self.config.closes,
+                self.config.close_timeout,
+            )
+            with self._lock:
+                self.steps.take()
+                self._answer_closes()
         if self.between_requests is not None and not self._stop.is_set():
             with self._lock:
                 self.between_requests()
 
+    # --- steps ----------------------------------------------------------------------------------------
+
+    def _close(self, job: _Job) -> _Reply | None:
+        """A trainer closed step ``job.env.round``: hold its request until every trainer did, then take
+        the step and answer them all (``None``: held)."""
+        taken = self.steps.close(job.env.round, job.sender, decode_count(job.env.note))
+        if taken is None:  # a retried close of a step already taken
+            return _Reply(STEPS, [], encode_count(self.version))
+        if not self._waiting:
+            self._first_close = time.monotonic()
+        self._waiting.append(job)
+        if taken:
+            self._answer_closes()
+        return None
+
+    def _answer_closes(self) -> None:
+        reply = _Reply(STEPS, [], encode_count(self.version))
+        for job in self._waiting:
+            job.loop.call_soon_threadsafe(_resolve, job.fut, reply)
+        self._waiting = []
+
     def _serve(self, env: Envelope, frames: list[bytes]) -> _Reply:
         lim = self.limits
+        self.steps.check(env.round)
         x = decode_tokens(frames[0], lim) if lim.first else decode_hidden(frames[0], lim)
         bt = (int(x.shape[0]), int(x.shape[1]))
         self._rows = bt[0]
+        again = env.type != FORWARD or lim.last
+        again = again and self.steps.seen(env.round)  # its gradients are already accumulated here
         if env.type == FORWARD and not lim.last:
             with torch.no_grad():
                 y = self.module(x)
@@ -293,29 +406,30 @@ class StageServer:
                 raise ProtocolError(f"targets are {list(targets.shape)}, inputs {list(bt)}")
             x.requires_grad_(True)
             loss = self.module(x, targets)
-            loss.backward()
-            self._backward_done()
-            grad = x.grad if x.grad is not None else torch.zeros_like(x)
+            if again:
+                (grad,) = torch.autograd.grad(loss, [x])
+            else:
+                loss.backward()
+                self.steps.backward_done(env.round)
+                grad = x.grad if x.grad is not None else torch.zeros_like(x)
             return _Reply(
                 GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")], encode_loss(loss.item())
             )
         g = decode_hidden(frames[1], lim, expect=bt)
+        if again and lim.first:
+            return _Reply(GRADIENTS, [])
         if not lim.first:
             x.requires_grad_(True)
         y = self.module(x)
+        if again:
+            (grad,) = torch.autograd.grad(y, [x], g)
+            return _Reply(GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")])
         y.backward(g)
-        self._backward_done()
+        self.steps.backward_done(env.round)
         if lim.first:
             return _Reply(GRADIENTS, [])
         grad = x.grad if x.grad is not None else torch.zeros_like(x)
         return _Reply(GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")])
-
-    def _backward_done(self) -> None:
-        self._backwards += 1
-        if self._backwards % self.config.accumulate == 0:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.version += 1
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -335,6 +449,9 @@ class StageServer:
         self._stop.set()
         self._worker.join(timeout)
         self._announcer.join(timeout)
+        for job in self._waiting:  # a step no longer taken here: its trainers go on without this server
+            job.loop.call_soon_threadsafe(_resolve, job.fut, ProtocolError("the server is leaving"))
+        self._waiting = []
         try:
             self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler), 5.0)
         except Exception:

@@ -1,18 +1,19 @@
 """The two SWARM roles a peer can take, and the single-process reference they are compared with.
 
 * :func:`run_server`: build stage ``k`` of the run's GPT (``swarmtrain.app.models.stages``), serve it
-  (``peers.swarm.server.StageServer``), average it with the stage's other servers every
-  ``sync_period`` seconds (``peers.swarm.replicas.ReplicaSync``), and on stop take part in one last
-  average so the replicas of a stage leave identical.
+  (``peers.swarm.server.StageServer``), and at every optimizer step average the accumulated gradients
+  with the stage's other servers (``peers.swarm.replicas.ReplicaSync.average_grads``) so all of them
+  take the same step; on stop take part in one last parameter average so the replicas of a stage
+  leave identical whatever happened.
 * :func:`run_trainer`: feed this trainer's share of the micro-batches through the stage servers
   (``peers.swarm.client.SwarmPipeline``); trainer ``t`` of ``T`` takes the run-wide micro-batches
-  ``i * T + t`` (``BatchSampler`` with ``peer_index=t``), so none is fed twice.
-* :func:`train_baseline`: the same stages, micro-batches (in run-wide order), optimizer and learning
-  rate in one process.
+  ``i * T + t`` (``BatchSampler`` with ``peer_index=t``), so none is fed twice, and closes an
+  optimizer step after each ``accumulate`` of its own.
+* :func:`train_baseline`: the same stages, micro-batches, steps, optimizer and learning rate in one
+  process: each step on the mean gradient of the same ``trainers * accumulate`` micro-batches.
 
-Every server steps its AdamW after each backward pass it serves (the baseline after each
-micro-batch), at the constant rate ``train.lr`` and without gradient clipping (a per-stage clip is
-not the whole model's clip).
+The optimizer is AdamW at the constant rate ``train.lr`` on both sides, without gradient clipping (a
+per-stage clip is not the whole model's clip).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class SwarmSettings:
         max_queue: requests a server holds at once.
         microbatches: micro-batches each trainer feeds.
         trainers: trainers of the run (each takes its share of the micro-batches).
+        accumulate: micro-batches each trainer feeds per optimizer step (a step's gradient is the mean
+            over ``trainers * accumulate`` micro-batches, on the servers and in the baseline).
     """
 
     stages: int = 2
@@ -69,10 +72,13 @@ class SwarmSettings:
     max_queue: int = 8
     microbatches: int = 100
     trainers: int = 1
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
         if self.stages < 2 or self.trainers < 1 or self.microbatches < 1 or self.max_queue < 1:
             raise ConfigError("swarm: need stages >= 2, trainers >= 1, microbatches >= 1, max_queue >= 1")
+        if self.accumulate < 1:
+            raise ConfigError("swarm: accumulate must be >= 1")
         if not self.sync_period > 0:
             raise ConfigError("swarm: sync_period must be > 0")
 
@@ -86,6 +92,8 @@ class ServerOutcome:
     served: int
     refused: int
     version: int
+    duplicates: int
+    step_failures: int
     syncs_committed: int
     syncs_failed: int
     final_sync: bool
@@ -174,14 +182,30 @@ def run_server(
     with PeerNode(cfg.peers, role="server", heartbeat_ttl=6.0) as node:
         params = dict(module.named_parameters())
         sync = ReplicaSync(node, stage, params, sync_codec, period=settings.sync_period)
+        scfg = StageServerConfig(
+            _limits(spec, stage, settings, cfg),
+            max_queue=settings.max_queue,
+            accumulate=settings.accumulate,
+            closes=settings.trainers,
+        )
+        built: list[StageServer] = []  # the worker may call the hook before the constructor returns
+        vouched = [0]
+
+        def between_requests() -> None:  # newcomers can download the state every sync_period
+            if built and built[0].version > vouched[0] and sync.due():
+                vouched[0] = built[0].version
+                sync.vouch(vouched[0])
+
         server = StageServer(
             node,
             module,
             _optimizer(module, cfg),
             codec,
-            StageServerConfig(_limits(spec, stage, settings, cfg), max_queue=settings.max_queue),
-            between_requests=sync.maybe_sync,
+            scfg,
+            between_requests=between_requests,
+            step_sync=sync.average_grads,
         )
+        built.append(server)
         if on_ready is not None:
             on_ready(node.peer_id)
         stop.wait(None)
@@ -196,6 +220,8 @@ def run_server(
             served=server.served,
             refused=server.refused,
             version=server.version,
+            duplicates=server.duplicates,
+            step_failures=server.step_failures,
             syncs_committed=sync.committed,
             syncs_failed=sync.failed,
             final_sync=final.committed,
@@ -281,16 +307,17 @@ def run_trainer(
         pipe.wait_for_servers(120.0)
         losses: list[float] = []
         t0 = time.perf_counter()
-        for i in range(settings.microbatches):
+        n, per_step = settings.microbatches, settings.accumulate
+        for i in range(n):
             x, y = sampler.get(i)
             try:
-                loss = pipe.train_microbatch(sampler.global_index(i), x, y)
+                losses.append(pipe.train_microbatch(sampler.global_index(i), x, y))
             except NoServer as e:
                 logger.warning("micro-batch %d lost: %s", sampler.global_index(i), e)
-                continue
-            losses.append(loss)
-            if on_progress is not None:
-                on_progress(i + 1, loss)
+            if (i + 1) % per_step == 0 or i == n - 1:  # every server takes the step before the next
+                pipe.close_step(i // per_step)
+            if on_progress is not None and losses:
+                on_progress(i + 1, losses[-1])
         st = pipe.tracker.stats
         return TrainerOutcome(
             index=index,
@@ -325,8 +352,9 @@ def evaluate_stages(stages: list[GPTStage], cfg: Config) -> float:
 
 
 def train_baseline(cfg: Config, settings: SwarmSettings) -> tuple[float, list[GPTStage]]:
-    """The same stages trained in one process on the same micro-batches in run-wide order; returns
-    the final validation loss and the stages."""
+    """The same stages trained in one process as the swarm trains them: step ``k`` on the mean
+    gradient of the micro-batches ``accumulate * k .. accumulate * (k + 1) - 1`` of every trainer (the
+    last step may be shorter); returns the final validation loss and the stages."""
     from swarmtrain.app.data import BatchSampler, build_corpus
 
     if cfg.train.threads:
@@ -346,11 +374,13 @@ def train_baseline(cfg: Config, settings: SwarmSettings) -> tuple[float, list[GP
         )
         for t in range(settings.trainers)
     ]
-    for i in range(settings.microbatches):
-        for sampler in samplers:
+    n, per_step = settings.microbatches, settings.accumulate
+    for first in range(0, n, per_step):
+        mbs = [(s, i) for i in range(first, min(first + per_step, n)) for s in samplers]
+        for sampler, i in mbs:
             x, y = sampler.get(i)
-            pipeline_loss(stages, x, y).backward()
-            for o in opts:
-                o.step()
-                o.zero_grad(set_to_none=True)
+            (pipeline_loss(stages, x, y) / len(mbs)).backward()
+        for o in opts:
+            o.step()
+            o.zero_grad(set_to_none=True)
     return evaluate_stages(stages, cfg), stages

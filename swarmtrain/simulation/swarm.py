@@ -9,8 +9,8 @@ moments between 15 % and 60 % of the trainers' progress, never the last server o
 trainer is done, the servers are asked to leave (SIGTERM): the servers of each stage average a last
 time and report a digest of their parameters, so ``params_identical`` says whether each stage's
 surviving replicas are bit-identical. The final validation loss is that of one replica per stage,
-composed in this process; with ``baseline``, the same stages train on the same micro-batches in this
-process (``swarmtrain.app.swarm_roles.train_baseline``).
+composed in this process; with ``baseline``, the same stages train in this process on the same
+micro-batches grouped into the same optimizer steps (``swarmtrain.app.swarm_roles.train_baseline``).
 
 Every child reports on its own queue: a SIGKILLed peer that was writing to a shared queue would hold
 its lock forever.
@@ -87,6 +87,14 @@ class SwarmResult:
     bytes_sent_by_kind: dict[str, int] = field(default_factory=dict)
     phase_s: dict[str, float] = field(default_factory=dict)
     train_loss_last: float | None = None
+    #: micro-batches per trainer per optimizer step (the baseline steps on the same ones)
+    accumulate: int = 1
+    #: optimizer steps the surviving servers took (each stage's replicas take every step together)
+    steps_taken: int = 0
+    #: steps a surviving server took on its own gradients because its stage's round failed
+    step_failures: int = 0
+    #: backwards a server was asked for again and answered without accumulating them twice
+    duplicate_backwards: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The JSON report."""
@@ -327,6 +335,10 @@ def _result(
         reroute_reasons=reasons,
         bytes_sent_by_kind=by_kind,
         train_loss_last=sum(last) / len(last) if last else None,
+        accumulate=settings.accumulate,
+        steps_taken=max((int(o["version"]) for _, o in souts), default=0),
+        step_failures=sum(int(o["step_failures"]) for _, o in souts),
+        duplicate_backwards=sum(int(o["duplicates"]) for _, o in souts),
     )
     return res
 

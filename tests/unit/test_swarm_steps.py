@@ -1,0 +1,146 @@
+"""SWARM stage steps: replicas that split a step's micro-batches and average their gradients weighted
+by micro-batch take exactly the step of one server that saw them all; a gradient counts once; a
+server serves only the step it is at."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from peers.messages import Envelope
+from peers.swarm.protocol import FORWARD, STEPS, StageLimits, decode_count, encode_count, step_of
+from peers.swarm.server import check_request
+from peers.swarm.steps import StageSteps, StepSync
+from swarmtrain.core.errors import ProtocolError
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _opt(m: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def _loss(m: nn.Module, mb: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 + mb)
+    x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+    return ((m(x) - y) ** 2).mean()
+
+
+class _Stage:
+    """The stage's collective in one process: every replica's ``step_sync`` meets the others'."""
+
+    def __init__(self, n: int) -> None:
+        self.barrier = threading.Barrier(n)
+        self.rows: dict[int, tuple[dict[str, torch.Tensor], float]] = {}
+
+    def member(self, who: int) -> StepSync:
+        def sync(
+            step: int, expected: int, grads: dict[str, torch.Tensor], weight: float
+        ) -> dict[str, torch.Tensor]:
+            self.rows[who] = ({k: v.clone() for k, v in grads.items()}, weight)
+            self.barrier.wait()
+            total = sum(w for _, w in self.rows.values())
+            out = {k: sum(g[k] * w for g, w in self.rows.values()) / total for k in grads}
+            self.barrier.wait()
+            return out
+
+        return sync
+
+
+def test_replicas_that_split_micro_batches_step_like_one_server() -> None:
+    per_step, steps, n = 3, 6, 3
+    stage = _Stage(n)
+    replicas = [_model() for _ in range(n)]
+    books = [
+        StageSteps(m, _opt(m), closes=1, accumulate=per_step, step_sync=stage.member(i))
+        for i, m in enumerate(replicas)
+    ]
+    ref = _model()
+    ref_opt = _opt(ref)
+    rng = random.Random(0)
+    for step in range(steps):
+        mbs = list(range(step * per_step, (step + 1) * per_step))
+        for mb in mbs:  # routed to a random replica; some replica serves none of a step
+            who = rng.randrange(n) if step % 2 else 0
+            books[who].check(mb)
+            assert not books[who].seen(mb)
+            _loss(replicas[who], mb).backward()
+            books[who].backward_done(mb)
+            (_loss(ref, mb) / len(mbs)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        threads = [threading.Thread(target=b.close, args=(step, "trainer0", n)) for b in books]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert [b.version for b in books] == [step + 1] * n
+    for m in replicas[1:]:  # bit-identical replicas ...
+        for a, b in zip(replicas[0].parameters(), m.parameters(), strict=True):
+            assert torch.equal(a, b)
+    for a, b in zip(replicas[0].parameters(), ref.parameters(), strict=True):  # ... on one trajectory
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_retried_backward_counts_once() -> None:
+    m = _model()
+    book = StageSteps(m, _opt(m), closes=1, accumulate=2)
+    _loss(m, 0).backward()
+    book.backward_done(0)
+    assert book.seen(0) and book.duplicates == 1  # the server answers it without accumulating
+    assert not book.seen(1)
+    assert book.close(0, "t", 1) is True and book.version == 1
+    assert not book.seen(0)  # a new step starts with nothing accumulated
+
+
+def test_a_server_serves_only_its_step_and_waits_for_every_trainer() -> None:
+    m = _model()
+    book = StageSteps(m, _opt(m), closes=2, accumulate=2)  # step = (mb // 2 trainers) // 2
+    book.check(3)
+    with pytest.raises(ProtocolError, match="stale"):
+        book.check(4)
+    assert book.close(0, "a", 2) is False
+    assert book.close(0, "a", 2) is False  # the same trainer twice is one close
+    assert book.close(0, "b", 2) is True and book.version == 1
+    assert book.close(0, "b", 2) is None  # a retried close of a step already taken
+    with pytest.raises(ProtocolError, match="behind"):
+        book.close(3, "a", 2)
+    with pytest.raises(ProtocolError, match="stale"):
+        book.check(0)
+    alone = StageSteps(m, _opt(m), closes=0, accumulate=2)
+    with pytest.raises(ProtocolError):
+        alone.close(0, "a", 1)
+
+
+def test_local_stepping_every_accumulate_backwards() -> None:
+    m = _model()
+    book = StageSteps(m, _opt(m), closes=0, accumulate=2)
+    for mb in range(5):
+        _loss(m, mb).backward()
+        book.backward_done(mb)
+    assert book.version == 2
+
+
+def test_step_of_counts_and_step_headers() -> None:
+    assert [step_of(m, 2, 3) for m in range(14)] == [0] * 6 + [1] * 6 + [2] * 2
+    assert decode_count(encode_count(5)) == 5
+    for bad in ("", "-1", "1.5", "٣", "99999999", "x"):
+        with pytest.raises(ProtocolError):
+            decode_count(bad)
+    lim = StageLimits(stage=1, stages=2, width=8, vocab=50, max_len=16, max_batch=4)
+    env = Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=0, nbytes=0, note="2")
+    check_request(env, lim, "r")
+    for bad_env in (
+        Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=1, nbytes=10, note="2"),
+        Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=0, nbytes=0, note="0"),
+        Envelope(type=FORWARD, run="r", kind="activations", round=3, index=1, frames=0, nbytes=0, note="2"),
+    ):
+        with pytest.raises(ProtocolError):
+            check_request(bad_env, lim, "r")
