@@ -4,10 +4,12 @@ A donor runs a :class:`StateServer` with a *provider* callable returning ``(tens
 model, the outer optimizer state flattened to named tensors, and JSON-able ``meta`` that includes the
 ``round`` number. ``refresh()`` serialises a snapshot with ``safetensors`` (meta goes into the file's
 metadata, so the hash covers it), keeps the last few snapshots by SHA-256 and announces
-``{hash, nbytes, round}`` under ``"<run_id>.state"`` in the DHT. :func:`download_state` picks the
-donor with the highest round, asks for exactly the announced hash, reads the bytes in parts over a
-stream, checks size cap and hash, and parses them with ``safetensors.torch.load`` (never
-``torch.load``/pickle). Bytes are counted in the ledger as kind ``"state"``.
+``{hash, nbytes, round, manifest}`` under ``"<run_id>.state"`` in the DHT. :func:`download_state`
+picks the donor with the highest round, pulls exactly the announced state in chunks from it and the
+other donors of that round in parallel (``peers.state_chunks``: manifest checked against the
+announced hash, every chunk by its hash, the whole by the state hash; donors rate-limited), and
+parses it with ``safetensors.torch.load`` (never ``torch.load``/pickle). Bytes are counted in the
+ledger as kind ``"state"``.
 
 A donor's announcement also *vouches* for the ``(round, digest)`` of the last few states it committed
 itself (the digest of the parameters every peer must agree on). With ``vouchers = k`` a newcomer takes
@@ -24,26 +26,15 @@ import logging
 import struct
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
 import torch
 
-from peers.ledger import STATE_ROUND, ByteLedger
-from peers.messages import Envelope, decode_envelope, encode_ack
+from peers.ledger import ByteLedger
 from peers.node import PeerNode, dht_time
-from peers.transport import (
-    PART_BYTES,
-    read_data_frames,
-    read_envelope,
-    read_frame,
-    split_bytes,
-    widen_send_buffer,
-    write_frame,
-    write_frame_drained,
-)
+from peers.state_chunks import CHUNK_BYTES, MAX_DONORS, ChunkProgress, ChunkServer, fetch_state
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
@@ -61,8 +52,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]]
 META_KEY = "swarmtrain"
-KIND = "state"
-_FRAME_TIMEOUT = 30.0
 _MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
 MAX_VOUCHES = 4  # (round, digest) pairs one announcement vouches for: its recent committed states
 
@@ -74,10 +63,6 @@ class NoStateAnnounced(PeerTimeoutError):
 def state_key(run_id: str) -> str:
     """DHT key of the state announcements of ``run_id``."""
     return f"{run_id}.state"
-
-
-def _handler_name(run_id: str) -> str:
-    return f"swarmtrain.{run_id}.state"
 
 
 def serialize_state(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
@@ -131,6 +116,8 @@ class StateServer:
         ledger: default: ``node.ledger``.
         keep: snapshots kept (a newcomer may ask for the previous one while we refresh).
         announce_ttl: seconds an announcement lives; re-announced every third of it.
+        upload_rate: bytes/s this donor serves at most, all newcomers together (0: unlimited).
+        chunk_bytes: chunk size of its manifests (``peers.state_chunks``).
     """
 
     def __init__(
@@ -142,6 +129,8 @@ class StateServer:
         ledger: ByteLedger | None = None,
         keep: int = 2,
         announce_ttl: float = 60.0,
+        upload_rate: float = 0.0,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.node = node
         self.provider = provider
@@ -149,15 +138,15 @@ class StateServer:
         self.ledger = ledger if ledger is not None else node.ledger
         self.keep = max(1, keep)
         self.announce_ttl = announce_ttl
-        self._snapshots: OrderedDict[bytes, bytes] = OrderedDict()
-        self._latest: tuple[bytes, int, int] | None = None  # (hash, nbytes, round)
+        self._latest: tuple[bytes, int, int, bytes] | None = None  # (hash, nbytes, round, manifest)
         #: (round, shared-parameter digest) of the last states this peer committed itself
         self._vouches: list[tuple[int, bytes]] = []
         self.leaving = False  # announced too: a peer about to leave is nobody's holder of the state
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.served = 0
-        node.loop.run(node.p2p.add_binary_stream_handler(_handler_name(self.run_id), self._handle), 15.0)
+        self.chunks = ChunkServer(
+            node, self.run_id, self.ledger, keep=self.keep, upload_rate=upload_rate, chunk_bytes=chunk_bytes
+        )
         self._thread = threading.Thread(
             target=self._reannounce, name="swarmtrain-state-announce", daemon=True
         )
@@ -177,11 +166,9 @@ class StateServer:
             raise ConfigError("state meta needs an integer 'round' >= 0")
         data = serialize_state(tensors, meta)
         digest = hashlib.sha256(data).digest()
+        manifest = self.chunks.put(digest, data)
         with self._lock:
-            self._snapshots[digest] = data
-            while len(self._snapshots) > self.keep:
-                self._snapshots.popitem(last=False)
-            self._latest = (digest, len(data), rnd)
+            self._latest = (digest, len(data), rnd, manifest)
             if vouch is not None:
                 self._vouches = [*self._vouches, (rnd, bytes.fromhex(vouch))][-MAX_VOUCHES:]
         self._announce()
@@ -205,6 +192,7 @@ class StateServer:
                 return
             vouches = [[r, d] for r, d in self._vouches]
         item = {"hash": latest[0], "nbytes": latest[1], "round": latest[2], "vouch": vouches}
+        item["manifest"] = latest[3]
         if self.leaving:
             item["leaving"] = True
         value = msgpack.packb(item, use_bin_type=True)
@@ -223,54 +211,15 @@ class StateServer:
         while not self._stop.wait(self.announce_ttl / 3.0):
             self._announce()
 
-    async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
-        sender = str(info.peer_id.to_base58())
-        sent = received = 0
-        try:
-            if not await self.node.admitted.acheck(sender):  # the run's policy (peers.admission)
-                raise ProtocolError("not admitted to the run")
-            body, received = await read_envelope(reader, _FRAME_TIMEOUT)
-            env = decode_envelope(body)
-            if env.type != "state_req" or env.run != self.run_id:
-                raise ProtocolError("expected a state request for this run")
-            with self._lock:
-                data = self._snapshots.get(env.digest)
-            if data is None:
-                raise ProtocolError("requested state snapshot is not held (refreshed since)")
-            frames = split_bytes(data, PART_BYTES)
-            hdr = Envelope(
-                type="state_hdr",
-                run=self.run_id,
-                kind=KIND,
-                round=STATE_ROUND,
-                digest=env.digest,
-                frames=len(frames),
-                nbytes=len(data),
-            )
-            from peers.messages import encode_envelope
-
-            widen_send_buffer(writer)
-            sent += write_frame(writer, encode_envelope(hdr))
-            for f in frames:
-                sent += await write_frame_drained(writer, f)
-            await writer.drain()
-            ack = await read_frame(reader, 1024, _FRAME_TIMEOUT)
-            received += 4 + len(ack)
-            self.served += 1
-        except (SwarmError, ConnectionError, OSError) as e:
-            logger.info("state request from %s failed: %s", sender[:16], e)
-        finally:
-            self.ledger.add_sent(KIND, STATE_ROUND, sent)
-            self.ledger.add_received(KIND, STATE_ROUND, received)
-            writer.close()
-
     def close(self) -> None:
         """Stop serving and announcing."""
         self._stop.set()
-        try:
-            self.node.loop.run(self.node.p2p.remove_binary_stream_handler(_handler_name(self.run_id)), 5.0)
-        except Exception:
-            logger.debug("removing the state handler failed", exc_info=True)
+        self.chunks.close()
+
+    @property
+    def served(self) -> int:
+        """Chunks served so far."""
+        return self.chunks.served_chunks
 
     def __enter__(self) -> StateServer:
         return self
@@ -285,16 +234,17 @@ def decode_announcement(value: Any) -> tuple[bytes, int, int]:
     Raises:
         ProtocolError: not bytes, over 1 KiB, not bounded msgpack, or fields missing or ill-typed.
     """
-    h, n, r, _ = parse_announcement(value)
+    h, n, r = parse_announcement(value)[:3]
     return h, n, r
 
 
 Vouches = frozenset[tuple[int, bytes]]
 
 
-def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches]:
+def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches, bytes | None]:
     """:func:`decode_announcement` plus the ``(round, digest)`` pairs the donor vouches for (at most
-    :data:`MAX_VOUCHES`; an announcement without them vouches for nothing).
+    :data:`MAX_VOUCHES`; an announcement without them vouches for nothing) and the hash of the state's
+    chunk manifest (``peers.state_chunks``; ``None``: an older donor, whose state cannot be pulled).
 
     Raises:
         ProtocolError: as :func:`decode_announcement`, or a malformed ``vouch`` list.
@@ -325,14 +275,21 @@ def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches]:
         if not (isinstance(v[1], bytes) and len(v[1]) == 32):
             raise ProtocolError("state announcement vouch digest is not 32 bytes")
         vouches.add((v[0], v[1]))
-    return h, n, r, frozenset(vouches)
+    m = obj.get("manifest")
+    if m is not None and not (isinstance(m, bytes) and len(m) == 32):
+        raise ProtocolError("state announcement manifest hash is not 32 bytes")
+    return h, n, r, frozenset(vouches), m
 
 
 def _announcements(
-    node: PeerNode, run_id: str, timeout: float, vouches: dict[str, Vouches] | None = None
+    node: PeerNode,
+    run_id: str,
+    timeout: float,
+    vouches: dict[str, Vouches] | None = None,
+    manifests: dict[str, bytes] | None = None,
 ) -> list[tuple[int, str, bytes, int]]:
     """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first; each
-    donor's vouches go into ``vouches`` (by peer ID) when given."""
+    donor's vouches and manifest hash go into ``vouches`` and ``manifests`` (by peer ID) when given."""
     try:
         found = node.dht.get(state_key(run_id), latest=True, return_future=True).result(timeout)
     except TimeoutError:
@@ -344,10 +301,12 @@ def _announcements(
         if peer == node.peer_id:
             continue
         try:
-            h, n, r, v = parse_announcement(item.value)
+            h, n, r, v, m = parse_announcement(item.value)
         except ProtocolError:
             continue  # one bad announcement is skipped, the others still count
         out.append((r, str(peer), h, n))
+        if manifests is not None and m is not None:
+            manifests[str(peer)] = m
         if vouches is not None:
             vouches[str(peer)] = v
     return sorted(out, key=lambda a: (-a[0], a[1]))
@@ -414,12 +373,17 @@ def _vouched(
 
 
 def _candidates(
-    node: PeerNode, run: str, exclude: frozenset[str], vouchers: int, errors: list[str]
+    node: PeerNode,
+    run: str,
+    exclude: frozenset[str],
+    vouchers: int,
+    errors: list[str],
+    manifests: dict[str, bytes] | None = None,
 ) -> list[tuple[tuple[int, str, bytes, int], bytes | None]]:
     """The announcements a newcomer may take, best (highest round) first, each with the digest the
     donors vouch for: read once, bounded and parsed, then witnessed and vouched for."""
     vouches: dict[str, Vouches] = {}
-    found = [a for a in _announcements(node, run, 15.0, vouches) if a[1] not in exclude]
+    found = [a for a in _announcements(node, run, 15.0, vouches, manifests) if a[1] not in exclude]
     found = _witnessed(node, run, found, errors)
     return _vouched(found, vouches, vouchers, errors)
 
@@ -467,8 +431,10 @@ def download_state(
     exclude: frozenset[str] = frozenset(),
     vouchers: int = 1,
     check: StateCheck | None = None,
+    progress: ChunkProgress | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Download the freshest announced state of the run from a live donor.
+    """Download the freshest announced state of the run, in chunks from its donors
+    (``peers.state_chunks``).
 
     Args:
         node: this (newcomer) peer's node.
@@ -487,6 +453,8 @@ def download_state(
             round and shared-parameter digest (see :func:`_vouched`); 1: any donor's state.
         check: called with each parsed state and the digest vouched for before it is taken; its
             ``ProtocolError`` skips that donor (the caller checks the state really has that digest).
+        progress: the chunk bookkeeping (who served what), for callers that want to see it; verified
+            chunks are kept in it from one donor to the next, never fetched twice.
 
     Returns:
         ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt, ``meta["donor"]`` the
@@ -501,22 +469,31 @@ def download_state(
     donor_deadline = time.monotonic() + min(wait_for_donor, timeout)
     fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
     errors: list[str] = []
+    progress = progress if progress is not None else ChunkProgress()
     while True:
-        chosen = _candidates(node, run, exclude, vouchers, errors)
+        manifests: dict[str, bytes] = {}
+        chosen = _candidates(node, run, exclude, vouchers, errors, manifests)
+        progress.dropped.clear()  # a new pass: a donor that broke off may be back
         if time.monotonic() < fresh_deadline:
             chosen = [c for c in chosen if c[0][0] >= min_round]
             if not chosen:
                 time.sleep(0.2)
                 continue
         for (rnd, peer, digest, nbytes), shared in chosen:
-            if nbytes > max_bytes:
-                errors.append(f"{peer[:12]}: {nbytes} bytes exceeds the cap")
+            if nbytes > max_bytes or peer not in manifests:
+                errors.append(f"{peer[:12]}: {nbytes} bytes over the cap, or no manifest announced")
                 continue
+            # the donors of this round that vouch alike hold the same tensors: pull from them all
+            sources = [(peer, digest, nbytes, manifests[peer])] + [
+                (a[1], a[2], a[3], manifests[a[1]])
+                for a, v in chosen
+                if a[0] == rnd and v == shared and a[1] != peer and a[1] in manifests and a[3] <= max_bytes
+            ][: MAX_DONORS - 1]
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PeerTimeoutError(f"state download timed out ({'; '.join(errors)[:300]})")
             try:
-                return _take_from(node, (rnd, peer, digest, nbytes), shared, run, led, left, check)
+                return _take_from(node, rnd, sources, shared, run, led, left, check, progress)
             except SwarmError as e:
                 errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
@@ -529,62 +506,29 @@ def download_state(
 
 def _take_from(
     node: PeerNode,
-    announced: tuple[int, str, bytes, int],
+    rnd: int,
+    sources: list[tuple[str, bytes, int, bytes]],
     shared: bytes | None,
     run: str,
     ledger: ByteLedger,
     timeout: float,
     check: StateCheck | None,
+    progress: ChunkProgress,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Download one announced state, parse it and let ``check`` vet it.
+    """Download the state ``sources[0]`` announced (from all ``sources``), parse it and let ``check``
+    vet it.
 
     Raises:
-        SwarmError: the donor failed, or served something else than it announced.
+        SwarmError: the donors failed, or served something else than announced.
     """
-    from hivemind.p2p import PeerID
-
-    rnd, peer, digest, nbytes = announced
-    data = node.loop.run(_fetch(node, PeerID.from_base58(peer), run, digest, nbytes, ledger), timeout)
+    peer, _, nbytes, _ = sources[0]
+    coro = fetch_state(node, run, sources, ledger, progress, max_bytes=nbytes)
+    data = node.loop.run(coro, timeout)
     tensors, meta = parse_state(data)
     if meta.get("round") != rnd:
         raise ProtocolError("state meta round differs from the announcement")
     if check is not None:
         check(tensors, meta, shared)
     logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
-    meta["donor"] = peer  # whatever the donor wrote there: who served it
+    meta["donor"] = peer  # whatever the donor wrote there: who served it (its manifest)
     return tensors, meta
-
-
-async def _fetch(
-    node: PeerNode, peer: Any, run: str, digest: bytes, nbytes: int, ledger: ByteLedger
-) -> bytes:
-    from peers.messages import encode_envelope
-
-    try:
-        _, reader, writer = await node.p2p.call_binary_stream_handler(peer, _handler_name(run))
-    except Exception as e:
-        raise SwarmError(f"cannot reach donor: {type(e).__name__}: {e}") from None
-    sent = received = 0
-    try:
-        req = Envelope(type="state_req", run=run, kind=KIND, round=STATE_ROUND, digest=digest)
-        sent += write_frame(writer, encode_envelope(req))
-        await writer.drain()
-        body, n = await read_envelope(reader, _FRAME_TIMEOUT)
-        received += n
-        hdr = decode_envelope(body)
-        if hdr.type != "state_hdr" or hdr.digest != digest or hdr.nbytes != nbytes:
-            raise ProtocolError("donor answered with another snapshot or size")
-        frames, n = await read_data_frames(reader, hdr, max_total=nbytes, timeout=_FRAME_TIMEOUT)
-        received += n
-        data = b"".join(frames)
-        if hashlib.sha256(data).digest() != digest:
-            raise ProtocolError("state bytes do not match the announced hash")
-        sent += write_frame(writer, encode_ack(True))
-        await writer.drain()
-        return data
-    except (ConnectionError, OSError) as e:
-        raise SwarmError(f"stream to donor broke: {e}") from None
-    finally:
-        ledger.add_sent(KIND, STATE_ROUND, sent)
-        ledger.add_received(KIND, STATE_ROUND, received)
-        writer.close()
