@@ -255,7 +255,10 @@ class _Peer:
             )
         if hooks.wrap_batches is not None:
             self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
-        self.server = StateServer(node, lambda: state_snapshot(self.trainer, self.p2p.round_id))
+        rate = cfg.peers.state_upload_mib_s * 2**20  # donors keep training while newcomers pull
+        self.server = StateServer(
+            node, lambda: state_snapshot(self.trainer, self.p2p.round_id), upload_rate=rate
+        )
         self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
         self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)

@@ -345,9 +345,7 @@ class PeersConfig(_Section):
     host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce_maddrs: list[str] = Field(default_factory=list)
     identity_path: str | None = None
-    identity_check: bool = Field(
-        default=True, description="at start, check that no live peer uses this identity already"
-    )
+    identity_check: bool = Field(default=True, description="at start, check no live peer uses this identity")
     region: str = "unknown"
     min_peers: int = Field(default=1, ge=1)
     round_timeout: float = Field(default=60.0, gt=0)
@@ -385,6 +383,7 @@ class PeersConfig(_Section):
         default=None, description="the run key's public half, 64 hex digits (admission token)"
     )
     token: str | None = Field(default=None, description="this peer's join token (admission token)")
+    state_upload_mib_s: float = Field(default=64.0, ge=0, description="a donor's state upload cap; 0: none")
     state_vouchers: int = Field(
         default=2, ge=1, le=16, description="donors that must vouch for a downloaded state (fewer if fewer)"
     )
