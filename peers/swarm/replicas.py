@@ -120,14 +120,15 @@ class ReplicaSync:
         return self.sync(e)
 
     @torch.no_grad()
-    def sync(self, round_id: int) -> RoundResult:
-        """Average the parameters with the stage's servers in round ``round_id`` (rounds only go up)."""
+    def sync(self, round_id: int, weight: float = 1.0) -> RoundResult:
+        """Average the parameters with the stage's servers in round ``round_id`` (rounds only go up),
+        this server's with ``weight`` (0: it takes the others' mean without adding its own)."""
         if round_id < self.collective.round_id:
             raise ConfigError(f"sync round {round_id} is behind the collective's {self.collective.round_id}")
         self.collective.round_id = round_id
         tensors = {k: v.detach().clone() for k, v in self.params.items()}
         res = self.collective.all_reduce(
-            tensors, compressor=self.compressor, timeout=self.timeout, kind="stage"
+            tensors, compressor=self.compressor, weight=weight, timeout=self.timeout, kind="stage"
         )
         if res.committed:
             for k, v in res.tensors.items():

@@ -76,6 +76,9 @@ class StageSteps:
         self.applied: set[int] = set()  # micro-batches whose gradients are accumulated since the step
         self.closers: set[str] = set()  # trainers that closed the current step
         self.expected = 1  # most servers of the stage a closing trainer saw
+        #: a trainer asked for a later step than this server is at: it missed a step, its parameters
+        #: are not the stage's (it leaves them out of the last average)
+        self.behind = False
         self._backwards = 0
 
     def check(self, mb_id: int) -> None:
@@ -86,6 +89,7 @@ class StageSteps:
         """
         if self.closes:
             step = step_of(mb_id, self.closes, self.accumulate)
+            self.behind |= step > self.version
             if step != self.version:
                 raise ProtocolError(f"stale: micro-batch {mb_id} is of step {step}, server at {self.version}")
 
@@ -119,6 +123,7 @@ class StageSteps:
         if step < self.version:
             return None
         if step > self.version:
+            self.behind = True
             raise ProtocolError(f"behind: at step {self.version}, asked to close step {step}")
         self.closers.add(trainer)
         self.expected = max(self.expected, expected)

@@ -210,7 +210,8 @@ def run_server(
             on_ready(node.peer_id)
         stop.wait(None)
         server.stop()
-        final = _final_sync(node, sync, FINAL_ROUND)
+        # a server that missed a step holds parameters the stage moved on from: it takes the others'
+        final = _final_sync(node, sync, FINAL_ROUND, weight=0.0 if server.steps.behind else 1.0)
         sync.close()
         with torch.no_grad():
             state = {k: _tensor_bytes(v) for k, v in module.state_dict().items()}
@@ -241,16 +242,16 @@ def _stage_servers(node: Any, stage: int) -> int:
     return sum(1 for r in recs if r.role == "server" and r.extra.get("stage") == stage)
 
 
-def _final_sync(node: Any, sync: Any, first_round: int, tries: int = 3) -> Any:
+def _final_sync(node: Any, sync: Any, first_round: int, tries: int = 3, weight: float = 1.0) -> Any:
     """The leaving servers' last average. A round that formed with fewer members than the stage has
     live servers (one of them was slower to leave than the join window) is tried again, up to
     ``tries`` more rounds: every member of a short round sees the same shortfall, so they all go on
     to the next round and meet there."""
-    final = sync.sync(first_round)
+    final = sync.sync(first_round, weight)
     for extra in range(1, tries + 1):
         if final.committed and len(final.participants) >= _stage_servers(node, sync.stage):
             break
-        final = sync.sync(first_round + extra)
+        final = sync.sync(first_round + extra, weight)
     return final
 
 

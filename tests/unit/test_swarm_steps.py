@@ -104,8 +104,10 @@ def test_a_server_serves_only_its_step_and_waits_for_every_trainer() -> None:
     m = _model()
     book = StageSteps(m, _opt(m), closes=2, accumulate=2)  # step = (mb // 2 trainers) // 2
     book.check(3)
+    assert not book.behind
     with pytest.raises(ProtocolError, match="stale"):
         book.check(4)
+    assert book.behind  # it missed a step: left out of the stage's last average
     assert book.close(0, "a", 2) is False
     assert book.close(0, "a", 2) is False  # the same trainer twice is one close
     assert book.close(0, "b", 2) is True and book.version == 1
