@@ -3,7 +3,7 @@
 For each codec of ``--codecs`` runs ``swarmtrain simulate --strategy swarm`` with the same settings
 (``swarmtrain.simulation.swarm.run_swarm_simulation``: real server and trainer processes on
 127.0.0.1, optionally ``--kill-servers`` SIGKILLed mid-run), then trains the baseline once (the same
-untied stages on the same micro-batches in one process). Prints a table and writes
+untied stages on the same micro-batches and optimizer steps in one process). Prints a table and writes
 ``benchmarks/results/swarm.json`` (each run replaces its ``--label`` entry) and ``swarm.png``.
 
     python benchmarks/swarm.py                            # none and int8, 4 servers, ~10 min on 2 cores
@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--trainers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=150, help="micro-batches per trainer")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per trainer per step")
     ap.add_argument("--kill-servers", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "swarm.json")
     ap.add_argument("--label", default="current", help="the entry of the JSON this run replaces")
@@ -72,15 +73,22 @@ def main() -> None:
     runs: dict[str, Any] = {}
     for codec in [c.strip() for c in args.codecs.split(",") if c.strip()]:
         settings = SwarmSettings(
-            stages=args.stages, codec=codec, microbatches=args.steps, trainers=args.trainers
+            stages=args.stages,
+            codec=codec,
+            microbatches=args.steps,
+            trainers=args.trainers,
+            accumulate=args.accumulate,
         )
         res = run_swarm_simulation(cfg, settings, args.servers, kill_servers=args.kill_servers)
         runs[codec] = res.summary()
         print(
             f"{codec}: val {res.final_val_loss:.4f}, {res.throughput_samples_per_s:.1f} samples/s", flush=True
         )
-    base, _ = train_baseline(
-        cfg, SwarmSettings(stages=args.stages, microbatches=args.steps, trainers=args.trainers)
+    base, _ = train_baseline(  # the same micro-batches and steps as the swarm's
+        cfg,
+        SwarmSettings(
+            stages=args.stages, microbatches=args.steps, trainers=args.trainers, accumulate=args.accumulate
+        ),
     )
     head = f"{'codec':<8}{'val loss':>10}{'vs base':>9}{'samples/s':>11}"
     print(head + f"{'rerouted':>9}{'lost':>6}{'identical':>10}")
@@ -99,6 +107,7 @@ def main() -> None:
         "trainers": args.trainers,
         "steps": args.steps,
         "batch_size": args.batch_size,
+        "accumulate": args.accumulate,
         "kill_servers": args.kill_servers,
         "baseline_val_loss": base,
         "runs": runs,
