@@ -4,6 +4,7 @@ bookkeeping (verified chunks kept, bad ones re-queued, donors dropped) and the d
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgpack
 import pytest
@@ -128,3 +129,103 @@ def test_token_bucket_holds_the_rate_after_the_burst() -> None:
     clock.t = 10.0  # long idle: back to a full burst, never more
     assert b.reserve(500) == 0.0 and b.reserve(100) == pytest.approx(0.1)
     assert TokenBucket(0.0, 1.0, clock).reserve(10**9) == 0.0  # rate 0: unlimited
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.out += bytes(data)
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _Admitted:
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+
+    async def acheck(self, peer: str) -> bool:
+        return self.ok
+
+
+class _Node:
+    def __init__(self, ok: bool = True) -> None:
+        self.admitted = _Admitted(ok)
+        self.loop = self
+        self.p2p = self
+
+    def run(self, coro: Any, timeout: float) -> None:
+        coro.close()
+
+    async def add_binary_stream_handler(self, name: str, handler: Any) -> None:
+        return None
+
+
+class _Info:
+    class peer_id:  # noqa: N801 - the shape of hivemind's PeerInfo
+        @staticmethod
+        def to_base58() -> str:
+            return "newcomer"
+
+
+def _serve(server: Any, digest: bytes, index: int) -> bytes:
+    """What ``server`` answers to one request; empty when it refused."""
+    import asyncio
+
+    from peers.messages import Envelope, encode_envelope
+    from peers.transport import write_frame
+
+    req = _Writer()
+    env = Envelope(type="state_req", run="r", kind="state", round=-1, digest=digest, index=index)
+    write_frame(req, encode_envelope(env))  # type: ignore[arg-type]
+
+    async def go() -> bytes:
+        reader = asyncio.StreamReader()
+        reader.feed_data(bytes(req.out))
+        reader.feed_eof()
+        w = _Writer()
+        await server._handle(_Info(), reader, w)
+        return bytes(w.out)
+
+    return asyncio.run(go())
+
+
+def test_donor_charges_every_served_chunk_to_its_rate_limit_and_serves_only_what_it_holds() -> None:
+    from peers.ledger import ByteLedger
+    from peers.state_chunks import ChunkServer
+
+    data = _state(3, {"round": 2})
+    server = ChunkServer(_Node(), "r", ByteLedger(), upload_rate=1000.0, chunk_bytes=MIN_CHUNK)
+    clock = _Clock()
+    server.bucket = TokenBucket(1e9, 0.0, clock)  # no burst, a clock that stands still: no sleeping
+    mh = server.put(hashlib.sha256(data).digest(), data)
+    manifest = Manifest.decode(_payload(_serve(server, hashlib.sha256(data).digest(), -1)), len(data))
+    assert hashlib.sha256(manifest.encode()).digest() == mh
+    got = _payload(_serve(server, manifest.hashes[1], 1))
+    assert hashlib.sha256(got).digest() == manifest.hashes[1]
+    charged = -server.bucket.tokens
+    assert charged == len(manifest.encode()) + len(got), "served bytes not charged to the rate limit"
+    assert _serve(server, b"\x01" * 32, 0) == b""  # a chunk it does not hold: refused
+    refusing = ChunkServer(_Node(ok=False), "r", ByteLedger(), chunk_bytes=MIN_CHUNK)
+    refusing.put(hashlib.sha256(data).digest(), data)
+    assert _serve(refusing, manifest.hashes[1], 1) == b""  # not admitted: nothing served
+
+
+def _payload(reply: bytes) -> bytes:
+    """The data frames of a server's reply (header frame skipped)."""
+    from peers.messages import decode_envelope
+    from peers.transport import FRAME_PREFIX, decode_frame_length
+
+    n = decode_frame_length(reply[:FRAME_PREFIX], 1 << 20)
+    env = decode_envelope(reply[FRAME_PREFIX : FRAME_PREFIX + n])
+    out, at = b"", FRAME_PREFIX + n
+    for _ in range(env.frames):
+        k = decode_frame_length(reply[at : at + FRAME_PREFIX], 1 << 30)
+        out += reply[at + FRAME_PREFIX : at + FRAME_PREFIX + k]
+        at += FRAME_PREFIX + k
+    return out
