@@ -62,6 +62,7 @@ EVENTS = {
     "interpreter": r"interpreter up",
     "node_up": r"peer \S+ up, role trainer",
     "download": r"downloaded state of round (\d+) \((\d+) bytes\)",
+    "chunks": r"state of \d+ bytes in (\d+) chunks from (\d+) donors",  # peers.state_chunks
     "adopted": r"adopted the swarm's state: step \d+, round (\d+)",
     "own_state": r"resumed from its own saved state of round (\d+)",
     "training": r"training from step \d+, round (\d+)",
@@ -125,6 +126,7 @@ def breakdown(evs: list[tuple[float, str, tuple[str, ...]]]) -> dict[str, Any]:
         "failed_rounds": [[int(g[0]), g[1]] for _, n, g in before if n == "failed"],
         "downloads": downloads,
         "state_bytes_logged": sum(d["bytes"] for d in downloads),
+        "chunked": [{"chunks": int(g[0]), "donors": int(g[1])} for _, n, g in before if n == "chunks"],
         "own_state_loaded": any(n == "own_state" for _, n, _ in before),
         "events": [[t, n, *g] for t, n, g in evs][:60],
     }
