@@ -185,8 +185,11 @@ class ChunkProgress:
     _inflight: dict[int, str] = field(default_factory=dict)
 
     def plan(self, manifest: Manifest) -> None:
-        """Start (or resume) fetching ``manifest``: pending are the chunks not verified yet."""
+        """Start (or resume) fetching ``manifest``: pending are the chunks not verified yet. Verified
+        chunks it does not list are let go: what is held never exceeds one state."""
         self._hashes = manifest.hashes
+        listed = set(manifest.hashes)
+        self.store = {h: d for h, d in self.store.items() if h in listed}
         self._pending = [i for i, h in enumerate(self._hashes) if h not in self.store]
         self._inflight = {}
 

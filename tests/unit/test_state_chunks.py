@@ -229,3 +229,17 @@ def _payload(reply: bytes) -> bytes:
         out += reply[at + FRAME_PREFIX : at + FRAME_PREFIX + k]
         at += FRAME_PREFIX + k
     return out
+
+
+def test_progress_holds_at_most_one_states_chunks() -> None:
+    """Attempts at states of other rounds do not pile up: chunks the new manifest does not list go."""
+    m, chunks = _manifest(4)
+    p = ChunkProgress()
+    p.plan(m)
+    for i in range(4):
+        assert p.take("A", None) == i and p.verify(i, "A", chunks[i])
+    other = Manifest(
+        b"t" * 32, m.nbytes, m.chunk_bytes, m.header_end, (m.hashes[0], b"z" * 32, *m.hashes[2:])
+    )
+    p.plan(other)
+    assert set(p.store) == {m.hashes[0], *m.hashes[2:]} and p.remaining == 1
