@@ -243,3 +243,21 @@ def test_progress_holds_at_most_one_states_chunks() -> None:
     )
     p.plan(other)
     assert set(p.store) == {m.hashes[0], *m.hashes[2:]} and p.remaining == 1
+
+
+def test_mutated_manifests_parse_or_raise_protocol_error_only() -> None:
+    import random
+
+    data = _state(4, {"round": 1})
+    good = build_manifest(data, hashlib.sha256(data).digest(), MIN_CHUNK).encode()
+    rng = random.Random(0)
+    for _ in range(2000):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        cut = bytes(b[: rng.randint(0, len(b))]) if rng.random() < 0.2 else bytes(b)
+        try:
+            m = Manifest.decode(cut, len(data))
+        except ProtocolError:
+            continue
+        assert len(m.hashes) == len(m.plan) and m.nbytes <= len(data)
