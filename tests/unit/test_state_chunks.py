@@ -261,3 +261,16 @@ def test_mutated_manifests_parse_or_raise_protocol_error_only() -> None:
         except ProtocolError:
             continue
         assert len(m.hashes) == len(m.plan) and m.nbytes <= len(data)
+
+
+def test_announcement_carries_a_32_byte_manifest_hash_or_none() -> None:
+    from peers.state_transfer import parse_announcement
+
+    def ann(**extra: object) -> bytes:
+        return bytes(msgpack.packb({"hash": b"h" * 32, "nbytes": 10, "round": 1, **extra}, use_bin_type=True))
+
+    assert parse_announcement(ann(manifest=b"m" * 32))[4] == b"m" * 32
+    assert parse_announcement(ann())[4] is None  # an older donor: skipped by the download
+    for bad in (b"m" * 5, "m" * 32, 7):
+        with pytest.raises(ProtocolError):
+            parse_announcement(ann(manifest=bad))
