@@ -234,7 +234,7 @@ class StreamingDiLoCoConfig(OuterLoopConfig):
     name: Literal["streaming_diloco"] = "streaming_diloco"
     fragments: int = Field(default=4, ge=1, description="F: how many fragments the model is cut into")
     overlap: int = Field(default=1, ge=0, description="tau: steps a fragment's sync overlaps training")
-    mixing: float = Field(default=0.5, ge=0, le=1, description="alpha: weight of the local parameters")
+    mixing: float = Field(default=0.15, ge=0, le=1, description="alpha: weight of the local parameters")
 
     @model_validator(mode="after")
     def _check_schedule(self) -> StreamingDiLoCoConfig:
@@ -258,8 +258,8 @@ class DeMoConfig(SyncedStrategyConfig):
 
     name: Literal["demo"] = "demo"
     demo_chunk: int = Field(default=64, ge=2, description="side of the square DCT chunks")
-    demo_topk: int = Field(default=4, ge=1, description="coefficients sent per chunk")
-    demo_decay: float = Field(default=0.999, ge=0, lt=1, description="momentum decay beta")
+    demo_topk: int = Field(default=8, ge=1, description="coefficients sent per chunk")
+    demo_decay: float = Field(default=0.95, ge=0, lt=1, description="momentum decay beta")
     demo_sign: bool = True
     demo_values: Literal["fp32", "fp16", "bf16", "sign"] = Field(
         default="fp16", description="how the top-k DCT values travel"
