@@ -14,7 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.mark.parametrize("name", ["bench_strategies.json", "bench_outer.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bench_strategies.json",
+        "bench_outer.json",
+        "bench_sweeps.json",
+        "bench_sweeps_more.json",
+        "bench_sweeps_demo.json",
+    ],
+)
 def test_readme_table_is_the_committed_json(name: str) -> None:
     rows = json.loads((RESULTS / name).read_text(encoding="utf-8"))["rows"]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
