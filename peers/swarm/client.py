@@ -13,7 +13,11 @@ of its input. Backward: each earlier stage gets its input again with the gradien
 answers the gradient of its input (it recomputes its forward: no state is kept on servers between
 the two passes). The backward goes to the server that ran the forward while it answers (its
 parameters made the activations the next stage differentiated); any other replica of the stage can
-take it over when it fails. Replies are untrusted: shapes are checked against the request's.
+take it over when it fails. A request that adds gradients on its server (a backward, the last
+stage's forward) and failed without a refusal is sent to the same server once more before another
+one: it may have been applied there, and the server answers a micro-batch it already accumulated
+without adding it again, where another replica would count it twice. Replies are untrusted: shapes
+are checked against the request's.
 
 Steps (:meth:`SwarmPipeline.close_step`): after its micro-batches of an optimizer step, a trainer
 tells every server of every stage it sees that it closed the step, and waits until they answer that
@@ -45,7 +49,7 @@ from peers.swarm.protocol import (
     decode_count,
     decode_hidden,
     decode_loss,
-    encode_count,
+    encode_step_note,
     encode_tokens,
     handler_name,
 )
@@ -213,8 +217,9 @@ class SwarmPipeline:
         self.tracker.complete(mb_id, bt[0])
         return loss
 
-    def close_step(self, step: int) -> int:
-        """Tell every server of every stage that this trainer fed all its micro-batches of ``step``;
+    def close_step(self, step: int, completed: int) -> int:
+        """Tell every server of every stage that this trainer fed all its micro-batches of ``step``
+        (``completed`` of them went through every stage);
         returns once they applied the step. The servers of a stage take it in one round, so once one
         of them answered, the others answer within moments or not at all (a dead server whose record
         has not expired yet, one that missed the round): those are left after a grace of the time
@@ -230,7 +235,7 @@ class SwarmPipeline:
                 index=stage,
                 frames=0,
                 nbytes=0,
-                note=encode_count(max(1, len(group))),
+                note=encode_step_note(max(1, len(group)), completed),
             )
             for srv in group:
                 req = self._request(srv.peer_id, env, [], self.config.step_timeout)
@@ -312,10 +317,17 @@ class SwarmPipeline:
             nbytes=sum(len(f) for f in frames),
         )
         give_up = time.monotonic() + self.config.give_up_after
+        # a request that adds gradients on the server (a backward, the last stage's forward) which
+        # failed without a refusal may have been applied there: it goes to that server once more
+        # (which answers without adding them again) before any other replica would add them twice
+        accumulates = typ == BACKWARD or stage == self.config.stages - 1
+        asked_again: set[str] = set()
+        again: str | None = None
         while True:
             servers = self.refresh()[stage]
             excluded = self.exclusions.active(time.monotonic())
-            mine = [x for x in servers if x.peer_id == prefer and x.peer_id not in excluded]
+            want, again = (again or prefer), None
+            mine = [x for x in servers if x.peer_id == want and x.peer_id not in excluded]
             srv = mine[0] if mine else pick_server(servers, excluded, self.rng)
             if srv is None:
                 if time.monotonic() > give_up:
@@ -336,9 +348,21 @@ class SwarmPipeline:
                 busy = isinstance(e, _Refused) and "busy" in str(e)
                 if isinstance(e, PeerTimeoutError):
                     self.times.record(stage, typ, timeout)
+                self.tracker.reroute(mb_id, _reason(e))
+                if accumulates and not isinstance(e, _Refused) and srv.peer_id not in asked_again:
+                    asked_again.add(srv.peer_id)
+                    again = srv.peer_id
+                    logger.info(
+                        "stage %d %s of micro-batch %d on %s failed, asking again: %s",
+                        stage,
+                        typ,
+                        mb_id,
+                        srv.peer_id[:16],
+                        e,
+                    )
+                    continue
                 ttl = self.config.busy_exclude_s if busy else self.config.exclude_s
                 self.exclusions.exclude(srv.peer_id, time.monotonic(), ttl=ttl)
-                self.tracker.reroute(mb_id, _reason(e))
                 logger.info(
                     "stage %d %s of micro-batch %d on %s failed, rerouting: %s",
                     stage,

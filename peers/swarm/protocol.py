@@ -20,10 +20,11 @@ One request per stream, on the project's framed streams (``peers.messages``):
 
 * a step request (trainer -> every server of every stage): ``sw_fwd`` of kind ``steps`` without
   frames (the message types are fixed in ``peers.messages``; :func:`is_step`), ``round`` = the step,
-  ``note`` = how many servers of the stage the trainer sees: the trainer fed all its micro-batches of this
-  optimizer step. A server answers once the step is applied (``note`` = its new version): when every
-  trainer closed it, the stage's servers average the gradients they accumulated and all take the
-  same optimizer step (``peers.swarm.server``).
+  ``note`` = ``"<servers>,<completed>"`` (:func:`encode_step_note`: how many servers of the stage the
+  trainer sees, how many of its micro-batches of the step completed): the trainer fed all its
+  micro-batches of this optimizer step. A server answers once the step is applied (``note`` = its new
+  version): when every trainer closed it, the stage's servers sum the gradients they accumulated
+  and all take the same optimizer step (``peers.swarm.server``).
 
 Token IDs travel as float32 packets of codec ``none`` (exact below 2**24), so there is one packet
 format; the decoder checks they are integers in ``[0, vocab)``. Hidden states and gradients travel
@@ -54,6 +55,8 @@ __all__ = [
     "step_of",
     "encode_count",
     "decode_count",
+    "encode_step_note",
+    "decode_step_note",
     "StageLimits",
     "encode_tokens",
     "decode_tokens",
@@ -243,3 +246,24 @@ def decode_count(note: str) -> int:
     if v > _MAX_COUNT:
         raise ProtocolError("count note out of range")
     return v
+
+
+def encode_step_note(servers: int, completed: int) -> str:
+    """A step request's ``note``: servers of the stage the trainer sees, its micro-batches of the
+    step that completed."""
+    return f"{encode_count(servers)},{encode_count(completed)}"
+
+
+def decode_step_note(note: str) -> tuple[int, int]:
+    """``(servers, completed)`` from a step request's ``note``.
+
+    Raises:
+        ProtocolError: not two small counts, or no server.
+    """
+    parts = note.split(",")
+    if len(parts) != 2:
+        raise ProtocolError("a step note is '<servers>,<completed>'")
+    servers, completed = decode_count(parts[0]), decode_count(parts[1])
+    if servers < 1:
+        raise ProtocolError("a step request names at least one server of the stage")
+    return servers, completed

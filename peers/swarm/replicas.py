@@ -1,8 +1,9 @@
 """Replicas of one SWARM stage average their gradients (or parameters) through the run's collective.
 
-**Gradients, at every step** (:meth:`ReplicaSync.average_grads`, what a SWARM run uses): when the
+**Gradients, at every step** (:meth:`ReplicaSync.sum_grads`, what a SWARM run uses): when the
 trainers close an optimizer step, the stage's servers meet in one round (``4 * step + attempt``) and
-take the mean of their accumulated gradients weighted by the micro-batches each served; every member
+sum the gradients each accumulated over the micro-batches it served (``peers.swarm.steps`` divides by
+the micro-batches the trainers completed); every member
 decodes the same aggregate bytes, so all apply the same step to the same parameters and stay
 bit-identical, following one server that saw every micro-batch. A round that fails for a reason
 other than having gone on without this server is tried again (``_ATTEMPTS`` in all). The round's
@@ -143,23 +144,22 @@ class ReplicaSync:
         return res
 
     @torch.no_grad()
-    def average_grads(
-        self, step: int, expected: int, grads: dict[str, torch.Tensor], weight: float
+    def sum_grads(
+        self, step: int, expected: int, grads: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor] | None:
-        """The stage's weighted mean of ``grads`` for optimizer step ``step`` (a
-        ``peers.swarm.server.StepSync``).
+        """The sum of ``grads`` over the stage's servers for optimizer step ``step`` (a
+        ``peers.swarm.steps.StepSync``): the round's mean (equal weights) times its members.
 
         Args:
             step: the step being taken (rounds only go up).
             expected: servers of the stage the closing trainers saw (the leader closes the round as
                 soon as that many joined).
-            grads: this server's mean gradient per parameter over the micro-batches it served.
-            weight: how many micro-batches that was (0: none; it still joins, so the round's members
-                step together).
+            grads: this server's gradient sums over the micro-batches it served (zeros when none: it
+                still joins, so the round's members step together).
 
         Returns:
-            The mean over the stage, identical on every member; ``None`` when no round committed with
-            this server in it (it then steps on its own gradients).
+            The stage's sums, identical on every member; ``None`` when no round committed with this
+            server in it (it then steps on its own gradients).
         """
         base = step * _ATTEMPTS
         if base < self.collective.round_id:
@@ -171,12 +171,12 @@ class ReplicaSync:
         for attempt in range(_ATTEMPTS):
             self.collective.round_id = base + attempt
             res = self.collective.all_reduce(
-                grads, compressor=self.compressor, weight=weight, timeout=self.timeout, kind="stage"
+                grads, compressor=self.compressor, timeout=self.timeout, kind="stage"
             )
             if res.committed:
                 self.committed += 1
-                self.last_group = len(res.participants)
-                return dict(res.tensors)
+                self.last_group = k = len(res.participants)
+                return {n: t * k for n, t in res.tensors.items()}
             reason = res.reason
             if res.late:  # the others stepped without this server: trying again meets no one
                 break

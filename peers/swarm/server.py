@@ -12,12 +12,13 @@ How the stage steps (``StageServerConfig.closes``):
   together, the one a single server that saw every micro-batch would take. Each accumulates the
   parameter gradients of the micro-batches it serves; micro-batch ``m`` belongs to step
   ``step_of(m, T, accumulate)``, and a server only serves micro-batches of the step it is at
-  (``stale`` otherwise). When all ``T`` trainers closed the step (``sw_step``), the stage's servers
-  average their accumulated gradients weighted by how many micro-batches each served (``step_sync``:
-  ``peers.swarm.replicas.ReplicaSync.average_grads``, the run's collective, any codec) and every one
-  applies the same optimizer step to the same parameters, so the replicas stay identical and follow
-  the trajectory of one process stepping on the mean gradient of the step's micro-batches. A step a
-  trainer never closes is taken ``close_timeout`` seconds after its first close.
+  (``stale`` otherwise). When all ``T`` trainers closed the step (a step request), the stage's servers
+  sum their accumulated gradients (``step_sync``: ``peers.swarm.replicas.ReplicaSync.sum_grads``, the
+  run's collective, any codec), divide by the micro-batches the trainers completed, and every one
+  applies the same optimizer step to the same parameters (``peers.swarm.steps``), so the replicas
+  stay identical and follow the trajectory of one process stepping on the mean gradient of the step's
+  micro-batches. A step a trainer never closes is taken ``close_timeout`` seconds after its first
+  close.
 * ``closes = 0``: each server steps alone after every ``accumulate`` backward passes (replicas drift
   apart until ``between_requests`` averages them).
 
@@ -54,8 +55,8 @@ from peers.swarm.protocol import (
     REPLY,
     STEPS,
     StageLimits,
-    decode_count,
     decode_hidden,
+    decode_step_note,
     decode_tokens,
     encode_count,
     encode_hidden,
@@ -145,8 +146,7 @@ def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
     if is_step(env):
         if env.frames or env.nbytes or env.kind != STEPS:
             raise ProtocolError("a step request carries no frames")
-        if decode_count(env.note) < 1:
-            raise ProtocolError("a step request names at least one server of the stage")
+        decode_step_note(env.note)
         return
     if env.type == BACKWARD and lim.last:
         raise ProtocolError("the last stage runs backward within its forward request")
@@ -372,7 +372,7 @@ class StageServer:
     def _close(self, job: _Job) -> _Reply | None:
         """A trainer closed step ``job.env.round``: hold its request until every trainer did, then take
         the step and answer them all (``None``: held)."""
-        taken = self.steps.close(job.env.round, job.sender, decode_count(job.env.note))
+        taken = self.steps.close(job.env.round, job.sender, *decode_step_note(job.env.note))
         if taken is None:  # a retried close of a step already taken
             return _Reply(STEPS, [], encode_count(self.version))
         if not self._waiting:

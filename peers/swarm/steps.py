@@ -7,10 +7,13 @@ network (``peers.swarm.server`` feeds it requests, ``peers.swarm.replicas`` aver
 
 * ``closes = T >= 1``: micro-batch ``m`` belongs to step ``step_of(m, T, accumulate)``; the server
   takes a request only for the step it is at (:meth:`check`). The step is taken when all ``T``
-  trainers closed it (:meth:`close`): the server's mean gradient over the micro-batches it served and
-  their count go to ``step_sync``, which returns the stage's mean weighted by those counts (``None``:
-  the round failed; the server then steps on its own mean). Every replica steps its optimizer on the
-  same mean, so they stay identical and follow one server that saw every micro-batch.
+  trainers closed it (:meth:`close`, each saying how many of its micro-batches of the step completed):
+  ``step_sync`` turns the gradient sum this server accumulated into the stage's sum over its servers,
+  and every replica steps its optimizer on that sum divided by the micro-batches the trainers
+  completed (``None``: the round failed; the server then steps on its own mean). So they stay
+  identical and follow one server that saw every micro-batch. The counts come from the trainers and
+  not from the collective's weighted mean: that one bounds each weight by twice the median (against
+  members that inflate theirs), which would turn a 3:1 split of a step's micro-batches into 2:1.
 * ``closes = 0``: the server steps alone after every ``accumulate`` backward passes.
 
 A micro-batch's gradient counts once: :meth:`seen` tells the server that a backward it was asked for
@@ -33,9 +36,9 @@ __all__ = ["StageSteps", "StepSync"]
 
 logger = logging.getLogger(__name__)
 
-#: ``step_sync(step, expected_servers, mean_grads, weight)`` -> the stage's weighted mean gradients, or
-#: ``None`` when the stage's round failed
-StepSync = Callable[[int, int, dict[str, torch.Tensor], float], dict[str, torch.Tensor] | None]
+#: ``step_sync(step, expected_servers, grad_sums)`` -> the sum of ``grad_sums`` over the stage's
+#: servers (each accumulated over the micro-batches it served), or ``None`` when the round failed
+StepSync = Callable[[int, int, dict[str, torch.Tensor]], dict[str, torch.Tensor] | None]
 
 
 class StageSteps:
@@ -74,7 +77,7 @@ class StageSteps:
         self.duplicates = 0  # backwards of a micro-batch already accumulated
         self.step_failures = 0  # steps taken on this server's own gradients (the stage's round failed)
         self.applied: set[int] = set()  # micro-batches whose gradients are accumulated since the step
-        self.closers: set[str] = set()  # trainers that closed the current step
+        self.closers: dict[str, int] = {}  # trainers that closed the current step -> completed there
         self.expected = 1  # most servers of the stage a closing trainer saw
         #: a trainer asked for a later step than this server is at: it missed a step, its parameters
         #: are not the stage's (it leaves them out of the last average)
@@ -110,8 +113,9 @@ class StageSteps:
         if self._backwards % self.accumulate == 0:
             self._apply()
 
-    def close(self, step: int, trainer: str, expected: int) -> bool | None:
-        """``trainer`` closed ``step`` (seeing ``expected`` servers of this stage). Returns ``None``
+    def close(self, step: int, trainer: str, expected: int, completed: int) -> bool | None:
+        """``trainer`` closed ``step`` (seeing ``expected`` servers of this stage; ``completed`` of its
+        micro-batches of the step went through every stage). Returns ``None``
         when the step was already taken (a retried close), ``True`` when this close was the last one
         and the step is now taken, ``False`` when other trainers have yet to close it.
 
@@ -125,7 +129,7 @@ class StageSteps:
         if step > self.version:
             self.behind = True
             raise ProtocolError(f"behind: at step {self.version}, asked to close step {step}")
-        self.closers.add(trainer)
+        self.closers[trainer] = completed
         self.expected = max(self.expected, expected)
         if len(self.closers) < self.closes:
             return False
@@ -133,20 +137,19 @@ class StageSteps:
         return True
 
     def take(self) -> None:
-        """Take the current step now: the stage's mean gradient of the micro-batches it served,
-        weighted by micro-batch."""
+        """Take the current step now, on the stage's gradient sum over the micro-batches the trainers
+        completed."""
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        count = len(self.applied)
-        mean = {n: p.grad / count if p.grad is not None and count else torch.zeros_like(p) for n, p in params}
-        if self.step_sync is not None:
-            got = self.step_sync(self.version, self.expected, mean, float(count))
-            if got is None:
-                self.step_failures += 1
-                logger.warning("stage %d: step %d on this server's gradients only", self.stage, self.version)
-            else:
-                mean = got
+        sums = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params}
+        completed = sum(self.closers.values())
+        logger.debug("stage %d step %d: micro-batches %s", self.stage, self.version, sorted(self.applied))
+        got = self.step_sync(self.version, self.expected, sums) if self.step_sync is not None else sums
+        if got is None:
+            self.step_failures += 1
+            logger.warning("stage %d: step %d on this server's gradients only", self.stage, self.version)
+            got, completed = sums, len(self.applied)
         for n, p in params:
-            p.grad = mean[n].to(p.dtype)
+            p.grad = (got[n] / completed).to(p.dtype) if completed else torch.zeros_like(p)
         self._apply()
 
     def _apply(self) -> None:
@@ -154,4 +157,4 @@ class StageSteps:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self.applied.clear()
-        self.closers, self.expected = set(), 1
+        self.closers, self.expected = {}, 1

@@ -2,7 +2,7 @@
 
 * :func:`run_server`: build stage ``k`` of the run's GPT (``swarmtrain.app.models.stages``), serve it
   (``peers.swarm.server.StageServer``), and at every optimizer step average the accumulated gradients
-  with the stage's other servers (``peers.swarm.replicas.ReplicaSync.average_grads``) so all of them
+  with the stage's other servers (``peers.swarm.replicas.ReplicaSync.sum_grads``) so all of them
   take the same step; on stop take part in one last parameter average so the replicas of a stage
   leave identical whatever happened.
 * :func:`run_trainer`: feed this trainer's share of the micro-batches through the stage servers
@@ -203,7 +203,7 @@ def run_server(
             codec,
             scfg,
             between_requests=between_requests,
-            step_sync=sync.average_grads,
+            step_sync=sync.sum_grads,
         )
         built.append(server)
         if on_ready is not None:
@@ -309,14 +309,17 @@ def run_trainer(
         losses: list[float] = []
         t0 = time.perf_counter()
         n, per_step = settings.microbatches, settings.accumulate
+        completed = 0  # of this step's micro-batches
         for i in range(n):
             x, y = sampler.get(i)
             try:
                 losses.append(pipe.train_microbatch(sampler.global_index(i), x, y))
+                completed += 1
             except NoServer as e:
                 logger.warning("micro-batch %d lost: %s", sampler.global_index(i), e)
             if (i + 1) % per_step == 0 or i == n - 1:  # every server takes the step before the next
-                pipe.close_step(i // per_step)
+                pipe.close_step(i // per_step, completed)
+                completed = 0
             if on_progress is not None and losses:
                 on_progress(i + 1, losses[-1])
         st = pipe.tracker.stats

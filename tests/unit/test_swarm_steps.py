@@ -1,6 +1,6 @@
-"""SWARM stage steps: replicas that split a step's micro-batches and average their gradients weighted
-by micro-batch take exactly the step of one server that saw them all; a gradient counts once; a
-server serves only the step it is at."""
+"""SWARM stage steps: replicas that split a step's micro-batches unevenly and sum their gradients take
+exactly the step of one server that saw them all; a gradient counts once; a server serves only the
+step it is at."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ import torch
 from torch import nn
 
 from peers.messages import Envelope
-from peers.swarm.protocol import FORWARD, STEPS, StageLimits, decode_count, encode_count, step_of
+from peers.swarm.protocol import (
+    FORWARD,
+    STEPS,
+    StageLimits,
+    decode_count,
+    decode_step_note,
+    encode_count,
+    encode_step_note,
+    step_of,
+)
 from peers.swarm.server import check_request
 from peers.swarm.steps import StageSteps, StepSync
 from swarmtrain.core.errors import ProtocolError
@@ -34,20 +43,18 @@ def _loss(m: nn.Module, mb: int) -> torch.Tensor:
 
 
 class _Stage:
-    """The stage's collective in one process: every replica's ``step_sync`` meets the others'."""
+    """The stage's collective in one process: every replica's ``step_sync`` meets the others' and
+    gets the sum of their gradient sums."""
 
     def __init__(self, n: int) -> None:
         self.barrier = threading.Barrier(n)
-        self.rows: dict[int, tuple[dict[str, torch.Tensor], float]] = {}
+        self.rows: dict[int, dict[str, torch.Tensor]] = {}
 
     def member(self, who: int) -> StepSync:
-        def sync(
-            step: int, expected: int, grads: dict[str, torch.Tensor], weight: float
-        ) -> dict[str, torch.Tensor]:
-            self.rows[who] = ({k: v.clone() for k, v in grads.items()}, weight)
+        def sync(step: int, expected: int, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            self.rows[who] = {k: v.clone() for k, v in grads.items()}
             self.barrier.wait()
-            total = sum(w for _, w in self.rows.values())
-            out = {k: sum(g[k] * w for g, w in self.rows.values()) / total for k in grads}
+            out = {k: sum(g[k] for g in self.rows.values()) for k in grads}
             self.barrier.wait()
             return out
 
@@ -67,7 +74,7 @@ def test_replicas_that_split_micro_batches_step_like_one_server() -> None:
     rng = random.Random(0)
     for step in range(steps):
         mbs = list(range(step * per_step, (step + 1) * per_step))
-        for mb in mbs:  # routed to a random replica; some replica serves none of a step
+        for mb in mbs:  # routed to a random replica: 3:0:0 splits, 2:1:0 ...
             who = rng.randrange(n) if step % 2 else 0
             books[who].check(mb)
             assert not books[who].seen(mb)
@@ -76,7 +83,7 @@ def test_replicas_that_split_micro_batches_step_like_one_server() -> None:
             (_loss(ref, mb) / len(mbs)).backward()
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
-        threads = [threading.Thread(target=b.close, args=(step, "trainer0", n)) for b in books]
+        threads = [threading.Thread(target=b.close, args=(step, "trainer0", n, len(mbs))) for b in books]
         for t in threads:
             t.start()
         for t in threads:
@@ -96,7 +103,7 @@ def test_a_retried_backward_counts_once() -> None:
     book.backward_done(0)
     assert book.seen(0) and book.duplicates == 1  # the server answers it without accumulating
     assert not book.seen(1)
-    assert book.close(0, "t", 1) is True and book.version == 1
+    assert book.close(0, "t", 1, 1) is True and book.version == 1
     assert not book.seen(0)  # a new step starts with nothing accumulated
 
 
@@ -108,17 +115,17 @@ def test_a_server_serves_only_its_step_and_waits_for_every_trainer() -> None:
     with pytest.raises(ProtocolError, match="stale"):
         book.check(4)
     assert book.behind  # it missed a step: left out of the stage's last average
-    assert book.close(0, "a", 2) is False
-    assert book.close(0, "a", 2) is False  # the same trainer twice is one close
-    assert book.close(0, "b", 2) is True and book.version == 1
-    assert book.close(0, "b", 2) is None  # a retried close of a step already taken
+    assert book.close(0, "a", 2, 2) is False
+    assert book.close(0, "a", 2, 2) is False  # the same trainer twice is one close
+    assert book.close(0, "b", 2, 2) is True and book.version == 1
+    assert book.close(0, "b", 2, 2) is None  # a retried close of a step already taken
     with pytest.raises(ProtocolError, match="behind"):
-        book.close(3, "a", 2)
+        book.close(3, "a", 2, 2)
     with pytest.raises(ProtocolError, match="stale"):
         book.check(0)
     alone = StageSteps(m, _opt(m), closes=0, accumulate=2)
     with pytest.raises(ProtocolError):
-        alone.close(0, "a", 1)
+        alone.close(0, "a", 1, 1)
 
 
 def test_local_stepping_every_accumulate_backwards() -> None:
@@ -133,16 +140,20 @@ def test_local_stepping_every_accumulate_backwards() -> None:
 def test_step_of_counts_and_step_headers() -> None:
     assert [step_of(m, 2, 3) for m in range(14)] == [0] * 6 + [1] * 6 + [2] * 2
     assert decode_count(encode_count(5)) == 5
+    assert decode_step_note(encode_step_note(3, 2)) == (3, 2)
+    for bad in ("3", "0,2", "3,2,1", "3,-1", ""):
+        with pytest.raises(ProtocolError):
+            decode_step_note(bad)
     for bad in ("", "-1", "1.5", "٣", "99999999", "x"):
         with pytest.raises(ProtocolError):
             decode_count(bad)
     lim = StageLimits(stage=1, stages=2, width=8, vocab=50, max_len=16, max_batch=4)
-    env = Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=0, nbytes=0, note="2")
+    env = Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=0, nbytes=0, note="2,1")
     check_request(env, lim, "r")
     for bad_env in (
-        Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=1, nbytes=10, note="2"),
-        Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=0, nbytes=0, note="0"),
-        Envelope(type=FORWARD, run="r", kind="activations", round=3, index=1, frames=0, nbytes=0, note="2"),
+        Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=1, nbytes=10, note="2,1"),
+        Envelope(type=FORWARD, run="r", kind=STEPS, round=3, index=1, frames=0, nbytes=0, note="0,1"),
+        Envelope(type=FORWARD, run="r", kind="activations", round=3, index=1, frames=0, nbytes=0, note="2,1"),
     ):
         with pytest.raises(ProtocolError):
             check_request(bad_env, lim, "r")
