@@ -451,7 +451,7 @@ async def fetch_state(
                 logger.warning("donor %s served chunk %d with a wrong hash: dropped", donor[:12], i)
                 return
 
-    await asyncio.gather(*(work(d) for d in has for _ in range(WORKERS_PER_DONOR)))
+    await asyncio.gather(*(work(d) for _ in range(WORKERS_PER_DONOR) for d in has))  # each donor first
     if progress.remaining:
         raise SwarmError(f"{progress.remaining} of {len(plan)} chunks left that no live donor serves")
     data = progress.assemble()
