@@ -40,7 +40,7 @@ from swarmtrain.app.bench_strategies import (
     write_outputs,
 )
 
-__all__ = ["points", "goals", "main"]
+__all__ = ["points", "goals", "goal_lines", "main"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DILOCO_CODECS = ("int8", "ternary", "int4")
@@ -111,6 +111,11 @@ def goals(rows: list[dict[str, Any]], fragments: int) -> list[dict[str, Any]]:
         )
     )
     return out
+
+
+def goal_lines(met: list[dict[str, Any]]) -> list[str]:
+    """The goals as Markdown list items (the README's, and what ``main`` prints, less the marks)."""
+    return [f"- {'met' if g['met'] else '**not met**'}: {g['goal']}: {g['measured']}" for g in met]
 
 
 def main(argv: list[str] | None = None) -> int:
