@@ -21,7 +21,7 @@ are checked against the request's.
 
 Steps (:meth:`SwarmPipeline.close_step`): after its micro-batches of an optimizer step, a trainer
 tells every server of every stage it sees that it closed the step, and waits until they answer that
-the step is applied (``peers.swarm.server``: the replicas of a stage average their gradients and
+the step is applied (``peers.swarm.server``: the replicas of a stage sum their gradients and
 step together), so no micro-batch of the next step meets parameters of the last one.
 """
 

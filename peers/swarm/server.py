@@ -169,7 +169,7 @@ class StageServer:
         compressor: codec of the hidden states and gradients this server sends.
         config: limits and queue.
         between_requests: called by the worker when idle or after each request (replica sync).
-        step_sync: averages the stage's accumulated gradients at each step (``closes >= 1``;
+        step_sync: sums the stage's accumulated gradients at each step (``closes >= 1``;
             ``None``: the server steps on its own gradients).
     """
 

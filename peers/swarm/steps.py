@@ -1,9 +1,9 @@
 """When a SWARM stage server applies its optimizer, and on which gradient.
 
 SWARM (Ryabinin et al. 2023) trains synchronously: the servers of a stage accumulate the gradients
-of the micro-batches routed to them and, once the trainers processed a step's global batch, average
+of the micro-batches routed to them and, once the trainers processed a step's global batch, combine
 them and all apply the same step. :class:`StageSteps` is that bookkeeping for one server, without the
-network (``peers.swarm.server`` feeds it requests, ``peers.swarm.replicas`` averages the gradients):
+network (``peers.swarm.server`` feeds it requests, ``peers.swarm.replicas`` sums the gradients):
 
 * ``closes = T >= 1``: micro-batch ``m`` belongs to step ``step_of(m, T, accumulate)``; the server
   takes a request only for the step it is at (:meth:`check`). The step is taken when all ``T``
@@ -51,7 +51,7 @@ class StageSteps:
         closes: trainers that close each step (0: step alone every ``accumulate`` backward passes).
         accumulate: micro-batches each trainer feeds per step (``closes == 0``: backward passes per
             step).
-        step_sync: averages the accumulated gradients with the stage's other servers.
+        step_sync: sums the accumulated gradients with the stage's other servers'.
         stage: for log lines.
     """
 

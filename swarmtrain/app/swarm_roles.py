@@ -1,7 +1,7 @@
 """The two SWARM roles a peer can take, and the single-process reference they are compared with.
 
 * :func:`run_server`: build stage ``k`` of the run's GPT (``swarmtrain.app.models.stages``), serve it
-  (``peers.swarm.server.StageServer``), and at every optimizer step average the accumulated gradients
+  (``peers.swarm.server.StageServer``), and at every optimizer step sum the accumulated gradients
   with the stage's other servers (``peers.swarm.replicas.ReplicaSync.sum_grads``) so all of them
   take the same step; on stop take part in one last parameter average so the replicas of a stage
   leave identical whatever happened.
