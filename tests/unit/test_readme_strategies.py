@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,19 @@ def test_readme_table_is_the_committed_json(name: str) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = "\n".join(markdown_table(rows))
     assert table in readme, f"README's table differs from {name}; regenerate it:\n{table}"
+
+
+def test_readme_long_run_table_and_goals_are_the_committed_json() -> None:
+    """The long run's table and the goals its script judged (``benchmarks/long_run.py``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from long_run import goal_lines
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    doc = json.loads((RESULTS / "long_run.json").read_text(encoding="utf-8"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert doc["settings"]["steps"] == 600 and doc["settings"]["workers"] == 4
+    assert "\n".join(markdown_table(doc["rows"])) in readme
+    assert len(doc["goals"]) == 3
+    for line in goal_lines(doc["goals"]):
+        assert line in readme, line
