@@ -20,7 +20,7 @@ from swarmtrain.simulation.runner import run_simulation
 STEPS, H = 10, 5
 
 
-def _cfg(attack: str, attackers: int) -> Any:
+def _cfg(attack: str, attackers: int, peers: int) -> Any:
     ov: dict[str, Any] = {
         "train.eval_interval": 10_000,
         "train.log_interval": 5,
@@ -29,7 +29,10 @@ def _cfg(attack: str, attackers: int) -> Any:
         "strategy.name": "diloco",
         "strategy.inner_steps": H,
         "compression.codec": "none",
-        "peers.min_peers": 2,
+        # every round waits for every peer (what _check_common asserts): on a cold start one
+        # peer's imports can take longer than the others' first period, and with fewer the
+        # round would close without it
+        "peers.min_peers": peers,
         "simulation.attack": attack,
         "simulation.attackers": attackers,
         "peers.round_timeout": 60.0,
@@ -50,7 +53,7 @@ def _check_common(res: Any, attackers: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_label_flip_attacker_trains_on_flipped_targets() -> None:
-    res = run_simulation(_cfg("label_flip", 1), 3, timeout=500)
+    res = run_simulation(_cfg("label_flip", 1, 3), 3, timeout=500)
     _check_common(res, 1)
     assert res.outcomes[0].attack_stats == {"poisoned_batches": STEPS}
     assert res.params_identical  # label flip sends honest work on poisoned data through the same rounds
@@ -60,7 +63,7 @@ def test_label_flip_attacker_trains_on_flipped_targets() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("attack", ["alie", "ipm"])
 def test_colluding_attackers_share_their_updates_over_their_own_channel(attack: str) -> None:
-    res = run_simulation(_cfg(attack, 2), 4, timeout=800)
+    res = run_simulation(_cfg(attack, 2, 4), 4, timeout=800)
     _check_common(res, 2)
     rounds = STEPS // H
     for o in res.outcomes[:2]:

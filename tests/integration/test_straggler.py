@@ -76,9 +76,10 @@ def test_a_straggler_neither_holds_the_rounds_open_nor_gets_the_fast_peers_dropp
         for p in run.procs:
             p.terminate(grace=3.0)
     logs = {n: re.findall(WINDOW, run.log(n)) for n in ("a", "b")}
-    # the leader's measured window fell below the hand-set window (a non-leader measures nothing)
+    # the leader's measured window fell below the hand-set window, which a non-leader (it measures
+    # nothing) keeps; which of the two led round 0 is a race, so neither is assumed to be first
     windows = [float(w) for n in ("a", "b") for _, _, w in logs[n]]
-    assert windows[0] == CEILING and min(windows) < CEILING, logs
+    assert CEILING in windows and min(windows) < CEILING, logs
     # no fast peer was dropped: every round they committed after the throttle had both of them
     rounds = {n: {int(r) for r, _, _ in logs[n]} for n in ("a", "b")}
     assert rounds["a"] == rounds["b"], rounds
