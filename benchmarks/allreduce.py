@@ -230,7 +230,7 @@ def _guarded(target: Any, rank: int, initial: list[str], q: Any, *args: Any) -> 
         raise
 
 
-def _get(q: Any, procs: list[Any], timeout: float) -> tuple[str, int, Any]:
+def next_report(q: Any, procs: list[Any], timeout: float) -> tuple[str, int, Any]:
     """Next report; raises if it does not come in time or a worker died."""
     import queue as queue_mod
 
@@ -258,13 +258,13 @@ def _run(
     try:
         args = (n, sizes, codecs, rounds, impl, chunk_elems)
         procs.append(spawn_function(_guarded, (target, 0, [], q, barrier, *args)))
-        tag, _, boot = _get(q, procs, 180)
+        tag, _, boot = next_report(q, procs, 180)
         for r in range(1, n):
             procs.append(spawn_function(_guarded, (target, r, list(boot), q, barrier, *args)))
         per: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         done = 0
         while done < n:
-            tag, rank, payload = _get(q, procs, 900)
+            tag, rank, payload = next_report(q, procs, 900)
             if tag == "result":
                 per.setdefault((payload["impl"], payload["codec"], payload["numel"]), {})[rank] = payload
             elif tag == "done":

@@ -32,7 +32,6 @@ import functools
 import json
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ ROOT = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from allreduce import next_report  # noqa: E402
 from runlog import loadavg, recorded  # noqa: E402
 
 from peers.process import find_orphans, spawn_function  # noqa: E402
@@ -117,21 +117,6 @@ def _worker(
         raise
 
 
-def _get(q: Any, procs: list[Any], timeout: float) -> tuple[str, int, Any]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            tag, rank, payload = q.get(timeout=1.0)
-        except queue_mod.Empty:
-            if any(not p.alive for p in procs):
-                raise RuntimeError("a peer process died") from None
-            continue
-        if tag == "error":
-            raise RuntimeError(f"peer {rank} failed:\n{payload}")
-        return str(tag), int(rank), payload
-    raise TimeoutError("no report from the peers in time")
-
-
 def run_rate(
     rate_mbit: float, n: int, numel: int, rounds: int, topology: Path = TOPOLOGY, no_delay: bool = False
 ) -> dict[str, Any]:
@@ -158,9 +143,9 @@ def run_rate(
                 args = (r, node.host_maddr, node.announce_maddr, list(initial), q, barrier, n, numel, rounds)
                 procs.append(spawn_function(target, args, name=f"wan{r}"))
                 if r == 0:
-                    tag, _, initial = _get(q, procs, 180)
+                    tag, _, initial = next_report(q, procs, 180)
             while len(per) < n:
-                tag, rank, payload = _get(q, procs, 1800)
+                tag, rank, payload = next_report(q, procs, 1800)
                 if tag == "result":
                     per[rank] = payload
             proxy_bytes = sum(net.proxy.bytes.values()) if net.proxy else 0
