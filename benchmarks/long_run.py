@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     from swarmtrain.simulation.runner import run_simulation
 
     rows = run_grid(base, pts, workers, real_peers=real, real_run=run_simulation, on_row=on_row)
-    fragments = getattr(load_point(None, {**base, **pts[4].overrides}).strategy, "fragments", 1)
+    streaming = next(p for p in pts if p.strategy == "streaming_diloco")
+    fragments = getattr(load_point(None, {**base, **streaming.overrides}).strategy, "fragments", 1)
     met = goals(rows, fragments)
-    write_outputs(rows, meta, path)
     doc = json.loads(path.read_text())
     doc["goals"] = met
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
