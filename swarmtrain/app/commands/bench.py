@@ -242,6 +242,17 @@ def _grid_progress(
     return on_row
 
 
+def _base_overrides(steps: int, batch_size: int | None, preset: str | None) -> dict[str, Any]:
+    """What every point of a grid shares, as config overrides (unset flags: the config's)."""
+    base: dict[str, Any] = {
+        "train.steps": steps,
+        "train.batch_size": batch_size,
+        "model.preset": preset,
+        "train.eval_interval": 10_000_000,  # one evaluation, at the end
+    }
+    return {k: v for k, v in base.items() if v is not None}
+
+
 @bench_app.command("strategies")
 def strategies(
     strategy: str = typer.Option(
@@ -295,13 +306,7 @@ def strategies(
     grid = _grid_from_flags(
         strategy, codec, inner_steps, outer_lr, outer_momentum, error_feedback, sweep or ()
     )
-    base: dict[str, Any] = {
-        "train.steps": steps,
-        "train.batch_size": batch_size,
-        "model.preset": preset,
-        "train.eval_interval": 10_000_000,  # one evaluation, at the end
-    }
-    base = {k: v for k, v in base.items() if v is not None}
+    base = _base_overrides(steps, batch_size, preset)
     points = grid_points(grid)
     for p in points:  # every point's config is valid before the first one trains
         load_point(config, {**base, **p.overrides})
