@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from peers.swarm.routing import ServerInfo, servers_by_stage
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["Move", "plan_move", "stage_rates"]
+__all__ = ["Move", "bottleneck_stage", "plan_move", "stage_rates"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,16 @@ def plan_move(servers: Sequence[ServerInfo], stages: int, hysteresis: float = 0.
     if new <= before * (1.0 + hysteresis):
         return None
     return Move(mover.peer_id, src, dst, before, new)
+
+
+def bottleneck_stage(servers: Sequence[ServerInfo], stages: int) -> int:
+    """The stage a joining server should serve (``--stage auto``): the one with the lowest rate (a
+    stage without servers has rate 0), where a server that has not measured its throughput yet counts
+    at its stage's mean measured rate per server (1.0 when none is measured); ties: lower index."""
+    by_stage = servers_by_stage(servers, stages)
+    rates: list[float] = []
+    for group in by_stage:
+        measured = [s.throughput for s in group if s.throughput > 0]
+        per = sum(measured) / len(measured) if measured else 1.0
+        rates.append(sum(s.throughput if s.throughput > 0 else per for s in group))
+    return min(range(stages), key=lambda i: (rates[i], i))

@@ -45,3 +45,14 @@ def test_no_move_when_the_donor_would_empty_or_when_unmeasured() -> None:
 def test_three_stages_the_bottleneck_gets_the_server() -> None:
     move = plan_move(_servers({0: [10.0, 10.0, 10.0], 1: [10.0, 10.0], 2: [10.0]}), 3)
     assert move is not None and (move.src, move.dst) == (0, 2)
+
+
+def test_a_joining_server_picks_the_bottleneck_stage() -> None:
+    from peers.swarm.rebalance import bottleneck_stage
+
+    assert bottleneck_stage([], 3) == 0  # nobody yet: the first stage
+    assert bottleneck_stage(_servers({0: [10.0], 2: [10.0]}), 3) == 1  # an empty stage first
+    assert bottleneck_stage(_servers({0: [10.0, 10.0, 10.0], 1: [10.0]}), 2) == 1
+    assert bottleneck_stage(_servers({0: [5.0], 1: [20.0]}), 2) == 0  # by rate, not by count
+    # unmeasured servers count at their stage's mean: stage 0 has 2 x 10, stage 1 has 10 + 10
+    assert bottleneck_stage(_servers({0: [10.0, 10.0], 1: [10.0, 0.0]}), 2) == 0
