@@ -19,10 +19,12 @@ Adding the replicas' updates instead (``a + k * mean(p_i - a)``) was tried and i
 updates that each replica took from the same point overshoot like stale gradients (figures in
 docs/decisions.md).
 
-After each committed average a server serves the stage's parameters to newcomers
+After each committed average (or every few steps, :meth:`ReplicaSync.vouch`) a server serves the
+stage's parameters, and with an ``optimizer`` its optimizer state, to newcomers
 (``peers.state_transfer.StateServer`` in the stage's namespace) and vouches for their digest
-(:func:`params_digest`); a server that joins a stage others already serve downloads them first
-(:meth:`ReplicaSync.adopt`): only a state donors vouched for, with exactly the stage's names,
+(:func:`params_digest`); a server that joins a stage others already serve downloads them
+(:meth:`ReplicaSync.adopt`, or :meth:`ReplicaSync.fetch` and :meth:`ReplicaSync.load` while it
+catches up with the stage's steps): only a state donors vouched for, with exactly the stage's names,
 shapes and dtypes, finite, and hashing to the vouched digest.
 
 Rounds are numbered by the period's index of DHT time, so servers that check at different moments of
@@ -45,13 +47,15 @@ from peers.state_transfer import StateServer, download_state
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError
 from swarmtrain.core.protocols import Compressor, RoundResult
 
-__all__ = ["ReplicaSync", "FINAL_ROUND", "params_digest"]
+__all__ = ["ReplicaSync", "FINAL_ROUND", "OPT_KEYS", "params_digest"]
 
 logger = logging.getLogger(__name__)
 
 #: round number of the last sync, when every server of the stage leaves at the end of a run
 FINAL_ROUND = 1 << 40
 _ATTEMPTS = 4  # rounds per step: 4 * step + attempt
+#: the optimizer state a snapshot may carry per parameter (AdamW's), as ``opt.<param>.<key>``
+OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
 def params_digest(params: Mapping[str, torch.Tensor]) -> bytes:
@@ -75,6 +79,7 @@ class ReplicaSync:
         period: seconds of DHT time between two syncs.
         timeout: seconds one sync round may take.
         join_window: seconds a round's leader waits for the stage's other servers.
+        optimizer: when given, snapshots carry its state (replicas that step together share it).
     """
 
     def __init__(
@@ -87,11 +92,13 @@ class ReplicaSync:
         period: float = 5.0,
         timeout: float = 20.0,
         join_window: float = 1.0,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         if not period > 0 or not timeout > 0:
             raise ConfigError("sync period and timeout must be > 0")
         self.stage = stage
         self.params = dict(params)
+        self.optimizer = optimizer
         self.compressor = compressor
         self.period = float(period)
         self.timeout = float(timeout)
@@ -137,7 +144,7 @@ class ReplicaSync:
             self.committed += 1
             self.last_group = len(res.participants)
             self._round = round_id
-            self.state_server.refresh(vouch=params_digest(self.params).hex())
+            self.state_server.refresh(vouch=params_digest(self._tensors()).hex())
         else:
             self.failed += 1
             logger.info("stage %d sync round %d failed: %s", self.stage, round_id, res.reason)
@@ -189,22 +196,87 @@ class ReplicaSync:
         replicas that step together hold the same parameters at the same version."""
         self._round = int(version)
         self._last = self._epoch()
-        self.state_server.refresh(vouch=params_digest(self.params).hex())
+        self.state_server.refresh(vouch=params_digest(self._tensors()).hex())
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """The parameters, and the optimizer's state as ``opt.<param>.<key>``."""
+        out = dict(self.params)
+        if self.optimizer is not None:
+            for name, p in self.params.items():
+                for key, t in self.optimizer.state.get(p, {}).items():
+                    if key in OPT_KEYS and isinstance(t, torch.Tensor):
+                        out[f"opt.{name}.{key}"] = t
+        return out
 
     def _provide(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        return {k: v.detach().clone() for k, v in self.params.items()}, {"round": self._round}
+        return {k: v.detach().clone() for k, v in self._tensors().items()}, {"round": self._round}
 
     def _check(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], digest: bytes | None) -> None:
         if digest is None:
             raise ProtocolError("the stage state is not vouched for")
-        if set(tensors) != set(self.params):
-            raise ProtocolError("the stage state has other tensors than this stage")
+        if not set(self.params) <= set(tensors):
+            raise ProtocolError("the stage state lacks some of this stage's tensors")
+        per_param: dict[str, int] = {}
         for k, t in tensors.items():
-            p = self.params[k]
-            if t.shape != p.shape or t.dtype != p.dtype or not bool(torch.isfinite(t).all()):
-                raise ProtocolError(f"stage tensor {k!r} has another shape/dtype or non-finite values")
+            name, want = self._expected(k)
+            p = self.params[name]
+            per_param[name] = per_param.get(name, 0) + 1
+            if t.shape != want or t.dtype != p.dtype or not bool(torch.isfinite(t).all()):
+                raise ProtocolError(f"stage tensor {k[:80]!r} has another shape/dtype or non-finite values")
+        counts = set(per_param.values())  # every parameter alone, or every one with all its state
+        if counts not in ({1}, {1 + len(OPT_KEYS)}):
+            raise ProtocolError("the stage state has optimizer state for only some parameters or keys")
         if params_digest(tensors) != digest:
             raise ProtocolError("the stage state does not hash to the digest its donors vouched for")
+
+    def _expected(self, key: str) -> tuple[str, tuple[int, ...]]:
+        """The parameter a snapshot's tensor ``key`` belongs to, and the shape it must have.
+
+        Raises:
+            ProtocolError: a name that is neither a parameter nor its optimizer state.
+        """
+        if key in self.params:
+            return key, tuple(self.params[key].shape)
+        name, _, what = key.removeprefix("opt.").rpartition(".")
+        if self.optimizer is None or not key.startswith("opt.") or name not in self.params:
+            raise ProtocolError(f"the stage state has a tensor {key[:80]!r} this stage does not")
+        if what not in OPT_KEYS:
+            raise ProtocolError(f"the stage state has optimizer state {what[:20]!r}")
+        return name, () if what == "step" else tuple(self.params[name].shape)
+
+    def fetch(self, min_round: int, timeout: float) -> tuple[dict[str, torch.Tensor], int]:
+        """A vouched snapshot of the stage of step ``min_round`` or later (an older one when none
+        came within ``timeout``; the caller checks). Returns the tensors and their step.
+
+        Raises:
+            PeerTimeoutError: no donor served a vouched state in time.
+        """
+        tensors, meta = download_state(
+            self.node,
+            timeout,
+            run_id=self.namespace,
+            vouchers=2,
+            wait_for_donor=timeout,
+            min_round=min_round,
+            fresh_wait=timeout,
+            check=self._check,
+        )
+        return tensors, int(meta["round"])
+
+    @torch.no_grad()
+    def load(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy a checked snapshot (:meth:`fetch`) into the parameters and the optimizer's state."""
+        for k, p in self.params.items():
+            p.copy_(tensors[k])
+        if self.optimizer is None:
+            return
+        for k, p in self.params.items():
+            names = {key: f"opt.{k}.{key}" for key in OPT_KEYS}
+            state = {key: tensors[n].clone() for key, n in names.items() if n in tensors}
+            if state:
+                self.optimizer.state[p] = state
+            else:
+                self.optimizer.state.pop(p, None)
 
     @torch.no_grad()
     def adopt(self, timeout: float = 60.0) -> bool:
@@ -223,8 +295,7 @@ class ReplicaSync:
         except PeerTimeoutError as e:
             logger.warning("stage %d: no replica's state to adopt: %s", self.stage, e)
             return False
-        for k, t in tensors.items():
-            self.params[k].copy_(t)
+        self.load(tensors)
         self._round = int(meta["round"])
         logger.info("stage %d: adopted round %d's state from %s", self.stage, self._round, meta["donor"][:16])
         return True

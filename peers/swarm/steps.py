@@ -19,6 +19,16 @@ network (``peers.swarm.server`` feeds it requests, ``peers.swarm.replicas`` sums
 A micro-batch's gradient counts once: :meth:`seen` tells the server that a backward it was asked for
 again (a trainer's retry after a timeout) is already accumulated, so it answers the input gradient
 without adding the parameters' gradients a second time.
+
+**Catching up** (a server that joins a stage others serve, moved there by rebalancing, or found
+behind): :meth:`start_syncing` makes the server follow the stage's steps without serving
+micro-batches (:meth:`check` refuses them with ``busy``): it takes each step's closes and joins each
+step's gradient round with zero gradients like any replica, but *logs* the stage's sums instead of
+applying them. When a replica's snapshot of step ``w`` (parameters and optimizer state) arrives,
+:meth:`adopt` replays the logged steps from ``w`` on, each exactly as the replicas applied it, and the
+server is one of them again, bit for bit. A step it took without every trainer's close or without
+the stage's round is logged as a gap; a snapshot older than a gap is refused (the caller fetches a
+newer one).
 """
 
 from __future__ import annotations
@@ -32,13 +42,16 @@ from torch import nn
 from peers.swarm.protocol import step_of
 from swarmtrain.core.errors import ConfigError, ProtocolError
 
-__all__ = ["StageSteps", "StepSync"]
+__all__ = ["StageSteps", "StepSync", "MAX_LOG"]
 
 logger = logging.getLogger(__name__)
 
 #: ``step_sync(step, expected_servers, grad_sums)`` -> the sum of ``grad_sums`` over the stage's
 #: servers (each accumulated over the micro-batches it served), or ``None`` when the round failed
 StepSync = Callable[[int, int, dict[str, torch.Tensor]], dict[str, torch.Tensor] | None]
+
+#: steps a catching-up server logs at most (older ones are dropped: a snapshot must be newer)
+MAX_LOG = 256
 
 
 class StageSteps:
@@ -83,6 +96,12 @@ class StageSteps:
         #: are not the stage's (it leaves them out of the last average)
         self.behind = False
         self._backwards = 0
+        #: following the stage's steps without serving, until :meth:`adopt` (see the module docstring)
+        self.syncing = False
+        #: while syncing: step -> (the stage's gradient sums, micro-batches completed), or ``None``
+        #: for a step this server cannot replay
+        self.log: dict[int, tuple[dict[str, torch.Tensor], int] | None] = {}
+        self._known = True  # whether ``version`` is the stage's (a syncing server learns it from closes)
 
     def check(self, mb_id: int) -> None:
         """Refuse a micro-batch of another step than the one this server is at.
@@ -90,6 +109,8 @@ class StageSteps:
         Raises:
             ProtocolError: ``stale`` (the trainer reroutes it).
         """
+        if self.syncing:
+            raise ProtocolError("busy: catching up with the stage")
         if self.closes:
             step = step_of(mb_id, self.closes, self.accumulate)
             self.behind |= step > self.version
@@ -124,6 +145,8 @@ class StageSteps:
         """
         if not self.closes:
             raise ProtocolError("this server steps on its own (closes == 0)")
+        if self.syncing and (not self._known or step > self.version):
+            self._follow(step)
         if step < self.version:
             return None
         if step > self.version:
@@ -136,21 +159,87 @@ class StageSteps:
         self.take()
         return True
 
-    def take(self) -> None:
+    def take(self, complete: bool = True) -> None:
         """Take the current step now, on the stage's gradient sum over the micro-batches the trainers
-        completed."""
+        completed (``complete=False``: not every trainer closed it; a syncing server logs a gap)."""
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         sums = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params}
         completed = sum(self.closers.values())
         logger.debug("stage %d step %d: micro-batches %s", self.stage, self.version, sorted(self.applied))
         got = self.step_sync(self.version, self.expected, sums) if self.step_sync is not None else sums
+        if self.syncing:
+            self._log(got if complete else None, completed)
+            return
         if got is None:
             self.step_failures += 1
             logger.warning("stage %d: step %d on this server's gradients only", self.stage, self.version)
             got, completed = sums, len(self.applied)
-        for n, p in params:
-            p.grad = (got[n] / completed).to(p.dtype) if completed else torch.zeros_like(p)
+        self._set_grads(got, completed)
         self._apply()
+
+    def _set_grads(self, sums: dict[str, torch.Tensor], completed: int) -> None:
+        for n, p in self.module.named_parameters():
+            if p.requires_grad:
+                p.grad = (sums[n] / completed).to(p.dtype) if completed else torch.zeros_like(p)
+
+    # --- catching up ----------------------------------------------------------------------------------
+
+    def start_syncing(self) -> None:
+        """Follow the stage's steps without serving until :meth:`adopt` (the step number comes with
+        the first close)."""
+        self.syncing, self._known = True, False
+        self.log = {}
+        self.applied.clear()
+        self.closers, self.expected = {}, 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _follow(self, step: int) -> None:
+        """A syncing server hears of ``step`` (ahead of what it follows): the steps in between are
+        gaps, and it follows from ``step`` on."""
+        if self._known:
+            for missed in range(self.version, step):
+                self.log[missed] = None
+        self.version, self._known = step, True
+        self.closers, self.expected = {}, 1
+
+    def _log(self, sums: dict[str, torch.Tensor] | None, completed: int) -> None:
+        entry = None
+        if sums is not None and completed:
+            entry = ({n: t.detach().clone() for n, t in sums.items()}, completed)
+        self.log[self.version] = entry
+        self.log = dict(sorted(self.log.items())[-MAX_LOG:])
+        self.version += 1
+        self.applied.clear()
+        self.closers, self.expected = {}, 1
+
+    def can_adopt(self, step: int) -> bool:
+        """Whether a snapshot of ``step`` can be brought to the stage's current step from the log."""
+        if not self.syncing or not self._known:
+            return False
+        if step >= self.version:
+            return True
+        return all(self.log.get(s) is not None for s in range(step, self.version))
+
+    def adopt(self, step: int, load: Callable[[], None]) -> bool:
+        """Take a replica's snapshot of ``step`` (``load`` copies its parameters and optimizer state
+        into the module and optimizer) and replay the logged steps since; returns False (nothing
+        changed) when the log cannot bridge it (see :meth:`can_adopt`)."""
+        if not self.can_adopt(step):
+            return False
+        load()
+        if step >= self.version:
+            self.version = step
+            self.closers, self.expected = {}, 1
+        for s in range(step, self.version):
+            entry = self.log[s]
+            assert entry is not None  # checked by can_adopt
+            self._set_grads(*entry)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.syncing = False
+        self.log = {}
+        logger.info("stage %d: caught up at step %d from step %d's snapshot", self.stage, self.version, step)
+        return True
 
     def _apply(self) -> None:
         self.optimizer.step()

@@ -157,3 +157,77 @@ def test_step_of_counts_and_step_headers() -> None:
     ):
         with pytest.raises(ProtocolError):
             check_request(bad_env, lim, "r")
+
+
+def _replica_steps(steps: int, snap_at: int) -> tuple[nn.Module, dict[str, object], list[dict[str, torch.Tensor]]]:
+    """One replica that serves every micro-batch and steps ``steps`` times (one close of one
+    micro-batch each); returns it, its snapshot after ``snap_at`` steps and each step's gradient sums."""
+    m = _model()
+    opt = _opt(m)
+    sums: list[dict[str, torch.Tensor]] = []
+
+    def own(step: int, expected: int, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        sums.append({k: v.clone() for k, v in grads.items()})
+        return grads
+
+    book = StageSteps(m, opt, closes=1, step_sync=own)
+    snap: dict[str, object] = {}
+    for step in range(steps):
+        if step == snap_at:
+            snap = {"model": {k: v.clone() for k, v in m.state_dict().items()}, "opt": _clone(opt)}
+        _loss(m, step).backward()
+        book.backward_done(step)
+        assert book.close(step, "t", 1, 1) is True
+    return m, snap, sums
+
+
+def _clone(opt: torch.optim.Optimizer) -> dict[str, object]:
+    import copy
+
+    return copy.deepcopy(opt.state_dict())
+
+
+def test_a_syncing_server_logs_the_stage_steps_and_replays_them_onto_a_snapshot() -> None:
+    ref, snap, sums = _replica_steps(6, snap_at=3)
+    m = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))  # other initial parameters
+    opt = _opt(m)
+
+    def stage(step: int, expected: int, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        assert all(not bool(g.any()) for g in grads.values())  # it served nothing: zeros
+        return sums[step]
+
+    book = StageSteps(m, opt, closes=1, step_sync=stage)
+    book.start_syncing()
+    with pytest.raises(ProtocolError, match="busy"):
+        book.check(2)  # no micro-batch while catching up
+    for step in range(2, 6):  # it joined during step 2
+        assert book.close(step, "t", 1, 1) is True
+    assert book.version == 6 and book.syncing
+    assert not book.can_adopt(1)  # before the first step it followed
+
+    def load() -> None:
+        m.load_state_dict(snap["model"])  # type: ignore[arg-type]
+        opt.load_state_dict(snap["opt"])  # type: ignore[arg-type]
+
+    assert book.adopt(3, load)
+    assert not book.syncing and book.version == 6
+    for a, b in zip(ref.state_dict().values(), m.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # bit-identical to the replica that stepped all along
+    book.check(6)  # serves again
+
+
+def test_a_gap_in_the_log_refuses_older_snapshots() -> None:
+    m = _model()
+    book = StageSteps(m, _opt(m), closes=2, step_sync=lambda s, e, g: g)
+    book.start_syncing()
+    assert book.close(4, "a", 1, 1) is False
+    book.take(complete=False)  # the other trainer never closed step 4 here: a gap
+    assert book.close(5, "a", 1, 1) is False and book.close(5, "b", 1, 1) is True
+    assert book.close(8, "a", 1, 1) is False  # steps 6 and 7 went by unheard: gaps
+    assert book.version == 8 and book.log[4] is None and book.log[5] is not None
+    assert book.log[6] is None and book.log[7] is None
+    assert not book.can_adopt(4) and not book.can_adopt(5) and not book.can_adopt(7)
+    assert book.can_adopt(8) and book.can_adopt(9)  # a snapshot at or past the current step
+    loaded: list[int] = []
+    assert book.adopt(9, lambda: loaded.append(9))
+    assert loaded == [9] and book.version == 9 and not book.syncing
