@@ -11,7 +11,12 @@ rate now by more than ``hysteresis`` (a fraction). That hysteresis keeps two nea
 from trading a server back and forth on measurement noise. Servers that have not measured a
 throughput yet block any move (the picture is incomplete).
 
-Pure: the caller passes the servers and gets a move or ``None``.
+Measurement noise is kept out twice more by :class:`Rebalancer`: a move happens only when every
+check over ``patience`` seconds planned that same move (load measured over a window, not a spike),
+and a server that moved does not move again within ``cooldown`` seconds (a moved server also blocks
+every plan until it measured its new stage, since unmeasured servers block moves).
+
+Pure: the caller passes the servers (and the clock) and gets a move or ``None``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from peers.swarm.routing import ServerInfo, servers_by_stage
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["Move", "bottleneck_stage", "plan_move", "stage_rates"]
+__all__ = ["Move", "Rebalancer", "bottleneck_stage", "plan_move", "stage_rates"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +83,48 @@ def bottleneck_stage(servers: Sequence[ServerInfo], stages: int) -> int:
         per = sum(measured) / len(measured) if measured else 1.0
         rates.append(sum(s.throughput if s.throughput > 0 else per for s in group))
     return min(range(stages), key=lambda i: (rates[i], i))
+
+
+class Rebalancer:
+    """:func:`plan_move` held to a plan that lasts (see the module docstring).
+
+    Args:
+        stages: pipeline stages.
+        hysteresis: see :func:`plan_move`.
+        patience: seconds the same move must be planned by every check before it is made.
+        cooldown: seconds after this server's own move during which it does not move again.
+    """
+
+    def __init__(
+        self, stages: int, hysteresis: float = 0.2, patience: float = 10.0, cooldown: float = 60.0
+    ) -> None:
+        if patience < 0 or cooldown < 0:
+            raise ConfigError("need patience >= 0 and cooldown >= 0")
+        plan_move([], stages, hysteresis)  # validates stages and hysteresis
+        self.stages = stages
+        self.hysteresis = hysteresis
+        self.patience = float(patience)
+        self.cooldown = float(cooldown)
+        self._plan: tuple[str, int, int] | None = None
+        self._since = 0.0
+        self._moved_at = -float("inf")
+
+    def observe(self, servers: Sequence[ServerInfo], now: float) -> Move | None:
+        """The move to make now, or ``None``: the plan for ``servers`` when the same one was planned
+        at every check for ``patience`` seconds."""
+        move = plan_move(servers, self.stages, self.hysteresis)
+        key = None if move is None else (move.peer_id, move.src, move.dst)
+        if key != self._plan:
+            self._plan, self._since = key, now
+        if move is None or now - self._since < self.patience:
+            return None
+        return move
+
+    def may_move(self, now: float) -> bool:
+        """Whether this server's cooldown after its own last move is over."""
+        return now - self._moved_at >= self.cooldown
+
+    def moved(self, now: float) -> None:
+        """This server moved at ``now``: its cooldown starts, and the plan starts over."""
+        self._moved_at = now
+        self._plan = None

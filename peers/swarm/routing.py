@@ -36,6 +36,8 @@ class ServerInfo:
         throughput: measured samples per second it served (0: not measured yet).
         queue: requests waiting or running on it.
         version: optimizer steps it has applied (its parameters' version).
+        syncing: catching up with its stage (``peers.swarm.steps``): it takes the stage's step
+            closes but no micro-batches yet.
     """
 
     peer_id: str
@@ -43,6 +45,7 @@ class ServerInfo:
     throughput: float = 0.0
     queue: int = 0
     version: int = 0
+    syncing: bool = False
 
 
 def server_from_record(
@@ -57,15 +60,18 @@ def server_from_record(
     if role != "server":
         return None
     stage, queue, version = extra.get("stage"), extra.get("queue", 0), extra.get("ver", 0)
+    syncing = extra.get("sync", False)
     if type(stage) is not int or type(queue) is not int or type(version) is not int:
         raise ProtocolError("server record fields stage, queue and ver must be ints")
+    if type(syncing) is not bool:
+        raise ProtocolError("server record field sync must be a bool")
     if not 0 <= stage < stages:
         raise ProtocolError(f"server announces stage {stage} outside [0, {stages})")
     if not 0 <= queue <= MAX_QUEUE_ANNOUNCED or version < 0:
         raise ProtocolError("server announces a queue or version out of range")
     if not math.isfinite(throughput) or throughput < 0:
         raise ProtocolError("server announces a throughput that is not finite and >= 0")
-    return ServerInfo(peer_id, stage, float(throughput), queue, version)
+    return ServerInfo(peer_id, stage, float(throughput), queue, version, syncing)
 
 
 def servers_by_stage(servers: Iterable[ServerInfo], stages: int) -> list[list[ServerInfo]]:
@@ -87,8 +93,8 @@ def pick_server(
     candidates: Iterable[ServerInfo], excluded: Collection[str], rng: random.Random
 ) -> ServerInfo | None:
     """One server drawn with probability proportional to :func:`route_weight`, or ``None`` when
-    every candidate is excluded (or there is none)."""
-    pool = [s for s in candidates if s.peer_id not in excluded]
+    every candidate is excluded or catching up (or there is none)."""
+    pool = [s for s in candidates if s.peer_id not in excluded and not s.syncing]
     if not pool:
         return None
     measured = [s.throughput for s in pool if s.throughput > 0]

@@ -56,3 +56,26 @@ def test_a_joining_server_picks_the_bottleneck_stage() -> None:
     assert bottleneck_stage(_servers({0: [5.0], 1: [20.0]}), 2) == 0  # by rate, not by count
     # unmeasured servers count at their stage's mean: stage 0 has 2 x 10, stage 1 has 10 + 10
     assert bottleneck_stage(_servers({0: [10.0, 10.0], 1: [10.0, 0.0]}), 2) == 0
+
+
+def test_a_move_waits_for_a_plan_that_lasts_and_a_moved_server_cools_down() -> None:
+    from peers.swarm.rebalance import Rebalancer
+
+    bal = Rebalancer(2, patience=10.0, cooldown=60.0)
+    skewed = _servers({0: [10.0, 10.0, 10.0], 1: [10.0]})
+    assert bal.observe(skewed, 0.0) is None  # first seen
+    assert bal.observe(skewed, 9.0) is None  # not for long enough yet
+    # a spike of balance resets the clock: the imbalance must last
+    assert bal.observe(_servers({0: [10.0, 10.0, 2.0], 1: [10.0]}), 9.5) is None
+    assert bal.observe(skewed, 10.0) is None
+    assert bal.observe(skewed, 19.0) is None
+    move = bal.observe(skewed, 20.0)
+    assert move is not None and (move.peer_id, move.src, move.dst) == ("p00", 0, 1)
+    assert bal.may_move(20.0)
+    bal.moved(20.0)
+    assert not bal.may_move(79.0) and bal.may_move(80.0)
+    assert bal.observe(skewed, 21.0) is None  # the plan starts over after a move
+    with pytest.raises(ConfigError):
+        Rebalancer(2, patience=-1.0)
+    with pytest.raises(ConfigError):
+        Rebalancer(1)

@@ -159,7 +159,10 @@ def test_step_of_counts_and_step_headers() -> None:
             check_request(bad_env, lim, "r")
 
 
-def _replica_steps(steps: int, snap_at: int) -> tuple[nn.Module, dict[str, object], list[dict[str, torch.Tensor]]]:
+_Sums = list[dict[str, torch.Tensor]]
+
+
+def _replica_steps(steps: int, snap_at: int) -> tuple[nn.Module, dict[str, object], _Sums]:
     """One replica that serves every micro-batch and steps ``steps`` times (one close of one
     micro-batch each); returns it, its snapshot after ``snap_at`` steps and each step's gradient sums."""
     m = _model()
