@@ -16,21 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from swarmtrain.core.config_layers import ENV_PREFIX, deep_merge, dotted_layer, env_layer, file_layer
 from swarmtrain.core.config_moves import check_moved, move_keys
 from swarmtrain.core.data_source import drop_stale_source, infer_data_source
 from swarmtrain.core.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from swarmtrain.core.swarm_config import SwarmConfig
 
 __all__ = [
     "ModelConfig",
@@ -50,6 +45,7 @@ __all__ = [
     "CompressionConfig",
     "PeersConfig",
     "SimulationConfig",
+    "SwarmConfig",
     "Config",
     "load_config",
     "format_validation_error",
@@ -57,19 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-ENV_PREFIX = "SWARMTRAIN_"
-# SWARMTRAIN_* variables that are switches of their own, not config fields. Any other variable with
-# the prefix must be SECTION__FIELD, so a typo like SWARMTRAIN_LR is an error, not silently ignored.
-NON_CONFIG_ENV = frozenset(
-    {
-        "SWARMTRAIN_PEER_MARKER",  # peers.process: marks the processes of a peer we started
-        "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
-        "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
-        "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
-        "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
-    }
-)
 
 
 class _Section(BaseModel):
@@ -419,6 +402,7 @@ class Config(_Section):
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     peers: PeersConfig = Field(default_factory=PeersConfig)
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
 
     @field_validator("strategy", mode="before")
     @classmethod
@@ -430,61 +414,6 @@ class Config(_Section):
                 raise ValueError(unknown_strategy_message(name))
             return {**value, "name": name}
         return value
-
-
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _deep_merge(dict(out[k]), v)
-        else:
-            out[k] = v
-    return out
-
-
-def _parse_env_value(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
-def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
-    layer: dict[str, Any] = {}
-    for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or key in NON_CONFIG_ENV:
-            continue
-        path = key[len(ENV_PREFIX) :].lower().split("__")
-        if len(path) != 2 or not all(path):
-            raise ConfigError(f"environment variable {key}: expected {ENV_PREFIX}<SECTION>__<FIELD>")
-        layer.setdefault(path[0], {})[path[1]] = _parse_env_value(raw)
-    return layer
-
-
-def _dotted_layer(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    layer: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        parts = dotted.split(".")
-        if len(parts) != 2:
-            raise ConfigError(f"override {dotted!r}: expected 'section.field'")
-        layer.setdefault(parts[0], {})[parts[1]] = value
-    return layer
-
-
-def _file_layer(path: str | os.PathLike[str]) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {p} cannot be read: {e}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
 
 
 def _error_loc(loc: tuple[int | str, ...], prefix: str) -> str:
@@ -581,14 +510,14 @@ def load_config(
     """
     layers: list[tuple[str, Mapping[str, Any]]] = [(_BASE, move_keys(base or {}))]
     if path is not None:
-        layers.append((_FILE, _file_layer(path)))
-    layers.append((_ENV, _env_layer(os.environ if env is None else env)))
-    layers.append((_CLI, _dotted_layer(overrides or {})))
+        layers.append((_FILE, file_layer(path)))
+    layers.append((_ENV, env_layer(os.environ if env is None else env)))
+    layers.append((_CLI, dotted_layer(overrides or {})))
     data: dict[str, Any] = {}
     for src, layer in layers:
         if src != _BASE:
             check_moved(layer)
-        data = _deep_merge(data, layer)
+        data = deep_merge(data, layer)
     strategy = _resolve_strategy(layers)
     if strategy is not None:
         data["strategy"] = strategy
