@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +47,29 @@ def join(
     log_every: float = typer.Option(
         10.0, "--log-every", min=1.0, help="Seconds between status lines when the output is not a terminal."
     ),
+    role: str = typer.Option(
+        "peer", "--role", help="peer (data-parallel / DiLoCo volunteer), or a SWARM role: server, trainer."
+    ),
+    stage: str | None = typer.Option(
+        None, "--stage", help="--role server: auto (the bottleneck stage, default) or a stage number."
+    ),
+    trainer_index: int | None = typer.Option(
+        None, "--trainer-index", min=0, help="--role trainer: which share of the micro-batches (default 0)."
+    ),
 ) -> None:
     """Join a training run: download its current state from live peers, train, and sync.
 
     Shows a live line (step, round and its peers, loss, tokens/s, bytes up/down, time to the next
     sync); piped, a timestamped line every --log-every seconds. Ctrl-C or SIGTERM finishes the
     current step and leaves cleanly; a second one aborts.
+
+    In a SWARM run (the config's [swarm] section sets stages, codecs, trainers, micro-batches),
+    --role server serves one stage (--stage auto: the bottleneck) until Ctrl-C or SIGTERM, and
+    --role trainer feeds its share of the micro-batches through the stages and leaves when done.
     """
     from swarmtrain.app.commands.peers import split_maddrs
     from swarmtrain.app.commands.train import data_overrides
+    from swarmtrain.app.swarm_join import check_role_flags, run_swarm_join
 
     overrides: dict[str, Any] = {
         "peers.initial_peers": split_maddrs(initial_peers) or None,
@@ -71,7 +86,13 @@ def join(
         "train.device": device,
     }
     overrides.update(data_overrides(list(data or [])))
-    run_join(config, overrides, json_path, log_every=log_every, by_manifest=config is None and run_id is None)
+    by_manifest = config is None and run_id is None
+    check_role_flags(role, stage, trainer_index)
+    if role != "peer":
+        load = partial(load_join_config, config, overrides, by_manifest=by_manifest)
+        run_swarm_join(role, stage, trainer_index, load, overrides, json_path)
+        return
+    run_join(config, overrides, json_path, log_every=log_every, by_manifest=by_manifest)
 
 
 def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manifest: bool) -> Any:
