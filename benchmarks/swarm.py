@@ -1,13 +1,27 @@
-"""SWARM on this machine: final loss and throughput per activation codec, against one process.
+"""SWARM on this machine: throughput versus servers per stage (with and without a server killed
+mid-run), bytes per sample and final loss per activation codec, and DiLoCo on as many peers for scale.
 
-For each codec of ``--codecs`` runs ``swarmtrain simulate --strategy swarm`` with the same settings
-(``swarmtrain.simulation.swarm.run_swarm_simulation``: real server and trainer processes on
-127.0.0.1, optionally ``--kill-servers`` SIGKILLed mid-run), then trains the baseline once (the same
-untied stages on the same micro-batches and optimizer steps in one process). Prints a table and writes
-``benchmarks/results/swarm.json`` (each run replaces its ``--label`` entry) and ``swarm.png``.
+Every SWARM point is one ``swarmtrain simulate --strategy swarm`` run
+(``swarmtrain.simulation.swarm.run_swarm_simulation``: a bootstrap, the stage servers and the trainers
+as real processes on 127.0.0.1, one torch thread each), all on the same micro-batches:
 
-    python benchmarks/swarm.py                            # none and int8, 4 servers, ~10 min on 2 cores
-    python benchmarks/swarm.py --codecs none,bf16,int8 --steps 300 --kill-servers 1
+* scaling: ``--per-stage`` servers on each of ``--stages`` stages (``--peers`` = their product) with
+  fp32 activations, and again with one server SIGKILLed mid-run wherever a stage has two or more;
+* codecs: ``--codec-per-stage`` servers per stage with each activation codec of ``--codecs`` (the fp32
+  point is the scaling run's);
+* one process: the same stages on the same micro-batches and optimizer steps
+  (``swarmtrain.app.swarm_roles.train_baseline``), the loss every SWARM run should reach;
+* DiLoCo: ``swarmtrain simulate --strategy diloco`` with as many peers as the codec runs have
+  processes (servers + trainers), the same model and about the same number of samples in all.
+
+``samples/s`` is the trainers' loop (servers' start-up excluded); DiLoCo's is its samples over its
+slowest peer's training time. ``bytes/sample`` counts every byte every peer sent (SWARM: hidden states,
+their gradients, step closes and the stages' gradient sums; DiLoCo: its syncs and state transfers).
+Prints the Markdown table of the README and writes ``benchmarks/results/swarm.json`` (each run
+replaces its ``--label`` entry) and ``swarm.png``.
+
+    python benchmarks/swarm.py                      # the README's table, ~20 min on 2 cores
+    python benchmarks/swarm.py --per-stage 1,2 --codecs none --steps 20 --no-diloco   # smoke size
 """
 
 from __future__ import annotations
@@ -15,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +38,138 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import RESULTS, finite, recorded  # noqa: E402
 
 from swarmtrain.app.swarm_roles import SwarmSettings, train_baseline  # noqa: E402
-from swarmtrain.core.config import load_config  # noqa: E402
+from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.simulation.swarm import run_swarm_simulation  # noqa: E402
+
+#: SWARM keys a row keeps (the rest of the simulation's report is dropped: it holds per-peer maps)
+_KEEP = (
+    "servers_per_stage", "trainers", "codec", "samples", "final_val_loss", "throughput_samples_per_s",
+    "rerouted", "lost_microbatches", "params_identical", "killed", "wall_s", "steps_taken",
+    "bytes_sent_by_kind", "phase_s",
+)  # fmt: skip
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def swarm_row(cfg: Config, args: argparse.Namespace, per_stage: int, codec: str, kill: int) -> dict[str, Any]:
+    """One SWARM run's figures."""
+    settings = SwarmSettings(
+        stages=args.stages,
+        codec=codec,
+        microbatches=args.steps,
+        trainers=args.trainers,
+        accumulate=args.accumulate,
+    )
+    t0 = time.perf_counter()
+    res = run_swarm_simulation(cfg, settings, per_stage * args.stages, kill_servers=kill)
+    s = res.summary()
+    row: dict[str, Any] = {k: s[k] for k in _KEEP}
+    sent = sum(int(v) for v in s["bytes_sent_by_kind"].values())
+    pipe = sum(int(s["bytes_sent_by_kind"].get(k, 0)) for k in ("activations", "gradients"))
+    row.update(
+        label=f"swarm {per_stage}/stage {codec}" + (f" kill {kill}" if kill else ""),
+        per_stage=per_stage,
+        kill_servers=kill,
+        bytes_per_sample=sent / max(res.samples, 1),
+        pipeline_bytes_per_sample=pipe / max(res.samples, 1),
+    )
+    print(
+        f"{row['label']}: val {res.final_val_loss:.4f}, {res.throughput_samples_per_s:.1f} samples/s, "
+        f"{row['bytes_per_sample']:.0f} B/sample, lost {res.lost_microbatches}, "
+        f"{time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+    return row
+
+
+def diloco_row(cfg: Config, peers: int, steps: int, timeout: float) -> dict[str, Any]:
+    """DiLoCo with ``peers`` real peers, ``steps`` steps each, H = steps // 3 (three syncs), at the
+    constant learning rate SWARM trains at (no warm-up, no decay)."""
+    from swarmtrain.simulation.runner import run_simulation
+
+    inner = max(1, steps // 3)
+    over = {
+        "strategy.name": "diloco",
+        "strategy.inner_steps": inner,
+        "train.steps": steps,
+        "train.warmup_steps": 0,  # the constant rate SWARM trains at
+        "train.min_lr": cfg.train.lr,
+    }
+    dcfg = load_config(None, {**_flat(cfg), **over}, env={})
+    t0 = time.perf_counter()
+    res = run_simulation(dcfg, peers, timeout=timeout)
+    block = 128 if cfg.model.block_size is None else cfg.model.block_size
+    samples = sum(o.tokens for o in res.outcomes) // block
+    seconds = max((o.wall_s for o in res.outcomes), default=0.0)
+    sent = sum(o.bytes_sent for o in res.outcomes)
+    row = {
+        "label": f"diloco {peers} peers",
+        "peers": peers,
+        "steps_per_peer": steps,
+        "inner_steps": inner,
+        "samples": samples,
+        "final_val_loss": res.final_val_loss,
+        "throughput_samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "bytes_per_sample": sent / max(samples, 1),
+        "params_identical": res.params_identical,
+        "wall_s": res.wall_s,
+    }
+    print(
+        f"{row['label']}: val {res.final_val_loss:.4f}, {row['throughput_samples_per_s']:.1f} samples/s, "
+        f"{row['bytes_per_sample']:.0f} B/sample, {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+    return row
+
+
+def _flat(cfg: Config) -> dict[str, Any]:
+    """The benchmark's own overrides of ``cfg`` (what ``base_config`` set), as dotted keys."""
+    return {
+        "train.batch_size": cfg.train.batch_size,
+        "train.threads": cfg.train.threads,
+        "peers.admission": cfg.peers.admission,
+    }
+
+
+def base_config(batch_size: int) -> Config:
+    """The run's config: tiny preset, one torch thread per process, admission by token."""
+    return load_config(
+        None, {"train.batch_size": batch_size, "train.threads": 1, "peers.admission": "token"}, env={}
+    )
+
+
+def _fmt_row(r: dict[str, Any], base: float) -> str:
+    if r["label"].startswith("diloco"):
+        what = f"DiLoCo, {r['peers']} peers (H={r['inner_steps']})"
+        cells = [what, "-", "-", "-", "-"]
+    else:
+        what = f"{r['per_stage']}/stage ({sum(r['servers_per_stage'])} servers)"
+        codec = {"none": "fp32"}.get(r["codec"], r["codec"])
+        cells = [what, str(r["kill_servers"]), codec, str(r["rerouted"]), str(r["lost_microbatches"])]
+    gap = 100.0 * (r["final_val_loss"] / base - 1.0)
+    pipe = f"{r['pipeline_bytes_per_sample'] / 1e3:,.1f}" if "pipeline_bytes_per_sample" in r else "-"
+    cells += [
+        f"{r['throughput_samples_per_s']:.1f}",
+        pipe,
+        f"{r['bytes_per_sample'] / 1e3:,.1f}",
+        f"{r['final_val_loss']:.4f}",
+        f"{gap:+.1f} %",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown_table(entry: dict[str, Any]) -> str:
+    """The README's table of one entry of ``swarm.json``."""
+    base = float(entry["baseline_val_loss"])
+    head = (
+        "| run | killed | activations | rerouted | lost | samples/s | hidden kB/sample | all kB/sample "
+        "| val loss | vs one process |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [_fmt_row(r, base) for r in entry["rows"]]
+    rows.append(f"| one process, same stages and micro-batches | | | | | | | | {base:.4f} | |")
+    return "\n".join([head, *rows])
 
 
 def _plot(entry: dict[str, Any], path: Path) -> None:
@@ -33,87 +178,102 @@ def _plot(entry: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = entry["runs"]
-    names = list(runs)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    a.bar(names, [runs[n]["final_val_loss"] for n in names], color="tab:blue", label="SWARM")
-    a.axhline(entry["baseline_val_loss"], color="k", ls="--", label="one process")
-    a.set_ylabel("final validation loss")
-    a.set_xlabel("activation codec")
-    a.legend(loc="lower right")
-    lo = min(entry["baseline_val_loss"], *(runs[n]["final_val_loss"] for n in names))
-    a.set_ylim(lo * 0.95, None)
-    b.bar(names, [runs[n]["throughput_samples_per_s"] for n in names], color="tab:green")
-    b.set_ylabel("samples / s (trainers' loop)")
-    b.set_xlabel("activation codec")
+    rows = entry["rows"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for kill, style in ((0, "o-"), (1, "s--")):
+        pts = [r for r in rows if r.get("codec") == "none" and r.get("kill_servers") == kill]
+        if pts:
+            label = "one server killed" if kill else "none killed"
+            a.plot(
+                [r["per_stage"] for r in pts],
+                [r["throughput_samples_per_s"] for r in pts],
+                style,
+                label=label,
+            )
+    for r in rows:
+        if r["label"].startswith("diloco"):
+            a.axhline(r["throughput_samples_per_s"], color="k", ls=":", label=r["label"])
+    a.set_xlabel("servers per stage")
+    a.set_ylabel("samples / s")
+    a.legend(fontsize=8)
+    codecs = [r for r in rows if r.get("per_stage") == entry["codec_per_stage"] and not r.get("kill_servers")]
+    names = [{"none": "fp32"}.get(r["codec"], r["codec"]) for r in codecs]
+    b.bar(names, [r["final_val_loss"] for r in codecs], color="tab:blue")
+    b.axhline(entry["baseline_val_loss"], color="k", ls="--", label="one process")
+    lo = min([entry["baseline_val_loss"], *(r["final_val_loss"] for r in codecs)])
+    b.set_ylim(lo * 0.97, None)
+    for i, r in enumerate(codecs):
+        b.annotate(
+            f"{r['bytes_per_sample'] / 1e3:,.0f} kB/sample", (i, r["final_val_loss"]), ha="center", fontsize=8
+        )
+    b.set_ylabel("final validation loss")
+    b.legend(fontsize=8, loc="lower right")
     fig.suptitle(
-        f"SWARM {entry['servers']} servers / {entry['stages']} stages, {entry['trainers']} trainer(s), "
-        f"{entry['kill_servers']} killed"
+        f"SWARM, {entry['stages']} stages, {entry['trainers']} trainers x {entry['steps']} micro-batches"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--codecs", default="none,int8", help="comma-separated activation codecs")
-    ap.add_argument("--servers", type=int, default=4)
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--per-stage", default="1,2,3", help="servers per stage of the scaling runs")
+    ap.add_argument("--codecs", default="none,bf16,int8", help="comma-separated activation codecs")
+    ap.add_argument("--codec-per-stage", type=int, default=2, help="servers per stage of the codec runs")
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--trainers", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=150, help="micro-batches per trainer")
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=120, help="micro-batches per trainer")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per trainer per step")
-    ap.add_argument("--kill-servers", type=int, default=0)
+    ap.add_argument("--accumulate", type=int, default=2, help="micro-batches per trainer per step")
+    ap.add_argument("--no-kill", action="store_true", help="skip the runs with a server killed")
+    ap.add_argument("--no-diloco", action="store_true", help="skip the DiLoCo run")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--out", type=Path, default=RESULTS / "swarm.json")
     ap.add_argument("--label", default="current", help="the entry of the JSON this run replaces")
-    args = ap.parse_args()
-    cfg = load_config(
-        None, {"train.steps": args.steps, "train.batch_size": args.batch_size, "peers.admission": "token"}
-    )
-    runs: dict[str, Any] = {}
+    return ap.parse_args()
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run of the benchmark; returns the JSON entry."""
+    cfg = base_config(args.batch_size)
+    rows: list[dict[str, Any]] = []
+    for per in _ints(args.per_stage):
+        rows.append(swarm_row(cfg, args, per, "none", 0))
+        if per >= 2 and not args.no_kill:
+            rows.append(swarm_row(cfg, args, per, "none", 1))
     for codec in [c.strip() for c in args.codecs.split(",") if c.strip()]:
-        settings = SwarmSettings(
-            stages=args.stages,
-            codec=codec,
-            microbatches=args.steps,
-            trainers=args.trainers,
-            accumulate=args.accumulate,
-        )
-        res = run_swarm_simulation(cfg, settings, args.servers, kill_servers=args.kill_servers)
-        runs[codec] = res.summary()
-        print(
-            f"{codec}: val {res.final_val_loss:.4f}, {res.throughput_samples_per_s:.1f} samples/s", flush=True
-        )
-    base, _ = train_baseline(  # the same micro-batches and steps as the swarm's
-        cfg,
-        SwarmSettings(
-            stages=args.stages, microbatches=args.steps, trainers=args.trainers, accumulate=args.accumulate
-        ),
+        if codec != "none" or args.codec_per_stage not in _ints(args.per_stage):
+            rows.append(swarm_row(cfg, args, args.codec_per_stage, codec, 0))
+    settings = SwarmSettings(
+        stages=args.stages, microbatches=args.steps, trainers=args.trainers, accumulate=args.accumulate
     )
-    head = f"{'codec':<8}{'val loss':>10}{'vs base':>9}{'samples/s':>11}"
-    print(head + f"{'rerouted':>9}{'lost':>6}{'identical':>10}")
-    for codec, r in runs.items():
-        gap = 100.0 * (r["final_val_loss"] / base - 1.0)
-        print(
-            f"{codec:<8}{r['final_val_loss']:>10.4f}{gap:>8.1f}%{r['throughput_samples_per_s']:>11.1f}"
-            f"{r['rerouted']:>9}{r['lost_microbatches']:>6}{'yes' if r['params_identical'] else 'NO':>10}"
-        )
-    print(f"{'one proc':<8}{base:>10.4f}")
-    entry = {
+    base, _ = train_baseline(cfg, settings)  # the same micro-batches and steps as the swarm's
+    if not args.no_diloco:
+        peers = args.codec_per_stage * args.stages + args.trainers
+        steps = max(3, round(args.trainers * args.steps / peers))  # about the swarm's samples
+        rows.append(diloco_row(cfg, peers, steps, args.timeout))
+    return {
         "recorded": recorded(),
         "preset": "tiny",
-        "servers": args.servers,
         "stages": args.stages,
         "trainers": args.trainers,
         "steps": args.steps,
         "batch_size": args.batch_size,
         "accumulate": args.accumulate,
-        "kill_servers": args.kill_servers,
+        "codec_per_stage": args.codec_per_stage,
+        "threads_per_process": 1,
         "baseline_val_loss": base,
-        "runs": runs,
+        "rows": rows,
     }
+
+
+def main() -> None:
+    args = _args()
+    entry = run_all(args)
+    print(markdown_table(entry))
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     labelled = old.get("runs", {}) if old.get("benchmark") == "swarm" else {}
+    labelled = {k: v for k, v in labelled.items() if "rows" in v}  # entries of this script's layout
     result = {"benchmark": "swarm", "runs": {**labelled, args.label: entry}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(finite(result), indent=2, allow_nan=False) + "\n")
