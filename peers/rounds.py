@@ -34,6 +34,13 @@ Scheme (one DHT key pair per round and kind):
    Members of the last group that have no connection any more at the start of a round are not
    expected in it: a leader waiting for ``expected_peers`` does not wait its whole join window for
    peers it knows are gone, so survivors that noticed a death a few seconds apart still meet.
+   A leader this peer never saw connected (a restarted or new peer knows no last group) is gone too
+   once it has neither connected nor published a list for the hand-set join window plus
+   ``2 * LEADER_CHECK_S`` while enough peers (``min_peers``) joined: a live leader closes within its
+   join window and its push opens a connection to each member. Without this, a restarted peer whose
+   leader died just before its round waited the whole round deadline (its first, unmeasured one:
+   the hand-set ceiling), the survivors moved on round after round without it, and one survivor
+   ended the run alone on a stale state (``simulate --chaos``: peers not identical).
 
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
@@ -277,7 +284,8 @@ class Matchmaker:
         recorded: set[str] = set()  # joiners seen in the DHT records
         group, pushed = self._inbox(kind, round_id, 0.0, -1)
         read_joins = True
-        watch = _LeaderWatch(self.pushes.connected, set(self.last_members) - {self.peer_id})
+        grace = self.join_window + 2 * LEADER_CHECK_S  # a live leader's list comes by then
+        watch = _LeaderWatch(self.pushes.connected, set(self.last_members) - {self.peer_id}, grace)
         joined = [self.peer_id]
         seen_at: dict[str, float] = {}  # when each joiner was first seen (a leader's join spread)
         while True:
@@ -295,7 +303,7 @@ class Matchmaker:
                     recorded |= set(self._get(join_key, min(deadline - time.monotonic(), LEADER_CHECK_S)))
                     joined = self._joiners(recorded | pushed)
                     may_lead = joined[0] == self.peer_id
-                    watch.check(joined[0], round_id)
+                    watch.check(joined[0], round_id, quorum=len(joined) >= self.min_peers)
                 continue
             if read_joins:
                 reads = first_read or (self._start_get(join_key), self._start_get(group_key))
@@ -358,18 +366,22 @@ class Matchmaker:
 
 
 class _LeaderWatch:
-    """Step 6: whether the peer expected to lead a round is still connected, checked every
+    """Step 6: whether the peer expected to lead a round is still there, checked every
     ``LEADER_CHECK_S`` seconds.
 
-    Only a peer known to have been up (connected at an earlier check, or a member of this peer's last
-    group) counts as gone when it is missing: one this peer never had a connection to may simply not
-    have dialled it yet.
+    A peer known to have been up (connected at an earlier check, or a member of this peer's last
+    group) is gone when it has no connection any more. One this peer never had a connection to may
+    simply not have dialled it yet: it is gone only when, with enough joiners for it to close the
+    round, it stayed unconnected for ``grace`` seconds since it was first watched (a live leader
+    would have closed the round and pushed its list by then).
     """
 
-    def __init__(self, connected: Callable[[], set[str] | None], known: set[str]) -> None:
+    def __init__(self, connected: Callable[[], set[str] | None], known: set[str], grace: float) -> None:
         self.connected = connected
         self.known = known
+        self.grace = grace
         self.next_at = time.monotonic()
+        self._unseen_since: dict[str, float] = {}  # leaders never connected: when first watched
 
     def due(self) -> bool:
         """Whether a check is due (and, if so, the next one is scheduled)."""
@@ -379,8 +391,9 @@ class _LeaderWatch:
         self.next_at = now + LEADER_CHECK_S
         return True
 
-    def check(self, leader: str, round_id: int) -> None:
-        """Raise ``MemberGone`` if ``leader`` was up and has no connection any more."""
+    def check(self, leader: str, round_id: int, *, quorum: bool = True) -> None:
+        """Raise ``MemberGone`` if ``leader`` was up and has no connection any more, or (``quorum``:
+        enough peers joined for it to close) was never connected to in ``grace`` seconds."""
         live = self.connected()
         if live is None:
             return
@@ -388,3 +401,11 @@ class _LeaderWatch:
             self.known.add(leader)
         elif leader in self.known:
             raise MemberGone(f"leader {leader[:12]} of round {round_id} disconnected before its list arrived")
+        else:
+            now = time.monotonic()
+            since = self._unseen_since.setdefault(leader, now)
+            if quorum and now - since >= self.grace:
+                raise MemberGone(
+                    f"leader {leader[:12]} of round {round_id} neither connected nor sent its list "
+                    f"in {now - since:.0f} s"
+                )

@@ -198,13 +198,35 @@ def test_a_leader_seen_connected_then_gone_fails_the_wait() -> None:
 
 
 def test_a_leader_never_connected_to_is_waited_for_until_the_deadline() -> None:
-    """No evidence that A was ever up here (a first round, not dialled yet): no early failure."""
+    """No evidence that A was ever up here (a first round, not dialled yet): no early failure within
+    A's join window (30 s here)."""
     mm = _waiting_for_a(set, ())
     with pytest.raises(RoundTimeout):
         mm.form_group("reduce", 2, deadline=_in(3))
     mm = _waiting_for_a(lambda: None, ("A", "B"))  # connections unknown: no early failure either
     with pytest.raises(RoundTimeout):
         mm.form_group("reduce", 2, deadline=_in(3))
+
+
+def test_a_leader_never_connected_to_is_gone_after_its_join_window() -> None:
+    """A restarted B knows no last group; the leader A it waits for joined the round and died before
+    B's first check. A live A would have closed the round and pushed its list within its join window
+    (1 s here): B fails the wait then, not at the 30 s deadline (a restarted peer's deadline is the
+    hand-set ceiling, and the survivors moved on round after round without it: simulate --chaos)."""
+    mm = _waiting_for_a(lambda: {"C"}, ())
+    mm.join_window = 1.0
+    t0 = time.monotonic()
+    with pytest.raises(MemberGone, match="leader A"):
+        mm.form_group("reduce", 2, deadline=_in(30))
+    assert time.monotonic() - t0 < 20  # not the 30 s deadline
+
+
+def test_a_leader_never_connected_to_without_enough_joiners_is_waited_for() -> None:
+    """With fewer joiners than min_peers a live leader keeps waiting: no early failure."""
+    mm = _waiting_for_a(set, ())
+    mm.join_window, mm.min_peers = 0.1, 3
+    with pytest.raises(RoundTimeout):
+        mm.form_group("reduce", 2, deadline=_in(6))
 
 
 class _LateRecordDHT(FakeDHT):
