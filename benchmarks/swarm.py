@@ -193,6 +193,7 @@ def _plot(entry: dict[str, Any], path: Path) -> None:
     for r in rows:
         if r["label"].startswith("diloco"):
             a.axhline(r["throughput_samples_per_s"], color="k", ls=":", label=r["label"])
+    a.set_xticks(sorted({r["per_stage"] for r in rows if "per_stage" in r}))
     a.set_xlabel("servers per stage")
     a.set_ylabel("samples / s")
     a.legend(fontsize=8)
