@@ -98,7 +98,8 @@ def settings_from_config(cfg: Config) -> SwarmSettings:
     from swarmtrain.app.models.stages import stage_blocks
     from swarmtrain.app.swarm_roles import SwarmSettings
 
-    settings = SwarmSettings(**cfg.swarm.model_dump())
+    known = {f.name for f in dataclasses.fields(SwarmSettings)}
+    settings = SwarmSettings(**{k: v for k, v in cfg.swarm.model_dump().items() if k in known})
     stage_blocks(resolve_spec(cfg.model).n_layer, settings.stages)
     for key in ("codec", "sync_codec"):
         name = getattr(settings, key)

@@ -4,7 +4,7 @@ Every server and trainer of a SWARM run must agree on them (the stage cut, the c
 how many micro-batches close an optimizer step), so they live in the config the run's peers share,
 not in each peer's flags. The fields and their checks are those of
 ``swarmtrain.app.swarm_roles.SwarmSettings``, which ``swarmtrain.app.swarm_join`` builds from this
-section (a test keeps the two field sets equal).
+section (a test checks that every ``SwarmSettings`` field is here, with the same default).
 """
 
 from __future__ import annotations
@@ -27,3 +27,16 @@ class SwarmConfig(BaseModel):
     microbatches: int = Field(default=100, ge=1, description="micro-batches each trainer feeds")
     trainers: int = Field(default=1, ge=1, description="trainers of the run (each feeds its share)")
     accumulate: int = Field(default=1, ge=1, description="micro-batches per trainer per optimizer step")
+    device_s: float = Field(default=0.0, ge=0, lt=60, description="emulated device seconds per micro-batch")
+    rebalance: bool = Field(
+        default=True, description="servers move from an over-served stage to the bottleneck"
+    )
+    hysteresis: float = Field(
+        default=0.2, ge=0, description="a move must raise the pipeline's rate by this fraction"
+    )
+    patience: float = Field(
+        default=10.0, ge=0, description="seconds the same move must be planned before it is made"
+    )
+    cooldown: float = Field(
+        default=60.0, ge=0, description="seconds before a server that moved may move again"
+    )

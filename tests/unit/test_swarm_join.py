@@ -18,9 +18,11 @@ from swarmtrain.core.swarm_config import SwarmConfig
 
 def test_the_section_has_the_fields_and_defaults_of_swarm_settings() -> None:
     """Every SwarmSettings field is settable from [swarm], with the same default (a field added to
-    one must be added to the other)."""
-    settings = {f.name: f.default for f in dataclasses.fields(SwarmSettings)}
-    assert SwarmConfig().model_dump() == settings
+    SwarmSettings must be added to the section, or the run's peers could not agree on it)."""
+    section = SwarmConfig().model_dump()
+    for f in dataclasses.fields(SwarmSettings):
+        assert f.name in section, f"SwarmSettings.{f.name} is missing from [swarm] (SwarmConfig)"
+        assert section[f.name] == f.default, f.name
 
 
 def test_the_section_loads_from_toml_and_the_environment(tmp_path: Path) -> None:
@@ -44,6 +46,9 @@ def test_the_section_loads_from_toml_and_the_environment(tmp_path: Path) -> None
         ("swarm.max_queue", 0, "swarm.max_queue"),
         ("swarm.accumulate", 0, "swarm.accumulate"),
         ("swarm.sync_period", 0.0, "swarm.sync_period"),
+        ("swarm.device_s", 60.0, "swarm.device_s"),
+        ("swarm.hysteresis", -0.1, "swarm.hysteresis"),
+        ("swarm.cooldown", -1.0, "swarm.cooldown"),
         ("swarm.bogus", 1, "swarm.bogus"),
     ],
 )
