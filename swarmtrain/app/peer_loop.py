@@ -544,11 +544,26 @@ class _Peer:
         res.failed_rounds += 1
         self.streak.failed(r.reason)
         note = f"round failed: {r.reason[:60]}" if r.reason else "round failed"
-        if not self.membership.catch_up_after_failure:
+        if not self.membership.catch_up_after_failure or self._holds_the_freshest_state():
             return note
         if self.catch_up():
             self.server.refresh()
         return f"{note}; catching up"
+
+    def _holds_the_freshest_state(self) -> bool:
+        """Whether the freshest state the donors vouch for has this peer's own shared parameters: no
+        round committed since it got them, so a download would only throw away its steps since then
+        (and set its step count back: a restarted peer that did so after every failed round ended the
+        run steps behind the others, which finished first while it committed rounds without them)."""
+        from peers.state_transfer import freshest_vouched
+
+        try:
+            best = freshest_vouched(
+                self.node, exclude=self.p2p.banned, vouchers=self.cfg.peers.state_vouchers
+            )
+        except SwarmError:
+            return False
+        return best is not None and best[1].hex() == shared_digest(self.trainer)
 
     def close(self) -> None:
         self.server.close()
