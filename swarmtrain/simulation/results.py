@@ -100,6 +100,19 @@ class SimulationResult:
         return stalled_fragments(self.outcomes)
 
     @property
+    def comm_wait_s_per_peer(self) -> float:
+        """Seconds the training loop of a peer that finished waited on communication, averaged."""
+        return sum(o.comm_wait_s for o in self.outcomes) / max(len(self.outcomes), 1)
+
+    @property
+    def wait_per_round_s(self) -> float | None:
+        """Seconds a training loop waited per round it took part in (committed or failed), over the
+        peers that finished: a blocking strategy's round time as its loop sees it (Streaming DiLoCo
+        overlaps its rounds with training, so less); ``None`` with no round."""
+        rounds = sum(o.committed_rounds + o.failed_rounds for o in self.outcomes)
+        return sum(o.comm_wait_s for o in self.outcomes) / rounds if rounds else None
+
+    @property
     def bytes_per_token(self) -> float:
         """Bytes sent per peer per token that peer trained on."""
         per_peer_tokens = self.tokens / max(self.peers, 1)
@@ -111,6 +124,8 @@ class SimulationResult:
         for detail in ("outcomes", "intruder_reports", "intruder_errors"):
             d.pop(detail)
         d["bytes_per_token"] = self.bytes_per_token
+        d["comm_wait_s_per_peer"] = self.comm_wait_s_per_peer
+        d["wait_per_round_s"] = self.wait_per_round_s
         d["rounds_committed"] = self.rounds_committed
         d["rounds_failed"] = self.rounds_failed
         d["rounds_per_fragment"] = self.rounds_per_fragment
