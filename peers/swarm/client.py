@@ -277,6 +277,7 @@ class SwarmPipeline:
             for t in [t for t in pending if now >= limit(t)]:
                 t.cancel()
                 pending.discard(t)
+        await asyncio.gather(*tasks, return_exceptions=True)  # a cancelled task is done only then
         out: list[Any] = []
         for t in tasks:
             if t.cancelled():

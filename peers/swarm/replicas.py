@@ -64,7 +64,7 @@ def params_digest(params: Mapping[str, torch.Tensor]) -> bytes:
     for name in sorted(params):
         t = params[name].detach().contiguous().cpu()
         h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: 0-dim too (a step count)
     return h.digest()
 
 

@@ -60,18 +60,18 @@ def server_from_record(
     if role != "server":
         return None
     stage, queue, version = extra.get("stage"), extra.get("queue", 0), extra.get("ver", 0)
-    syncing = extra.get("sync", False)
+    syncing = extra.get("sync", 0)
     if type(stage) is not int or type(queue) is not int or type(version) is not int:
         raise ProtocolError("server record fields stage, queue and ver must be ints")
-    if type(syncing) is not bool:
-        raise ProtocolError("server record field sync must be a bool")
+    if type(syncing) is not int or syncing not in (0, 1):
+        raise ProtocolError("server record field sync must be 0 or 1")
     if not 0 <= stage < stages:
         raise ProtocolError(f"server announces stage {stage} outside [0, {stages})")
     if not 0 <= queue <= MAX_QUEUE_ANNOUNCED or version < 0:
         raise ProtocolError("server announces a queue or version out of range")
     if not math.isfinite(throughput) or throughput < 0:
         raise ProtocolError("server announces a throughput that is not finite and >= 0")
-    return ServerInfo(peer_id, stage, float(throughput), queue, version, syncing)
+    return ServerInfo(peer_id, stage, float(throughput), queue, version, bool(syncing))
 
 
 def servers_by_stage(servers: Iterable[ServerInfo], stages: int) -> list[list[ServerInfo]]:

@@ -27,8 +27,15 @@ it (the trainer timed out and asked again) answers the input gradient without ac
 parameters' gradients again.
 
 The server announces itself through its peer record (role ``server``): ``throughput`` (samples per
-second of service, a moving average), and in ``extra`` its ``stage``, ``queue`` (requests waiting or
-running) and ``ver`` (optimizer steps applied); the record's TTL heartbeat removes a dead server.
+second it can serve whole micro-batches at: rows over the moving averages of its forward and backward
+service times), and in ``extra`` its ``stage``, ``queue`` (requests waiting or running), ``ver``
+(optimizer steps applied) and ``sync`` (catching up: :meth:`StageServer.catch_up`); the record's TTL
+heartbeat removes a dead server. :meth:`StageServer.retire_after_step` stops it at a step boundary
+(nothing of the next step accumulated) when it moves to another stage.
+
+``device_s`` emulates a slower device: each micro-batch occupies the server at least that many
+seconds (half on a forward, half on a backward; all on the last stage's one request), so
+benchmarks and tests on one machine can give stages known, equal costs.
 Bytes are counted where they cross the stream, under ``activations`` (forward) and ``gradients``
 (backward) in the node's ledger, with the stage as the ledger's round.
 """
@@ -42,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -78,6 +85,12 @@ _FRAME_TIMEOUT = 30.0
 _JOB_TIMEOUT = 600.0
 
 
+class Stopper(Protocol):
+    """What tells a blocking call to give up (``threading.Event``, ``peers.GracefulExit``)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 @dataclass(frozen=True)
 class StageServerConfig:
     """How a stage server serves.
@@ -90,6 +103,7 @@ class StageServerConfig:
         closes: trainers that close each step (0: every server steps alone; see the module docstring).
         close_timeout: seconds a step waits for the trainers that did not close it yet.
         announce_interval: seconds between two record updates (queue, throughput, version).
+        device_s: emulated device seconds per micro-batch (see the module docstring; 0: none).
     """
 
     limits: StageLimits
@@ -98,12 +112,15 @@ class StageServerConfig:
     closes: int = 0
     close_timeout: float = 120.0
     announce_interval: float = 1.0
+    device_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_queue < 1 or self.accumulate < 1 or not self.announce_interval > 0:
             raise ConfigError("need max_queue >= 1, accumulate >= 1, announce_interval > 0")
         if self.closes < 0 or not self.close_timeout > 0:
             raise ConfigError("need closes >= 0 and close_timeout > 0")
+        if not 0 <= self.device_s < 60:
+            raise ConfigError("need 0 <= device_s < 60")
 
 
 @dataclass
@@ -204,8 +221,12 @@ class StageServer:
         self._waiting: list[_Job] = []  # step requests, answered once the step is taken (worker only)
         self._first_close = 0.0
         self._steps_open = 0  # step requests held (event loop only)
-        self.throughput = 0.0  # samples per second of service (EWMA)
+        self.throughput = 0.0  # samples per second of whole micro-batches (see the module docstring)
+        self._service: dict[str, float] = {}  # request type -> seconds per request (EWMA)
         self._rows = 0  # rows of the request being served (worker only)
+        self._rows_avg = 0.0
+        self.retired = threading.Event()  # set once it stopped at a step boundary to move
+        self._retire = False
         self._draining = False  # set by stop(): refuse new requests, finish the queued ones
         self._inflight = 0  # event loop only
         self._jobs: queue.Queue[_Job] = queue.Queue()
@@ -239,17 +260,29 @@ class StageServer:
     # --- announcing ---------------------------------------------------------------------------------
 
     def _announce(self) -> None:
+        if self.retired.is_set():  # its record is the next stage's server's now
+            return
         self.node.publish(
             role="server",
             throughput=self.throughput,
             stage=self.limits.stage,
             queue=self._inflight,
             ver=self.version,
+            sync=int(self.steps.syncing),
         )
 
     def _announce_loop(self) -> None:
         while not self._stop.wait(self.config.announce_interval):
             self._announce()
+
+    def _measure(self, kind: str, seconds: float) -> None:
+        """A request of ``kind`` took ``seconds``: update the micro-batch rate announced."""
+        old = self._service.get(kind)
+        self._service[kind] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self._rows_avg = self._rows if self._rows_avg == 0 else 0.8 * self._rows_avg + 0.2 * self._rows
+        kinds = (FORWARD,) if self.limits.last else (FORWARD, BACKWARD)
+        if all(k in self._service for k in kinds):
+            self.throughput = self._rows_avg / max(sum(self._service[k] for k in kinds), 1e-6)
 
     # --- receive side (event loop) --------------------------------------------------------------------
 
@@ -335,6 +368,8 @@ class StageServer:
             try:
                 with self._lock:
                     result = self._close(job) if is_step(job.env) else self._serve(job.env, job.frames)
+                if not is_step(job.env):
+                    self._emulate_device(job.env.type, t0)
             except ProtocolError as e:
                 result = e
             except Exception as e:  # a bug must not kill the worker; the trainer reroutes
@@ -345,9 +380,7 @@ class StageServer:
                 continue
             job.loop.call_soon_threadsafe(_resolve, job.fut, result)
             if isinstance(result, _Reply) and not is_step(job.env):
-                dt = max(time.perf_counter() - t0, 1e-6)
-                rate = self._rows / dt
-                self.throughput = rate if self.throughput == 0 else 0.8 * self.throughput + 0.2 * rate
+                self._measure(job.env.type, time.perf_counter() - t0)
             self._idle()
 
     def _idle(self) -> None:
@@ -361,11 +394,22 @@ class StageServer:
                 self.config.close_timeout,
             )
             with self._lock:
-                self.steps.take()
+                self.steps.take(complete=False)
                 self._answer_closes()
+                self._stepped()
         if self.between_requests is not None and not self._stop.is_set():
-            with self._lock:
-                self.between_requests()
+            try:
+                with self._lock:
+                    self.between_requests()
+            except Exception:  # the hook must not kill the worker: the stage would stop answering
+                logger.exception("stage %d: the between-requests hook failed", self.limits.stage)
+
+    def _emulate_device(self, kind: str, t0: float) -> None:
+        """Hold the worker until the request's share of ``device_s`` has passed since ``t0``."""
+        share = self.config.device_s * (1.0 if self.limits.last else 0.5)
+        left = share - (time.perf_counter() - t0)
+        if left > 0:
+            time.sleep(left)
 
     # --- steps ----------------------------------------------------------------------------------------
 
@@ -375,12 +419,26 @@ class StageServer:
         taken = self.steps.close(job.env.round, job.sender, *decode_step_note(job.env.note))
         if taken is None:  # a retried close of a step already taken
             return _Reply(STEPS, [], encode_count(self.version))
+        if self._waiting and self._waiting[0].env.round < job.env.round:  # a catching-up server
+            self._refuse_waiting("the stage went on")  # heard of a later step: the held one is gone
         if not self._waiting:
             self._first_close = time.monotonic()
         self._waiting.append(job)
         if taken:
             self._answer_closes()
+            self._stepped()
         return None
+
+    def _stepped(self) -> None:
+        """A step was just taken: a server retiring to move stops here (refuses all that follows)."""
+        if self._retire and not self.steps.syncing:
+            self._draining = True
+            self.retired.set()
+
+    def _refuse_waiting(self, why: str) -> None:
+        for job in self._waiting:
+            job.loop.call_soon_threadsafe(_resolve, job.fut, ProtocolError(why))
+        self._waiting = []
 
     def _answer_closes(self) -> None:
         reply = _Reply(STEPS, [], encode_count(self.version))
@@ -438,6 +496,62 @@ class StageServer:
         with self._lock:
             return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
+    def retire_after_step(self) -> None:
+        """Stop serving right after the next step is taken (``retired`` is then set): from that
+        moment every request is refused as ``busy`` and the record is no longer renewed, so the
+        server can move to another stage without taking any of the next step's micro-batches."""
+        self._retire = True
+
+    def cancel_retire(self) -> bool:
+        """Take back :meth:`retire_after_step`; False when the server retired already."""
+        with self._lock:  # the worker retires under it
+            self._retire = False
+            return not self.retired.is_set()
+
+    def catch_up(
+        self,
+        fetch: Callable[[int], tuple[int, Callable[[], None]]],
+        stop: Stopper,
+        wait: float = 0.2,
+    ) -> bool:
+        """Follow the stage's steps without serving until a replica's snapshot brings this server
+        to the stage's step (``peers.swarm.steps``); blocking, call it from a thread.
+
+        Args:
+            fetch: ``fetch(step)`` -> ``(its step, load)``: a checked snapshot of ``step`` or later,
+                and a function that loads it into the module and optimizer (called under the lock).
+                Its errors are logged and it is called again.
+            stop: give up once ``stop.wait(0)`` is true (a ``threading.Event``).
+            wait: seconds between two checks while no step has been heard of yet.
+
+        Returns:
+            True once caught up; False when ``stop`` was set first.
+        """
+        with self._lock:
+            self.steps.start_syncing()
+        self._announce()
+        while not stop.wait(0):
+            with self._lock:
+                since = self.steps.adoptable_from
+            if since is None:
+                stop.wait(wait)
+                continue
+            try:
+                step, load = fetch(since)
+            except (SwarmError, ProtocolError) as e:
+                logger.info("stage %d: no snapshot to catch up from yet: %s", self.limits.stage, e)
+                stop.wait(wait)
+                continue
+            with self._lock:
+                done = self.steps.adopt(step, load)
+                if done and self._waiting and self._waiting[0].env.round < self.version:
+                    self._refuse_waiting("the stage went on")  # closes of a step before the snapshot
+            if done:
+                self._announce()
+                return True
+            logger.info("stage %d: step %d's snapshot is too old; again", self.limits.stage, step)
+        return False
+
     def stop(self, timeout: float = 10.0) -> None:
         """Refuse new requests, finish the queued ones, stop the worker, remove the handler."""
         if self._stop.is_set():
@@ -449,9 +563,7 @@ class StageServer:
         self._stop.set()
         self._worker.join(timeout)
         self._announcer.join(timeout)
-        for job in self._waiting:  # a step no longer taken here: its trainers go on without this server
-            job.loop.call_soon_threadsafe(_resolve, job.fut, ProtocolError("the server is leaving"))
-        self._waiting = []
+        self._refuse_waiting("the server is leaving")  # its trainers go on without this server
         try:
             self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler), 5.0)
         except Exception:

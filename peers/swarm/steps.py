@@ -212,6 +212,17 @@ class StageSteps:
         self.applied.clear()
         self.closers, self.expected = {}, 1
 
+    @property
+    def adoptable_from(self) -> int | None:
+        """While syncing: the oldest step whose snapshot the log can bring to the current step
+        (``None``: no step heard of yet)."""
+        if not self.syncing or not self._known:
+            return None
+        step = self.version
+        while self.log.get(step - 1) is not None:
+            step -= 1
+        return step
+
     def can_adopt(self, step: int) -> bool:
         """Whether a snapshot of ``step`` can be brought to the stage's current step from the log."""
         if not self.syncing or not self._known:
@@ -227,7 +238,7 @@ class StageSteps:
         if not self.can_adopt(step):
             return False
         load()
-        if step >= self.version:
+        if step > self.version:  # the closes held so far were of an older step
             self.version = step
             self.closers, self.expected = {}, 1
         for s in range(step, self.version):
@@ -236,7 +247,7 @@ class StageSteps:
             self._set_grads(*entry)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.syncing = False
+        self.syncing = self.behind = False
         self.log = {}
         logger.info("stage %d: caught up at step %d from step %d's snapshot", self.stage, self.version, step)
         return True

@@ -3,8 +3,8 @@
 * :func:`run_server`: build stage ``k`` of the run's GPT (``swarmtrain.app.models.stages``), serve it
   (``peers.swarm.server.StageServer``), and at every optimizer step sum the accumulated gradients
   with the stage's other servers (``peers.swarm.replicas.ReplicaSync.sum_grads``) so all of them
-  take the same step; on stop take part in one last parameter average so the replicas of a stage
-  leave identical whatever happened.
+  take the same step; catch up, move to the bottleneck stage and leave as
+  ``swarmtrain.app.swarm_server`` describes.
 * :func:`run_trainer`: feed this trainer's share of the micro-batches through the stage servers
   (``peers.swarm.client.SwarmPipeline``); trainer ``t`` of ``T`` takes the run-wide micro-batches
   ``i * T + t`` (``BatchSampler`` with ``peer_index=t``), so none is fed twice, and closes an
@@ -39,6 +39,10 @@ __all__ = [
     "TrainerOutcome",
     "run_server",
     "run_trainer",
+    "final_sync",
+    "optimizer_for",
+    "stage_limits",
+    "tensor_bytes",
     "train_baseline",
     "evaluate_stages",
     "stage_digest",
@@ -63,6 +67,13 @@ class SwarmSettings:
         trainers: trainers of the run (each takes its share of the micro-batches).
         accumulate: micro-batches each trainer feeds per optimizer step (a step's gradient is the mean
             over ``trainers * accumulate`` micro-batches, on the servers and in the baseline).
+        device_s: emulated device seconds per micro-batch on each server (0: none; benchmarks and
+            tests give the stages equal, known costs with it on a machine with few cores).
+        rebalance: servers move from an over-served stage to the bottleneck
+            (``peers.swarm.rebalance``).
+        hysteresis: a move must raise the pipeline's rate by more than this fraction.
+        patience: seconds the same move must be planned before it is made.
+        cooldown: seconds before a server that moved may move again.
     """
 
     stages: int = 2
@@ -73,6 +84,11 @@ class SwarmSettings:
     microbatches: int = 100
     trainers: int = 1
     accumulate: int = 1
+    device_s: float = 0.0
+    rebalance: bool = True
+    hysteresis: float = 0.2
+    patience: float = 10.0
+    cooldown: float = 60.0
 
     def __post_init__(self) -> None:
         if self.stages < 2 or self.trainers < 1 or self.microbatches < 1 or self.max_queue < 1:
@@ -81,6 +97,8 @@ class SwarmSettings:
             raise ConfigError("swarm: accumulate must be >= 1")
         if not self.sync_period > 0:
             raise ConfigError("swarm: sync_period must be > 0")
+        if not 0 <= self.device_s < 60 or self.hysteresis < 0 or self.patience < 0 or self.cooldown < 0:
+            raise ConfigError("swarm: need 0 <= device_s < 60 and hysteresis, patience, cooldown >= 0")
 
 
 @dataclass
@@ -101,6 +119,8 @@ class ServerOutcome:
     digest: str
     ledger: dict[str, Any]
     state: dict[str, tuple[str, tuple[int, ...], bytes]] = field(default_factory=dict)
+    #: stage moves: ``src``, ``dst``, ``at`` (left ``src``) and ``serving_at`` (caught up), wall clock
+    moves: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,6 +137,8 @@ class TrainerOutcome:
     losses: list[float]
     seconds: float
     ledger: dict[str, Any]
+    #: wall-clock time (``time.time()``) each completed micro-batch completed at
+    done_at: list[float] = field(default_factory=list)
 
 
 def stage_spec(cfg: Config) -> GPTSpec:
@@ -127,7 +149,7 @@ def stage_spec(cfg: Config) -> GPTSpec:
     return resolve_spec(cfg.model, vocab_size=corpus.vocab_size)
 
 
-def _optimizer(module: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+def optimizer_for(module: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
     t = cfg.train
     return torch.optim.AdamW(
         module.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
@@ -144,7 +166,7 @@ def stage_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _limits(spec: GPTSpec, stage: int, settings: SwarmSettings, cfg: Config) -> Any:
+def stage_limits(spec: GPTSpec, stage: int, settings: SwarmSettings, cfg: Config) -> Any:
     from peers.swarm.protocol import StageLimits
 
     return StageLimits(
@@ -155,82 +177,16 @@ def _limits(spec: GPTSpec, stage: int, settings: SwarmSettings, cfg: Config) -> 
 def run_server(
     cfg: Config,
     settings: SwarmSettings,
-    stage: int,
+    stage: int | None,
     stop: threading.Event | Any,
     on_ready: Callable[[str], None] | None = None,
+    on_move: Callable[[int, int, float, float], None] | None = None,
 ) -> ServerOutcome:
-    """Serve stage ``stage`` until ``stop`` is set (anything with ``wait(timeout)``), then average a
-    last time with the stage's servers that leave with it.
+    """Serve a stage until ``stop`` is set (``swarmtrain.app.swarm_server.run_server``: stage
+    ``None`` is the bottleneck stage; the server catches up, moves and leaves as described there)."""
+    from swarmtrain.app.swarm_server import run_server as serve
 
-    Raises:
-        ConfigError: a bad stage or codec.
-    """
-    from compression import build_compressor
-    from peers.node import PeerNode
-    from peers.swarm.replicas import FINAL_ROUND, ReplicaSync
-    from peers.swarm.server import StageServer, StageServerConfig
-
-    if not 0 <= stage < settings.stages:
-        raise ConfigError(f"--stage {stage} is outside [0, {settings.stages})")
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    spec = stage_spec(cfg)
-    module: GPTStage = build_stages(spec, settings.stages, seed=cfg.train.seed)[stage]
-    module.train()
-    codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.codec}))
-    sync_codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.sync_codec}))
-    with PeerNode(cfg.peers, role="server", heartbeat_ttl=6.0) as node:
-        params = dict(module.named_parameters())
-        sync = ReplicaSync(node, stage, params, sync_codec, period=settings.sync_period)
-        scfg = StageServerConfig(
-            _limits(spec, stage, settings, cfg),
-            max_queue=settings.max_queue,
-            accumulate=settings.accumulate,
-            closes=settings.trainers,
-        )
-        built: list[StageServer] = []  # the worker may call the hook before the constructor returns
-        vouched = [0]
-
-        def between_requests() -> None:  # newcomers can download the state every sync_period
-            if built and built[0].version > vouched[0] and sync.due():
-                vouched[0] = built[0].version
-                sync.vouch(vouched[0])
-
-        server = StageServer(
-            node,
-            module,
-            _optimizer(module, cfg),
-            codec,
-            scfg,
-            between_requests=between_requests,
-            step_sync=sync.sum_grads,
-        )
-        built.append(server)
-        if on_ready is not None:
-            on_ready(node.peer_id)
-        stop.wait(None)
-        server.stop()
-        # a server that missed a step holds parameters the stage moved on from: it takes the others'
-        final = _final_sync(node, sync, FINAL_ROUND, weight=0.0 if server.steps.behind else 1.0)
-        sync.close()
-        with torch.no_grad():
-            state = {k: _tensor_bytes(v) for k, v in module.state_dict().items()}
-        return ServerOutcome(
-            stage=stage,
-            peer_id=node.peer_id,
-            served=server.served,
-            refused=server.refused,
-            version=server.version,
-            duplicates=server.duplicates,
-            step_failures=server.step_failures,
-            syncs_committed=sync.committed,
-            syncs_failed=sync.failed,
-            final_sync=final.committed,
-            final_group=len(final.participants) if final.committed else 0,
-            digest=stage_digest(module),
-            ledger=node.ledger.totals(),
-            state=state,
-        )
+    return serve(cfg, settings, stage, stop, on_ready=on_ready, on_move=on_move)
 
 
 def _stage_servers(node: Any, stage: int) -> int:
@@ -242,7 +198,7 @@ def _stage_servers(node: Any, stage: int) -> int:
     return sum(1 for r in recs if r.role == "server" and r.extra.get("stage") == stage)
 
 
-def _final_sync(node: Any, sync: Any, first_round: int, tries: int = 3, weight: float = 1.0) -> Any:
+def final_sync(node: Any, sync: Any, first_round: int, tries: int = 3, weight: float = 1.0) -> Any:
     """The leaving servers' last average. A round that formed with fewer members than the stage has
     live servers (one of them was slower to leave than the join window) is tried again, up to
     ``tries`` more rounds: every member of a short round sees the same shortfall, so they all go on
@@ -255,7 +211,7 @@ def _final_sync(node: Any, sync: Any, first_round: int, tries: int = 3, weight: 
     return final
 
 
-def _tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+def tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
     t = t.detach().contiguous().cpu()
     return str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numpy().tobytes()
 
@@ -307,6 +263,7 @@ def run_trainer(
         pipe = SwarmPipeline(node, pcfg, seed=cfg.train.seed * 1000 + index)
         pipe.wait_for_servers(120.0)
         losses: list[float] = []
+        done_at: list[float] = []
         t0 = time.perf_counter()
         n, per_step = settings.microbatches, settings.accumulate
         completed = 0  # of this step's micro-batches
@@ -314,6 +271,7 @@ def run_trainer(
             x, y = sampler.get(i)
             try:
                 losses.append(pipe.train_microbatch(sampler.global_index(i), x, y))
+                done_at.append(time.time())
                 completed += 1
             except NoServer as e:
                 logger.warning("micro-batch %d lost: %s", sampler.global_index(i), e)
@@ -334,6 +292,7 @@ def run_trainer(
             losses=losses,
             seconds=time.perf_counter() - t0,
             ledger=node.ledger.totals(),
+            done_at=done_at,
         )
 
 
@@ -366,7 +325,7 @@ def train_baseline(cfg: Config, settings: SwarmSettings) -> tuple[float, list[GP
     corpus = build_corpus(cfg.data)
     spec = resolve_spec(cfg.model, vocab_size=corpus.vocab_size)
     stages = build_stages(spec, settings.stages, seed=cfg.train.seed)
-    opts = [_optimizer(s, cfg) for s in stages]
+    opts = [optimizer_for(s, cfg) for s in stages]
     samplers = [
         BatchSampler(
             corpus.train,

@@ -4,7 +4,9 @@ A bootstrap DHT node, ``servers`` stage servers spread round-robin over the stag
 (``swarmtrain.app.swarm_roles.run_server``) and ``trainers`` trainers
 (``swarmtrain.app.swarm_roles.run_trainer``), each a separate interpreter in its own process group
 (``peers.process.spawn_function``), admitted as ``swarmtrain run init`` would admit them
-(``swarmtrain.simulation.credentials``). With ``kill_servers=K``, K servers are SIGKILLed at random
+(``swarmtrain.simulation.credentials``); ``layout`` places them by hand instead (e.g. ``[3, 1]``),
+and rebalancing (``swarmtrain.app.swarm_server``) may move them between stages as they train.
+With ``kill_servers=K``, K servers are SIGKILLed at random
 moments between 15 % and 60 % of the trainers' progress, never the last server of a stage. When every
 trainer is done, the servers are asked to leave (SIGTERM): the servers of each stage average a last
 time and report a digest of their parameters, so ``params_identical`` says whether each stage's
@@ -42,7 +44,7 @@ from swarmtrain.simulation.runner import (
     stop_peers,
 )
 
-__all__ = ["SwarmResult", "run_swarm_simulation", "spread_servers", "KILL_WINDOW"]
+__all__ = ["SwarmResult", "run_swarm_simulation", "spread_servers", "rates_around_moves", "KILL_WINDOW"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,14 @@ class SwarmResult:
     step_failures: int = 0
     #: backwards a server was asked for again and answered without accumulating them twice
     duplicate_backwards: int = 0
+    #: servers per stage at the end (after rebalancing moves; the killed ones not counted)
+    servers_per_stage_end: list[int] = field(default_factory=list)
+    #: every move: ``server``, ``src``, ``dst``, ``at_s`` / ``serving_at_s`` (seconds into training)
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    #: samples per second the trainers completed before the first move and after the last mover
+    #: served again (``None`` without moves)
+    throughput_before_moves: float | None = None
+    throughput_after_moves: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """The JSON report."""
@@ -111,7 +121,12 @@ def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any],
         cfg = Config.model_validate_json(cfg_json)
         with GracefulExit() as stop:
             out = run_server(
-                cfg, SwarmSettings(**settings), stage, stop, on_ready=lambda pid: q.put(("ready", rank, pid))
+                cfg,
+                SwarmSettings(**settings),
+                stage,
+                stop,
+                on_ready=lambda pid: q.put(("ready", rank, pid)),
+                on_move=lambda src, dst, at, serving: q.put(("moved", rank, (src, dst, at, serving))),
             )
         q.put(("done", rank, asdict(out)))
     except BaseException as e:  # report, never hang the parent
@@ -158,6 +173,8 @@ class _Child:
                 self.ready = True
             elif kind == "step":
                 self.progress = int(payload)
+            elif kind == "moved":
+                self.stage = int(payload[1])
             elif kind == "done":
                 self.outcome = payload
 
@@ -190,17 +207,24 @@ def run_swarm_simulation(
     kill_servers: int = 0,
     baseline: bool = False,
     timeout: float = 1800.0,
+    layout: list[int] | None = None,
 ) -> SwarmResult:
-    """Run SWARM with ``servers`` stage servers and ``settings.trainers`` trainers on loopback.
+    """Run SWARM with ``servers`` stage servers and ``settings.trainers`` trainers on loopback
+    (``layout``: servers per stage, summing to ``servers``; default round-robin).
 
     Raises:
-        ConfigError: too few servers for the stages, or more kills than servers beyond one per stage.
+        ConfigError: too few servers for the stages, a layout that does not fit, or more kills than
+            servers beyond one per stage.
         SwarmError: a child reported an error, died before its report, or the run timed out.
     """
     from peers import find_orphans, spawn_function
     from swarmtrain.app.swarm_roles import train_baseline
 
     stage_of = spread_servers(servers, settings.stages)
+    if layout is not None:
+        if len(layout) != settings.stages or sum(layout) != servers or min(layout) < 1:
+            raise ConfigError(f"layout {layout} does not place {servers} servers on {settings.stages} stages")
+        stage_of = [s for s, n in enumerate(layout) for _ in range(n)]
     if kill_servers > servers - settings.stages:
         raise ConfigError(
             f"--kill-servers {kill_servers}: {servers} servers over {settings.stages} stages leave "
@@ -243,6 +267,7 @@ def run_swarm_simulation(
                 p = spawn_function(_trainer_main, targs, name=f"trainer{t}")
                 procs.append(p)
                 trn.append(_Child(f"trainer{t}", p, q))
+            t_train = time.time()
             total = settings.microbatches * settings.trainers
             kills = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
             killed: list[str] = []
@@ -270,6 +295,7 @@ def run_swarm_simulation(
     wall = time.perf_counter() - t0
     phases["teardown"] = wall - sum(phases.values())
     res = _result(cfg, settings, stage_of, trn, alive, killed, wall, phases)
+    _add_moves(res, settings, alive, trn, t_train)
     if baseline:
         res.baseline_val_loss, _ = train_baseline(cfg, settings)
     return res
@@ -296,7 +322,7 @@ def _result(
     final_syncs: dict[str, int] = {}
     stages = build_stages(stage_spec(cfg), settings.stages, seed=cfg.train.seed)
     for s in range(settings.stages):
-        mine = [o for c, o in souts if c.stage == s]
+        mine = [o for _, o in souts if o["stage"] == s]
         identical &= bool(mine) and len({o["digest"] for o in mine}) == 1
         final_syncs[f"stage{s}"] = max((o["final_group"] for o in mine), default=0)
         if mine:
@@ -304,7 +330,7 @@ def _result(
     val = evaluate_stages(stages, cfg)
     samples = sum(o["samples"] for o in touts)
     seconds = max((o["seconds"] for o in touts), default=0.0)
-    bytes_sent = {f"server{c.name[6:]}.stage{c.stage}": int(o["ledger"]["sent"]) for c, o in souts}
+    bytes_sent = {f"server{c.name[6:]}.stage{o['stage']}": int(o["ledger"]["sent"]) for c, o in souts}
     bytes_sent.update({f"trainer{o['index']}": int(o["ledger"]["sent"]) for o in touts})
     last = [o["losses"][-1] for o in touts if o["losses"]]
     reasons: dict[str, int] = {}
@@ -341,6 +367,44 @@ def _result(
         duplicate_backwards=sum(int(o["duplicates"]) for _, o in souts),
     )
     return res
+
+
+def rates_around_moves(
+    done: list[tuple[float, int]], moves: list[tuple[float, float]], end: float
+) -> tuple[float | None, float | None]:
+    """Samples per second completed before the first move started and after the last mover served
+    again. ``done``: ``(time, samples)`` per completed micro-batch; ``moves``: ``(left, serving)``;
+    ``end``: when training ended. ``(None, None)`` without moves; a side without samples is ``None``."""
+    if not moves:
+        return None, None
+    start = min(t for t, _ in done) if done else 0.0
+    first, last = min(m[0] for m in moves), max(m[1] for m in moves)
+
+    def rate(lo: float, hi: float) -> float | None:
+        n = sum(k for t, k in done if lo < t <= hi)
+        return n / (hi - lo) if n and hi > lo else None
+
+    return rate(start, first), rate(last, end)
+
+
+def _add_moves(
+    res: SwarmResult, settings: SwarmSettings, alive: list[_Child], trn: list[_Child], t0: float
+) -> None:
+    """The moves the surviving servers made, where the servers ended, and the rates around the moves."""
+    souts = [(c, c.outcome) for c in alive if c.outcome is not None]
+    res.servers_per_stage_end = [sum(1 for _, o in souts if o["stage"] == s) for s in range(settings.stages)]
+    moves = [(c.name, m) for c, o in souts for m in o["moves"]]
+    res.rebalance_moves = len(moves)
+    res.moves = [
+        {"server": name, "src": m["src"], "dst": m["dst"]}
+        | {"at_s": m["at"] - t0, "serving_at_s": None if m["serving_at"] is None else m["serving_at"] - t0}
+        for name, m in sorted(moves, key=lambda x: x[1]["at"])
+    ]  # serving_at_s None: it never caught up with its new stage
+    touts = [c.outcome for c in trn if c.outcome is not None]
+    done = [(t, o["samples"] // max(1, o["completed"])) for o in touts for t in o["done_at"]]
+    end = max((t for t, _ in done), default=t0)
+    spans = [(m["at"], end if m["serving_at"] is None else m["serving_at"]) for _, m in moves]
+    res.throughput_before_moves, res.throughput_after_moves = rates_around_moves(done, spans, end)
 
 
 def _kill_one(servers: list[Any], rng: random.Random) -> str:
