@@ -112,7 +112,7 @@ def _f(x: Any, fmt: str) -> str:
 
 
 def _mb(x: Any) -> str:
-    return _f(x / 1e6 if isinstance(x, int | float) else None, "7.1f")
+    return _f(x / 1e6 if isinstance(x, int | float) else None, ".1f")
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -128,9 +128,9 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         same = {True: "yes", False: "NO"}.get(r["params_identical"], "-")
         cf = _f(r["rounds_committed"], "d") + "/" + _f(r["rounds_failed"], "d")
         lines.append(
-            f"{r['strategy']:<16.16} {_f(r['compute_utilization'], '5.3f')} {cf:>7} "
-            f"{_f(r['wait_per_round_s'], '7.2f')} {_mb(r['bytes_sent_per_peer'])} "
-            f"{_f(r['final_val_loss'], '6.3f')} {same:>4} {_f(r['wall_s'], '5.0f')}"
+            f"{r['strategy']:<16.16} {_f(r['compute_utilization'], '.3f'):>5} {cf:>7} "
+            f"{_f(r['wait_per_round_s'], '.2f'):>7} {_mb(r['bytes_sent_per_peer']):>7} "
+            f"{_f(r['final_val_loss'], '.3f'):>6} {same:>4} {_f(r['wall_s'], '.0f'):>5}"
         )
         if r["rc"] != 0:
             lines.append(f"  ({r['strategy']}: simulate exited {r['rc']})")
