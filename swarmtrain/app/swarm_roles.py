@@ -180,7 +180,7 @@ def run_server(
     stage: int | None,
     stop: threading.Event | Any,
     on_ready: Callable[[str], None] | None = None,
-    on_move: Callable[[int, int, float, float], None] | None = None,
+    on_move: Callable[[int, int, float, float | None], None] | None = None,
 ) -> ServerOutcome:
     """Serve a stage until ``stop`` is set (``swarmtrain.app.swarm_server.run_server``: stage
     ``None`` is the bottleneck stage; the server catches up, moves and leaves as described there)."""

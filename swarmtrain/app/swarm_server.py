@@ -66,8 +66,9 @@ HANDOVER_S = 2.0
 FETCH_TIMEOUT_S = 20.0
 
 _COUNTS = ("served", "refused", "duplicates", "step_failures")
-#: ``on_move(src, dst, moved_at, serving_at)``: wall-clock seconds (``time.time()``)
-MoveCallback = Callable[[int, int, float, float], None]
+#: ``on_move(src, dst, moved_at, serving_at)``: wall-clock seconds (``time.time()``); called when the
+#: server left ``src`` (``serving_at`` None) and again once it caught up with ``dst``
+MoveCallback = Callable[[int, int, float, float | None], None]
 
 
 @dataclass
@@ -239,6 +240,8 @@ def _watch(
             continue
         cur = new
         rebalancer.moved(time.monotonic())
+        if on_move is not None:  # it counts for its new stage from now on (a kill must not empty one)
+            on_move(move.src, move.dst, cur.moves[-1]["at"], None)
     return cur
 
 
