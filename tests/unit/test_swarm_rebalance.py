@@ -79,3 +79,15 @@ def test_a_move_waits_for_a_plan_that_lasts_and_a_moved_server_cools_down() -> N
         Rebalancer(2, patience=-1.0)
     with pytest.raises(ConfigError):
         Rebalancer(1)
+
+
+def test_rates_around_moves_count_samples_before_the_first_move_and_after_the_last_catch_up() -> None:
+    from swarmtrain.simulation.swarm import rates_around_moves
+
+    done = [(float(t), 8) for t in range(0, 21)]  # a micro-batch of 8 every second from 0 to 20
+    done += [(float(t) + 0.5, 8) for t in range(12, 20)]  # twice as fast after the move
+    before, after = rates_around_moves(done, [(6.0, 12.0)], end=20.0)
+    assert before == pytest.approx(6 * 8 / 6.0)  # (0, 6]: 6 micro-batches
+    assert after == pytest.approx(16 * 8 / 8.0)  # (12, 20]: 16 micro-batches
+    assert rates_around_moves(done, [], end=20.0) == (None, None)
+    assert rates_around_moves(done, [(6.0, 20.0)], end=20.0)[1] is None  # never caught up
