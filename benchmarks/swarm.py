@@ -45,7 +45,7 @@ from swarmtrain.simulation.swarm import run_swarm_simulation  # noqa: E402
 _KEEP = (
     "servers_per_stage", "trainers", "codec", "samples", "final_val_loss", "throughput_samples_per_s",
     "rerouted", "lost_microbatches", "params_identical", "killed", "wall_s", "steps_taken",
-    "bytes_sent_by_kind", "phase_s",
+    "bytes_sent_by_kind", "phase_s", "step_failures", "duplicate_backwards",
 )  # fmt: skip
 
 
