@@ -98,8 +98,7 @@ def settings_from_config(cfg: Config) -> SwarmSettings:
     from swarmtrain.app.models.stages import stage_blocks
     from swarmtrain.app.swarm_roles import SwarmSettings
 
-    known = {f.name for f in dataclasses.fields(SwarmSettings)}
-    settings = SwarmSettings(**{k: v for k, v in cfg.swarm.model_dump().items() if k in known})
+    settings = SwarmSettings(**cfg.swarm.model_dump())
     stage_blocks(resolve_spec(cfg.model).n_layer, settings.stages)
     for key in ("codec", "sync_codec"):
         name = getattr(settings, key)
@@ -169,12 +168,21 @@ def serve(
             err=False,
         )
 
+    def moved(src: int, dst: int, at: float, serving_at: float | None) -> None:
+        what = (
+            "left"
+            if serving_at is None
+            else f"caught up with stage {dst} {serving_at - at:.1f} s after it left"
+        )
+        typer.echo(f"server: rebalancing moved it from stage {src} to stage {dst}: {what}")
+
     with GracefulExit(message="leaving after the stage's last average") as stop:
-        out = run_server(cfg, settings, stage, stop, on_ready=ready)
+        out = run_server(cfg, settings, stage, stop, on_ready=ready, on_move=moved)
     typer.echo(
         f"server left: stage {out.stage}, {out.served} requests served, {out.refused} refused, "
-        f"{out.version} optimizer steps, {out.step_failures} step failures, last average with "
-        f"{out.final_group} server(s), digest {out.digest[:16]}, {time.perf_counter() - t0:.0f} s"
+        f"{out.version} optimizer steps, {out.step_failures} step failures, {len(out.moves)} move(s), "
+        f"last average with {out.final_group} server(s), digest {out.digest[:16]}, "
+        f"{time.perf_counter() - t0:.0f} s"
     )
     doc = {k: v for k, v in dataclasses.asdict(out).items() if k != "state"}  # raw tensor bytes
     _write_json(json_path, {"role": "server", "stage_auto": auto, "stages": settings.stages, **doc})

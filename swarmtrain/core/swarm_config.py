@@ -4,7 +4,7 @@ Every server and trainer of a SWARM run must agree on them (the stage cut, the c
 how many micro-batches close an optimizer step), so they live in the config the run's peers share,
 not in each peer's flags. The fields and their checks are those of
 ``swarmtrain.app.swarm_roles.SwarmSettings``, which ``swarmtrain.app.swarm_join`` builds from this
-section (a test checks that every ``SwarmSettings`` field is here, with the same default).
+section (a test keeps the two field sets and their defaults equal).
 """
 
 from __future__ import annotations
