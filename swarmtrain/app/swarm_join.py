@@ -6,7 +6,7 @@ stage cut, the codecs and the step size; the peer's own flags only say which rol
 
 * ``--role server [--stage auto|K]``: serve stage ``K`` (``auto``, the default: the bottleneck stage
   among the live servers' DHT records, ``peers.swarm.rebalance.bottleneck_stage``) with
-  ``swarmtrain.app.swarm_roles.run_server`` until SIGTERM or Ctrl-C, then average a last time with
+  ``swarmtrain.app.swarm_server.run_server`` until SIGTERM or Ctrl-C, then average a last time with
   the stage's other servers and leave;
 * ``--role trainer [--trainer-index T]``: feed trainer ``T``'s share of the micro-batches
   (``swarmtrain.app.swarm_roles.run_trainer``) and leave when they are done.
@@ -152,7 +152,7 @@ def serve(
 ) -> ServerOutcome:
     """Serve a stage until SIGTERM / Ctrl-C; print the status lines, write the JSON."""
     from peers import GracefulExit
-    from swarmtrain.app.swarm_roles import run_server
+    from swarmtrain.app.swarm_server import run_server
 
     stage = parse_stage(stage_text, settings.stages)
     auto = stage is None

@@ -1,10 +1,10 @@
 """The two SWARM roles a peer can take, and the single-process reference they are compared with.
 
-* :func:`run_server`: build stage ``k`` of the run's GPT (``swarmtrain.app.models.stages``), serve it
-  (``peers.swarm.server.StageServer``), and at every optimizer step sum the accumulated gradients
-  with the stage's other servers (``peers.swarm.replicas.ReplicaSync.sum_grads``) so all of them
-  take the same step; catch up, move to the bottleneck stage and leave as
-  ``swarmtrain.app.swarm_server`` describes.
+* the server (``swarmtrain.app.swarm_server.run_server``): build stage ``k`` of the run's GPT
+  (``swarmtrain.app.models.stages``), serve it (``peers.swarm.server.StageServer``), and at every
+  optimizer step sum the accumulated gradients with the stage's other servers
+  (``peers.swarm.replicas.ReplicaSync.sum_grads``) so all of them take the same step; catch up, move
+  to the bottleneck stage and leave. The helpers it shares with the rest are here.
 * :func:`run_trainer`: feed this trainer's share of the micro-batches through the stage servers
   (``peers.swarm.client.SwarmPipeline``); trainer ``t`` of ``T`` takes the run-wide micro-batches
   ``i * T + t`` (``BatchSampler`` with ``peer_index=t``), so none is fed twice, and closes an
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,6 @@ __all__ = [
     "SwarmSettings",
     "ServerOutcome",
     "TrainerOutcome",
-    "run_server",
     "run_trainer",
     "final_sync",
     "optimizer_for",
@@ -174,21 +172,6 @@ def stage_limits(spec: GPTSpec, stage: int, settings: SwarmSettings, cfg: Config
     )
 
 
-def run_server(
-    cfg: Config,
-    settings: SwarmSettings,
-    stage: int | None,
-    stop: threading.Event | Any,
-    on_ready: Callable[[str], None] | None = None,
-    on_move: Callable[[int, int, float, float | None], None] | None = None,
-) -> ServerOutcome:
-    """Serve a stage until ``stop`` is set (``swarmtrain.app.swarm_server.run_server``: stage
-    ``None`` is the bottleneck stage; the server catches up, moves and leaves as described there)."""
-    from swarmtrain.app.swarm_server import run_server as serve
-
-    return serve(cfg, settings, stage, stop, on_ready=on_ready, on_move=on_move)
-
-
 def _stage_servers(node: Any, stage: int) -> int:
     """Live servers of ``stage`` in the DHT (this one included)."""
     try:
@@ -217,7 +200,8 @@ def tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
 
 
 def load_stage_state(module: torch.nn.Module, state: dict[str, tuple[str, tuple[int, ...], bytes]]) -> None:
-    """Load what :func:`run_server` reported (from this machine's own child processes)."""
+    """Load what a server reported (``swarmtrain.app.swarm_server``; from this machine's own child
+    processes)."""
     import numpy as np
 
     tensors = {}

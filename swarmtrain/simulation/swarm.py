@@ -1,7 +1,7 @@
 """``simulate --strategy swarm``: SWARM parallelism with real peer processes on this machine.
 
 A bootstrap DHT node, ``servers`` stage servers spread round-robin over the stages
-(``swarmtrain.app.swarm_roles.run_server``) and ``trainers`` trainers
+(``swarmtrain.app.swarm_server.run_server``) and ``trainers`` trainers
 (``swarmtrain.app.swarm_roles.run_trainer``), each a separate interpreter in its own process group
 (``peers.process.spawn_function``), admitted as ``swarmtrain run init`` would admit them
 (``swarmtrain.simulation.credentials``); ``layout`` places them by hand instead (e.g. ``[3, 1]``),
@@ -114,7 +114,7 @@ class SwarmResult:
 
 def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int) -> None:
     from peers import GracefulExit
-    from swarmtrain.app.swarm_roles import run_server
+    from swarmtrain.app.swarm_server import run_server
 
     quiet_logs(level)
     try:
