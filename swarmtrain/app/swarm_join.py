@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from swarmtrain.core.errors import ConfigError, ProtocolError
+from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ __all__ = [
     "check_role_flags",
     "parse_stage",
     "settings_from_config",
-    "auto_stage",
     "run_swarm_join",
 ]
 
@@ -109,29 +108,6 @@ def settings_from_config(cfg: Config) -> SwarmSettings:
     return settings
 
 
-def auto_stage(cfg: Config, settings: SwarmSettings, timeout: float = 60.0) -> int:
-    """The bottleneck stage among the live servers' DHT records (stage 0 when there is none), read
-    through a short-lived read-only node with a throwaway key. A record with out-of-range fields is
-    skipped (``peers.swarm.routing.server_from_record`` checks it)."""
-    from peers.node import PeerNode
-    from peers.swarm.rebalance import bottleneck_stage
-    from peers.swarm.routing import ServerInfo, server_from_record
-
-    look = cfg.peers.model_copy(update={"identity_path": None, "identity_check": False})
-    servers: list[ServerInfo] = []
-    with PeerNode(
-        look, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout
-    ) as node:
-        for rec in node.live_peers(timeout=timeout):
-            try:
-                info = server_from_record(rec.peer_id, rec.role, rec.throughput, rec.extra, settings.stages)
-            except ProtocolError:
-                continue
-            if info is not None:
-                servers.append(info)
-    return bottleneck_stage(servers, settings.stages)
-
-
 def _refuse_peer_flags(role: str, overrides: dict[str, Any]) -> None:
     for key, flag in _PEER_ONLY.items():
         if overrides.get(key) is not None:
@@ -155,15 +131,13 @@ def serve(
     from swarmtrain.app.swarm_server import run_server
 
     stage = parse_stage(stage_text, settings.stages)
-    auto = stage is None
-    if stage is None:
-        stage = auto_stage(cfg, settings)
+    auto = stage is None  # run_server takes the bottleneck stage of the live servers' records
     how = "auto: the bottleneck stage" if auto else "--stage"
     t0 = time.perf_counter()
 
-    def ready(peer_id: str) -> None:
+    def ready(peer_id: str, serving: int) -> None:
         typer.echo(
-            f"server: serving stage {stage} of {settings.stages} ({how}) as {peer_id}, "
+            f"server: serving stage {serving} of {settings.stages} ({how}) as {peer_id}, "
             f"codec {settings.codec}; SIGTERM or Ctrl-C to leave",
             err=False,
         )

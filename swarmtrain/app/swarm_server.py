@@ -250,12 +250,13 @@ def run_server(
     settings: SwarmSettings,
     stage: int | None,
     stop: Stopper,
-    on_ready: Callable[[str], None] | None = None,
+    on_ready: Callable[[str, int], None] | None = None,
     on_move: MoveCallback | None = None,
 ) -> ServerOutcome:
     """Serve stage ``stage`` (``None``: the bottleneck stage) until ``stop`` is set (a
     ``threading.Event`` or ``peers.GracefulExit``), moving between stages
     when rebalancing says so, then average a last time with the stage's servers that leave with it.
+    ``on_ready(peer_id, stage)`` once it serves.
 
     Raises:
         ConfigError: a bad stage or codec.
@@ -275,7 +276,7 @@ def run_server(
         late = any(s.stage == k and s.version > 0 for s in live)
         cur = _open_stage(node, cfg, settings, k, stop, late=late)
         if on_ready is not None:
-            on_ready(node.peer_id)
+            on_ready(node.peer_id, k)
         cur = _watch(node, cfg, settings, cur, stop, on_move)
         cur.server.stop()
         behind = cur.server.steps.behind or cur.server.steps.syncing

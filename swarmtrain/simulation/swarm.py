@@ -125,7 +125,7 @@ def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any],
                 SwarmSettings(**settings),
                 stage,
                 stop,
-                on_ready=lambda pid: q.put(("ready", rank, pid)),
+                on_ready=lambda pid, _stage: q.put(("ready", rank, pid)),
                 on_move=lambda src, dst, at, serving: q.put(("moved", rank, (src, dst, at, serving))),
             )
         q.put(("done", rank, asdict(out)))

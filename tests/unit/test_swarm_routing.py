@@ -45,13 +45,13 @@ def test_records_parse_and_group_by_stage() -> None:
     info = server_from_record("p", "server", 12.5, {"stage": 1, "queue": 3, "ver": 7}, stages=2)
     assert info == ServerInfo("p", 1, 12.5, 3, 7)
     assert server_from_record("t", "trainer", 0.0, {}, stages=2) is None
-    syncing = server_from_record("q", "server", 0.0, {"stage": 0, "sync": True}, stages=2)
+    syncing = server_from_record("q", "server", 0.0, {"stage": 0, "sync": 1}, stages=2)
     assert syncing is not None and syncing.syncing
     # a server catching up with its stage takes step closes, never micro-batches
     rng = random.Random(0)
     assert pick_server([syncing], (), rng) is None
     assert {pick_server([syncing, info], (), rng).peer_id for _ in range(50)} == {"p"}  # type: ignore[union-attr]
-    bad = ({"stage": 2}, {"stage": "0"}, {"stage": 0, "queue": -1}, {"stage": True}, {"stage": 0, "sync": 1})
+    bad = ({"stage": 2}, {"stage": "0"}, {"stage": 0, "queue": -1}, {"stage": True}, {"stage": 0, "sync": 2})
     for extra in bad:
         with pytest.raises(ProtocolError):
             server_from_record("p", "server", 1.0, extra, stages=2)

@@ -201,11 +201,12 @@ def test_a_syncing_server_logs_the_stage_steps_and_replays_them_onto_a_snapshot(
 
     book = StageSteps(m, opt, closes=1, step_sync=stage)
     book.start_syncing()
+    assert book.adoptable_from is None  # no close heard yet
     with pytest.raises(ProtocolError, match="busy"):
         book.check(2)  # no micro-batch while catching up
     for step in range(2, 6):  # it joined during step 2
         assert book.close(step, "t", 1, 1) is True
-    assert book.version == 6 and book.syncing
+    assert book.version == 6 and book.syncing and book.adoptable_from == 2
     assert not book.can_adopt(1)  # before the first step it followed
 
     def load() -> None:
@@ -230,6 +231,7 @@ def test_a_gap_in_the_log_refuses_older_snapshots() -> None:
     assert book.version == 8 and book.log[4] is None and book.log[5] is not None
     assert book.log[6] is None and book.log[7] is None
     assert not book.can_adopt(4) and not book.can_adopt(5) and not book.can_adopt(7)
+    assert book.adoptable_from == 8
     assert book.can_adopt(8) and book.can_adopt(9)  # a snapshot at or past the current step
     loaded: list[int] = []
     assert book.adopt(9, lambda: loaded.append(9))
