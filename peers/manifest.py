@@ -60,6 +60,7 @@ RUN_WIDE: dict[str, tuple[str, ...] | None] = {
     "model": None,
     "strategy": None,
     "compression": None,
+    "swarm": None,  # a SWARM run's stages, codecs, trainers, steps and rebalancing rule
     "train": (
         "seed",
         "optimizer",
