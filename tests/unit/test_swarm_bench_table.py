@@ -41,3 +41,20 @@ def test_the_committed_runs_lost_nothing_and_kept_replicas_identical() -> None:
         r["label"].startswith("diloco") for r in entry["rows"]
     )
     assert all(r["lost_microbatches"] == 0 and r["params_identical"] for r in swarm)
+
+
+def test_readme_rebalancing_table_is_the_committed_json() -> None:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import swarm_rebalance
+
+    entry = json.loads((BENCH / "results" / "swarm_rebalance.json").read_text(encoding="utf-8"))
+    lines = swarm_rebalance.table_lines(entry)
+    assert all(len(line) <= 80 for line in lines)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "\n".join(lines) in readme, "README's rebalancing table differs from swarm_rebalance.json"
+    fixed31, moved, fixed22 = entry["rows"]
+    assert len(moved["moves"]) == 1 and moved["servers_per_stage_end"] == [2, 2]
+    assert moved["throughput_after_moves"] > moved["throughput_before_moves"]
+    assert all(r["params_identical"] and r["lost_microbatches"] == 0 for r in entry["rows"])
+    assert fixed31["servers_per_stage_end"] == [3, 1] and fixed22["servers_per_stage_end"] == [2, 2]
