@@ -168,6 +168,10 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     lows = [v for v in clean + chaos if v > 0]
     if lows:
         ax.set_ylim(min(lows) * 0.95, max(lows) * 1.03)
+    for x, r in zip(xs, rows, strict=True):
+        if r["final_val_loss"] is None and r["clean_val_loss"] is None:  # simulate wrote no JSON
+            y = ax.get_ylim()[0] + 0.5 * (ax.get_ylim()[1] - ax.get_ylim()[0])
+            ax.annotate(f"no result\n(simulate exited {r['rc']})", (x, y), ha="center", fontsize=8)
     ax.set_ylabel("final validation loss")
     s = doc["settings"]
     ax.set_title(f"{s['peers']} peers x {s['steps']} steps, chaos {s['chaos']}", fontsize=9)
@@ -176,6 +180,13 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _error_line(stderr: str) -> str | None:
+    """The line of a failed simulate's stderr that says why (its ``error:`` line, else the last)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error:" in ln]
+    return (said[-1] if said else lines[-1] if lines else "")[:300] or None
 
 
 def _strategies(text: str) -> list[str]:
@@ -224,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             commands.append(" ".join(["swarmtrain", *cmd[len(SW) :]]).replace(str(path), "OUT.json"))
             print(f"[{strategy}] {commands[-1]}", file=sys.stderr, flush=True)
             t0 = time.monotonic()
+            error = None
             try:
                 proc = subprocess.run(
                     cmd, env=dict(os.environ), timeout=args.timeout, capture_output=True, text=True
@@ -231,11 +243,12 @@ def main(argv: list[str] | None = None) -> int:
                 rc = proc.returncode
                 if rc != 0:
                     sys.stderr.write(proc.stderr[-2000:])
+                    error = _error_line(proc.stderr)
             except subprocess.TimeoutExpired:
-                rc = 124
+                rc, error = 124, f"timed out after {args.timeout:.0f} s"
             wall = time.monotonic() - t0
             doc = json.loads(path.read_text()) if path.exists() else None
-            rows.append(row(strategy, chaos, doc, rc, wall))
+            rows.append({**row(strategy, chaos, doc, rc, wall), "error": error})
     doc_out = {
         "benchmark": "chaos",
         "recorded": recorded(),
