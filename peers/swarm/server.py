@@ -369,7 +369,7 @@ class StageServer:
                 with self._lock:
                     result = self._close(job) if is_step(job.env) else self._serve(job.env, job.frames)
                 if not is_step(job.env):
-                    self._emulate_device(job.env.type, t0)
+                    self._emulate_device(t0)
             except ProtocolError as e:
                 result = e
             except Exception as e:  # a bug must not kill the worker; the trainer reroutes
@@ -404,7 +404,7 @@ class StageServer:
             except Exception:  # the hook must not kill the worker: the stage would stop answering
                 logger.exception("stage %d: the between-requests hook failed", self.limits.stage)
 
-    def _emulate_device(self, kind: str, t0: float) -> None:
+    def _emulate_device(self, t0: float) -> None:
         """Hold the worker until the request's share of ``device_s`` has passed since ``t0``."""
         share = self.config.device_s * (1.0 if self.limits.last else 0.5)
         left = share - (time.perf_counter() - t0)
