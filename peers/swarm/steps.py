@@ -241,10 +241,9 @@ class StageSteps:
         if step > self.version:  # the closes held so far were of an older step
             self.version = step
             self.closers, self.expected = {}, 1
-        for s in range(step, self.version):
-            entry = self.log[s]
-            assert entry is not None  # checked by can_adopt
-            self._set_grads(*entry)
+        replay = [self.log.get(s) for s in range(step, self.version)]  # no gap: can_adopt
+        for sums, completed in (e for e in replay if e is not None):
+            self._set_grads(sums, completed)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.syncing = self.behind = False

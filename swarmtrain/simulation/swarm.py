@@ -199,6 +199,43 @@ def _wait(children: list[_Child], until: Any, deadline: float, what: str) -> Non
         time.sleep(0.05)
 
 
+def _placement(servers: int, stages: int, layout: list[int] | None, kill_servers: int) -> list[int]:
+    """The stage of each server (``layout`` or round-robin), checked against the kills asked for.
+
+    Raises:
+        ConfigError: a layout that does not fit, or more kills than servers beyond one per stage.
+    """
+    stage_of = spread_servers(servers, stages)
+    if layout is not None:
+        if len(layout) != stages or sum(layout) != servers or min(layout) < 1:
+            raise ConfigError(f"layout {layout} does not place {servers} servers on {stages} stages")
+        stage_of = [s for s, n in enumerate(layout) for _ in range(n)]
+    if kill_servers > servers - stages:
+        raise ConfigError(
+            f"--kill-servers {kill_servers}: {servers} servers over {stages} stages leave "
+            f"at most {servers - stages} that can die without emptying a stage"
+        )
+    return stage_of
+
+
+def _train(
+    srv: list[_Child], trn: list[_Child], total: int, kills: list[float], rng: random.Random, deadline: float
+) -> list[str]:
+    """Wait for the trainers, SIGKILLing a server at each of ``kills`` (fractions of ``total``
+    micro-batches done); returns who was killed."""
+    killed: list[str] = []
+    while not all(c.outcome is not None for c in trn):
+        _poll(srv + trn)
+        done = sum(c.progress for c in trn) / total
+        while kills and done >= kills[0]:
+            kills.pop(0)
+            killed.append(_kill_one(srv, rng))
+        if time.monotonic() > deadline:
+            raise SwarmError("the swarm simulation timed out waiting for the trainers")
+        time.sleep(0.05)
+    return killed
+
+
 def run_swarm_simulation(
     cfg: Config,
     settings: SwarmSettings,
@@ -220,16 +257,7 @@ def run_swarm_simulation(
     from peers import find_orphans, spawn_function
     from swarmtrain.app.swarm_roles import train_baseline
 
-    stage_of = spread_servers(servers, settings.stages)
-    if layout is not None:
-        if len(layout) != settings.stages or sum(layout) != servers or min(layout) < 1:
-            raise ConfigError(f"layout {layout} does not place {servers} servers on {settings.stages} stages")
-        stage_of = [s for s, n in enumerate(layout) for _ in range(n)]
-    if kill_servers > servers - settings.stages:
-        raise ConfigError(
-            f"--kill-servers {kill_servers}: {servers} servers over {settings.stages} stages leave "
-            f"at most {servers - settings.stages} that can die without emptying a stage"
-        )
+    stage_of = _placement(servers, settings.stages, layout, kill_servers)
     cfg = loopback_copy(cfg)
     quiet_resource_tracker()
     ctx = mp.get_context("spawn")
@@ -269,17 +297,9 @@ def run_swarm_simulation(
                 trn.append(_Child(f"trainer{t}", p, q))
             t_train = time.time()
             total = settings.microbatches * settings.trainers
-            kills = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
-            killed: list[str] = []
-            while not all(c.outcome is not None for c in trn):
-                _poll(srv + trn)
-                done = sum(c.progress for c in trn) / total
-                while kills and done >= kills[0]:
-                    kills.pop(0)
-                    killed.append(_kill_one(srv, rng))
-                if time.monotonic() > deadline:
-                    raise SwarmError("the swarm simulation timed out waiting for the trainers")
-                time.sleep(0.05)
+            killed = _train(
+                srv, trn, total, sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers)), rng, deadline
+            )
             phases["train"] = time.perf_counter() - t0 - phases["start"]
             for child in srv:
                 if not child.killed:
