@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, finite, recorded  # noqa: E402
+from runlog import RESULTS, cell, finite, number, recorded, strategy_list  # noqa: E402
 
 __all__ = ["STRATEGIES", "DEFAULT_CHAOS", "QUICK_CHAOS", "command", "row", "table_lines", "main"]
 
@@ -85,14 +84,10 @@ def command(
     return cmd
 
 
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, int | float) and math.isfinite(float(x)) else None
-
-
 def row(strategy: str, chaos: str, doc: dict[str, Any] | None, rc: int, wall_s: float) -> dict[str, Any]:
     """One strategy's row from the simulate JSON (``doc``; ``None`` when it wrote none)."""
     d = doc or {}
-    final, clean = _num(d.get("final_val_loss")), _num(d.get("clean_val_loss"))
+    final, clean = number(d.get("final_val_loss")), number(d.get("clean_val_loss"))
     ratio = final / clean if final is not None and clean else None
     return {
         "strategy": strategy,
@@ -117,10 +112,6 @@ def row(strategy: str, chaos: str, doc: dict[str, Any] | None, rc: int, wall_s: 
     }
 
 
-def _f(x: Any, fmt: str) -> str:
-    return format(x, fmt) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
-
-
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The rows as a table of at most 80 columns (c/f: rounds committed/failed; same: the peers' parameters
     identical at the end; wall: seconds of the whole command, clean run and chaos run)."""
@@ -132,12 +123,12 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r["params_identical"], "-")
         lines.append(
-            f"{r['strategy']:<16.16} {_f(r['kills'], '4d')} {_f(r['preemptions'], '3d')} "
-            f"{_f(r['restarts'], '3d')} "
-            f"{_f(r['rounds_committed'], 'd') + '/' + _f(r['rounds_failed'], 'd'):>9} "
-            f"{_f(r['clean_rounds_committed'], 'd') + '/' + _f(r['clean_rounds_failed'], 'd'):>9} "
-            f"{_f(r['final_val_loss'], '6.3f')} {_f(r['clean_val_loss'], '6.3f')} "
-            f"{_f(r['loss_ratio'], '5.3f')} {same:>4} {_f(r['wall_s'], '5.0f')}"
+            f"{r['strategy']:<16.16} {cell(r['kills'], '4d')} {cell(r['preemptions'], '3d')} "
+            f"{cell(r['restarts'], '3d')} "
+            f"{cell(r['rounds_committed'], 'd') + '/' + cell(r['rounds_failed'], 'd'):>9} "
+            f"{cell(r['clean_rounds_committed'], 'd') + '/' + cell(r['clean_rounds_failed'], 'd'):>9} "
+            f"{cell(r['final_val_loss'], '6.3f')} {cell(r['clean_val_loss'], '6.3f')} "
+            f"{cell(r['loss_ratio'], '5.3f')} {same:>4} {cell(r['wall_s'], '5.0f')}"
         )
         if r["rc"] != 0:
             lines.append(f"  ({r['strategy']}: simulate exited {r['rc']})")
@@ -190,11 +181,7 @@ def _error_line(stderr: str) -> str | None:
 
 
 def _strategies(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGIES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(bad)} (use {', '.join(STRATEGIES)})")
-    return names
+    return strategy_list(text, STRATEGIES)
 
 
 def main(argv: list[str] | None = None) -> int:

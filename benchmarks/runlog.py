@@ -15,7 +15,9 @@ temporary file, rename), so an interrupted append leaves the old file intact.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -119,3 +121,27 @@ def append_run(
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
     return entry
+
+
+def number(x: Any) -> float | None:
+    """``x`` as a float when it is a finite number from a JSON report (not a bool), else ``None``."""
+    ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x))
+    return float(x) if ok else None
+
+
+def cell(x: Any, fmt: str) -> str:
+    """A table cell: ``x`` formatted with ``fmt``, or ``-`` when it is not a number."""
+    return format(x, fmt) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
+
+
+def strategy_list(text: str, known: tuple[str, ...]) -> list[str]:
+    """A ``--strategies a,b`` value, each one of ``known``.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown name or none.
+    """
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(bad)} (use {', '.join(known)})")
+    return names

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -42,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from runlog import RESULTS, finite, recorded  # noqa: E402
+from runlog import RESULTS, cell, finite, number, recorded, strategy_list  # noqa: E402
 
 __all__ = ["STRATEGIES", "TOPOLOGY", "command", "row", "table_lines", "main"]
 
@@ -78,11 +77,6 @@ def command(strategy: str, steps: int, json_path: Path, inner_steps: int | None 
     return cmd
 
 
-def _num(x: Any) -> float | None:
-    ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x))
-    return float(x) if ok else None
-
-
 def row(strategy: str, doc: dict[str, Any] | None, rc: int, wall_s: float) -> dict[str, Any]:
     """One strategy's row from the simulate JSON (``doc``; ``None`` when it wrote none)."""
     d = doc or {}
@@ -92,27 +86,23 @@ def row(strategy: str, doc: dict[str, Any] | None, rc: int, wall_s: float) -> di
         "compressor": d.get("compressor"),
         "inner_steps": d.get("inner_steps"),
         "rc": rc,
-        "compute_utilization": _num(d.get("compute_utilization")),
+        "compute_utilization": number(d.get("compute_utilization")),
         "rounds_committed": d.get("rounds_committed"),
         "rounds_failed": d.get("rounds_failed"),
-        "wait_per_round_s": _num(d.get("wait_per_round_s")),
-        "comm_wait_s_per_peer": _num(d.get("comm_wait_s_per_peer")),
-        "bytes_sent_per_peer": _num(d.get("bytes_sent_per_peer")),
-        "final_val_loss": _num(d.get("final_val_loss")),
+        "wait_per_round_s": number(d.get("wait_per_round_s")),
+        "comm_wait_s_per_peer": number(d.get("comm_wait_s_per_peer")),
+        "bytes_sent_per_peer": number(d.get("bytes_sent_per_peer")),
+        "final_val_loss": number(d.get("final_val_loss")),
         "params_identical": d.get("params_identical"),
-        "sim_wall_s": _num(d.get("wall_s")),  # the simulated run itself
+        "sim_wall_s": number(d.get("wall_s")),  # the simulated run itself
         "wall_s": round(wall_s, 1),  # the whole command: namespaces, start, run, teardown
         "rtt_ms_measured": topo.get("rtt_ms_measured"),
         "regions": topo.get("regions"),
     }
 
 
-def _f(x: Any, fmt: str) -> str:
-    return format(x, fmt) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
-
-
 def _mb(x: Any) -> str:
-    return _f(x / 1e6 if isinstance(x, int | float) else None, ".1f")
+    return cell(x / 1e6 if isinstance(x, int | float) else None, ".1f")
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -126,11 +116,11 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = [head, "-" * len(head)]
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r["params_identical"], "-")
-        cf = _f(r["rounds_committed"], "d") + "/" + _f(r["rounds_failed"], "d")
+        cf = cell(r["rounds_committed"], "d") + "/" + cell(r["rounds_failed"], "d")
         lines.append(
-            f"{r['strategy']:<16.16} {_f(r['compute_utilization'], '.3f'):>5} {cf:>7} "
-            f"{_f(r['wait_per_round_s'], '.2f'):>7} {_mb(r['bytes_sent_per_peer']):>7} "
-            f"{_f(r['final_val_loss'], '.3f'):>6} {same:>4} {_f(r['wall_s'], '.0f'):>5}"
+            f"{r['strategy']:<16.16} {cell(r['compute_utilization'], '.3f'):>5} {cf:>7} "
+            f"{cell(r['wait_per_round_s'], '.2f'):>7} {_mb(r['bytes_sent_per_peer']):>7} "
+            f"{cell(r['final_val_loss'], '.3f'):>6} {same:>4} {cell(r['wall_s'], '.0f'):>5}"
         )
         if r["rc"] != 0:
             lines.append(f"  ({r['strategy']}: simulate exited {r['rc']})")
@@ -166,11 +156,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def _strategies(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGIES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(bad)} (use {', '.join(STRATEGIES)})")
-    return names
+    return strategy_list(text, STRATEGIES)
 
 
 def _run_one(strategy: str, steps: int, inner: int | None, tmp: Path, timeout: float) -> tuple[str, dict]:
