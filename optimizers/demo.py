@@ -160,10 +160,13 @@ class DeMo:
             for t in self.transforms.values()
         ]
         self.delta = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
-        self._group_of: dict[int, dict[str, Any]] = {}
-        for group in ctx.optimizer.param_groups:
+        # the index of each parameter's group, not the group itself: ``optimizer.load_state_dict``
+        # (a checkpoint resume, a peer's state adopted) replaces the group dicts, and a cached one
+        # would keep the learning rate it had then while the trainer schedules the new ones
+        self._group_of: dict[int, int] = {}
+        for i, group in enumerate(ctx.optimizer.param_groups):
             for p in group["params"]:
-                self._group_of[id(p)] = group
+                self._group_of[id(p)] = i
         missing = [n for n, p in self.params.items() if id(p) not in self._group_of]
         if missing:
             raise ConfigError(f"DeMo: parameters not in the optimizer's param_groups: {missing[:3]}")
@@ -173,7 +176,7 @@ class DeMo:
         self.dropped_payloads = 0
 
     def _hyper(self, p: torch.Tensor) -> tuple[float, float]:
-        group = self._group_of[id(p)]
+        group = self.ctx.optimizer.param_groups[self._group_of[id(p)]]
         return float(group["lr"]), float(group.get("weight_decay", 0.0))
 
     @torch.no_grad()

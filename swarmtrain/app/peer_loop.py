@@ -525,7 +525,12 @@ class _Peer:
             fast_forward(self.trainer, self._realign.committed())
             window = self.p2p.deadlines.join_window()  # measured (peers.deadlines)
             logger.info(
-                "round %d committed (%d peers; join window %.1f s)", r.round_id, r.participants, window
+                "round %d committed (%d peers; join window %.1f s; step %d, digest %s)",
+                r.round_id,
+                r.participants,
+                window,
+                self.trainer.step,
+                res.sync_digests[r.round_id][:12],
             )
             return ""
         if r.late:

@@ -286,3 +286,20 @@ def test_failed_gather_changes_no_parameter_and_keeps_the_gradient() -> None:
         torch.testing.assert_close(strat.delta[k], 3e-3 * grads[k])  # momentum = lr * g, nothing removed
     backward(model, *batch(0, 1))
     assert strat.step(16).committed and strat.failed_rounds == 1
+
+
+def test_learning_rate_is_read_from_the_groups_a_loaded_optimizer_state_put_in_place() -> None:
+    """``optimizer.load_state_dict`` (a resume, a peer's state adopted) replaces the param-group
+    dicts; DeMo must step with the learning rate the trainer sets on the new ones. With the groups
+    cached at construction, a restarted peer stepped with a stale lr and its parameters left the
+    swarm's after its first round (the chaos run's DeMo failure)."""
+    model, strat = _tiny_demo(InProcessGroup(1)[0])
+    opt = strat.ctx.optimizer
+    opt.load_state_dict(opt.state_dict())  # new group dicts, as a resume or a download does
+    for group in opt.param_groups:
+        group["lr"], group["weight_decay"] = 0.0, 0.0  # what the trainer's schedule would set
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    backward(model, *batch(0, 0))
+    assert strat.step(16).committed
+    for k, v in model.named_parameters():
+        assert torch.equal(v.detach(), before[k]), k  # lr 0: no parameter moves
