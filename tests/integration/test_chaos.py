@@ -31,8 +31,8 @@ def _cfg(**overrides: Any) -> Config:
         "strategy.inner_steps": 10,
         "compression.codec": "int8",
     }
-    base.update(overrides)
-    return load_config(None, base, env={})
+    base.update(overrides)  # an override of None drops the key (another strategy's option)
+    return load_config(None, {k: v for k, v in base.items() if v is not None}, env={})
 
 
 def _own_tracker(p: Any) -> bool:
@@ -101,4 +101,20 @@ def test_streaming_diloco_under_fast_chaos_ends_identical() -> None:
     res = run_simulation(cfg, 3, chaos=parse_chaos("kill=12/min,restart=3s,seed=1"), timeout=500)
     print(f"\n{res.kills} kills in {res.wall_s:.0f} s: {res.timeline}")
     assert res.kills >= 1 and res.restarts >= 1, res.timeline
+    assert res.params_identical, [(o.rank, o.steps, o.final_digest[:12]) for o in res.outcomes]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_demo_under_fast_chaos_ends_identical() -> None:
+    """DeMo steps the parameters every round, so a restarted peer must take exactly the others' steps
+    after adopting their state. It used to read its learning rate from the optimizer's param groups
+    as they were before the adopted state's ``load_state_dict`` replaced them: its first committed
+    round already gave another digest, no two donors vouched alike from then on, and the next peer
+    that restarted found no state (the run exited 1)."""
+    cfg = _cfg(**{"strategy.name": "demo", "strategy.inner_steps": None, "train.steps": 60})
+    res = run_simulation(cfg, 3, chaos=parse_chaos("kill=12/min,restart=3s,seed=1"), timeout=500)
+    print(f"\n{res.kills} kills in {res.wall_s:.0f} s: {res.timeline}")
+    assert res.kills >= 1 and res.restarts >= 1, res.timeline
+    assert res.missing_ranks == [] and len(res.outcomes) == 3
     assert res.params_identical, [(o.rank, o.steps, o.final_digest[:12]) for o in res.outcomes]
