@@ -40,6 +40,21 @@ _DHT_CALL_TIMEOUT = 15.0
 _WATCHDOG_TASKS: list[asyncio.Task[None]] = []
 
 
+class _NoOrphanPipeErrors(logging.Filter):
+    """In the DHT process: drops hivemind's traceback for its command pipe breaking when the peer
+    process (``parent``) died. A killed peer printed one ``ConnectionResetError`` traceback into the
+    run's output, although nothing is wrong but the death already reported; the watchdog below ends
+    this process within half a second. Errors while the parent lives still show."""
+
+    def __init__(self, parent: int) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, OSError | EOFError) and os.getppid() != self.parent)
+
+
 async def _tie_to_parent(dht: Any, node: Any) -> None:
     """Runs inside hivemind's DHT process: when our main process dies, kill p2pd and exit.
 
@@ -58,6 +73,8 @@ async def _tie_to_parent(dht: Any, node: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the DHT process's main thread: keep what is there
         logger.debug("could not reset the DHT process's signal handlers")
+
+    logging.getLogger("hivemind.dht.dht").addFilter(_NoOrphanPipeErrors(parent))
 
     async def _watch() -> None:
         while True:
