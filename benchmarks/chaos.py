@@ -39,7 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import RESULTS, cell, finite, number, recorded, strategy_list  # noqa: E402
 
-__all__ = ["STRATEGIES", "DEFAULT_CHAOS", "QUICK_CHAOS", "command", "row", "table_lines", "main"]
+__all__ = [
+    "STRATEGIES",
+    "DEFAULT_CHAOS",
+    "QUICK_CHAOS",
+    "command",
+    "row",
+    "table_lines",
+    "markdown_table",
+    "main",
+]
 
 #: strategies the benchmark knows; the default set leaves data_parallel out (one sync per step)
 STRATEGIES = ("diloco", "streaming_diloco", "demo", "data_parallel")
@@ -133,6 +142,30 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r["rc"] != 0:
             lines.append(f"  ({r['strategy']}: simulate exited {r['rc']})")
     return lines
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """The README's table of ``doc`` (this script's JSON): one row per strategy; a run that wrote no
+    figures says so and how simulate exited."""
+    lines = [
+        "| strategy | kills | preempted | restarts | rounds c/f, chaos | c/f, clean "
+        "| val loss, chaos | clean | identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in doc["rows"]:
+        if r["final_val_loss"] is None:
+            lines.append(
+                f"| {r['strategy']} | – | – | – | – | – | – | – | no result: simulate exited {r['rc']} |"
+            )
+            continue
+        same = {True: "yes", False: "**no**"}.get(r["params_identical"], "–")
+        lines.append(
+            f"| {r['strategy']} | {r['kills']} | {r['preemptions']} | {r['restarts']} "
+            f"| {r['rounds_committed']}/{r['rounds_failed']} "
+            f"| {r['clean_rounds_committed']}/{r['clean_rounds_failed']} "
+            f"| {r['final_val_loss']:.4f} | {r['clean_val_loss']:.4f} | {same} |"
+        )
+    return "\n".join(lines)
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
