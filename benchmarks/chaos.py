@@ -13,7 +13,7 @@ the clean loss (and their ratio), whether the peers agree at the end, the exit c
 
 Usage::
 
-    python benchmarks/chaos.py                          # 4 peers x 200 steps, diloco, streaming, demo
+    python benchmarks/chaos.py                          # 4 peers x 200 steps, every strategy
     python benchmarks/chaos.py --strategies diloco,data_parallel --chaos kill=2/min,restart=15s
     python benchmarks/chaos.py --quick --json /tmp/c.json   # smoke test: 3 peers, 60 steps, fast chaos
 
@@ -50,9 +50,9 @@ __all__ = [
     "main",
 ]
 
-#: strategies the benchmark knows; the default set leaves data_parallel out (one sync per step)
+#: strategies the benchmark knows, all run by default
 STRATEGIES = ("diloco", "streaming_diloco", "demo", "data_parallel")
-DEFAULT_STRATEGIES = ("diloco", "streaming_diloco", "demo")
+DEFAULT_STRATEGIES = STRATEGIES
 DEFAULT_CHAOS = "kill=2/min,preempt=1/min,restart=15s,seed=1"
 #: --quick: a fault every 5 s once training starts, so at least one lands before the quiet last quarter
 QUICK_CHAOS = "kill=12/min,restart=3s,seed=1"

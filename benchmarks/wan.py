@@ -95,6 +95,7 @@ def _worker(
             coll = P2PCollective(node, min_peers=n, expected_peers=n)
             x = torch.full((numel,), float(rank + 1))
             times, group, sent, failed = [], [], [], []
+            phases: list[dict[str, float]] = []  # the round's phase timings (peers.round_io)
             for i in range(rounds + 1):
                 barrier.wait(timeout=600)
                 t0 = time.perf_counter()
@@ -110,7 +111,9 @@ def _worker(
                     times.append(dt)
                     group.append(float(coll.last_timings.get("group", 0.0)))
                     sent.append(int(res.bytes_sent))
-            q.put(("result", rank, {"times": times, "group": group, "sent": sent, "failed": failed}))
+                    phases.append({k: float(v) for k, v in coll.last_timings.items()})
+            result = {"times": times, "group": group, "sent": sent, "failed": failed, "phases": phases}
+            q.put(("result", rank, result))
             barrier.wait(timeout=600)  # nobody leaves while another still needs it
     except BaseException:
         q.put(("error", rank, traceback.format_exc()[-3000:]))
@@ -159,6 +162,7 @@ def run_rate(
     k = min(len(r["times"]) for r in rows)
     round_s = [max(r["times"][i] for r in rows) for i in range(k)]
     data_s = [max(r["times"][i] - r["group"][i] for r in rows) for i in range(k)]
+    phases = _slowest_phases(rows, k)
     nbytes = numel * 4
     rtt_max_s = (
         max(topo.rtt_ms(a.region, b.region) for a in net.nodes[1:] for b in net.nodes[1:] if a != b) / 1e3
@@ -183,6 +187,7 @@ def run_rate(
         "data_phase_s_median": dmed,
         "round_over_bound": med / bound,
         "data_phase_over_bound": dmed / bound,
+        "phases_s_median": phases,
         "bytes_sent_per_peer_per_round": statistics.mean(s for r in rows for s in r["sent"]) if k else None,
         "bound_bytes_per_peer": 2 * (n - 1) / n * nbytes,
         "proxy_bytes": proxy_bytes,
@@ -190,6 +195,30 @@ def run_rate(
         "failures": sorted({f for r in rows for f in r["failed"]})[:5],
         "loadavg": loadavg(),
     }
+
+
+def _slowest_phases(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """Per phase of a round (``P2PCollective.last_timings``: group formation, encoding, the exchange,
+    waiting for the sends, the commit agreement...), the median over rounds of the seconds the
+    slowest peer of each round spent in it: where a round's time above the bound goes."""
+    per: dict[str, list[float]] = {}
+    for i in range(k):
+        slowest = max(rows, key=lambda r: r["times"][i])
+        for name, s in slowest["phases"][i].items():
+            per.setdefault(name, []).append(s)
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
+def _phase_lines(doc: dict[str, Any]) -> str:
+    """Per row, the slowest peer's median seconds per phase (those of 10 ms or more), 80 columns."""
+    import textwrap
+
+    out = ["phases of the slowest peer, median s:"]
+    for r in doc["rows"]:
+        head = f"{r['rate_mbit']:g} Mbit/s {'delay' if r['delay'] else 'no delay'}: "
+        ph = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("phases_s_median") or {}).items() if v >= 0.01)
+        out += textwrap.wrap(head + ph, 80, subsequent_indent="    ")
+    return "\n".join(out)
 
 
 def _table(doc: dict[str, Any]) -> str:
@@ -288,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     print(_table(doc))
+    print(_phase_lines(doc))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     png = args.out.with_suffix(".png")

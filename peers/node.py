@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,19 +41,30 @@ _DHT_CALL_TIMEOUT = 15.0
 _WATCHDOG_TASKS: list[asyncio.Task[None]] = []
 
 
-class _NoOrphanPipeErrors(logging.Filter):
-    """In the DHT process: drops hivemind's traceback for its command pipe breaking when the peer
-    process (``parent``) died. A killed peer printed one ``ConnectionResetError`` traceback into the
-    run's output, although nothing is wrong but the death already reported; the watchdog below ends
-    this process within half a second. Errors while the parent lives still show."""
+def _exit_when_orphaned(
+    recv: Callable[[], Any], parent: int, die: Callable[[], None], grace: float = 2.0
+) -> Callable[[], Any]:
+    """In the DHT process: ``recv`` of its command pipe from the peer process (``parent``), except
+    that a pipe that breaks because that process died ends this one at once (``die``) instead of
+    raising. hivemind logged the ``ConnectionResetError`` with its traceback, or let an ``EOFError``
+    end the process with multiprocessing's traceback: one of them in the run's output for every
+    killed peer, although nothing is wrong but the death the supervisor already reports. A broken
+    pipe while the peer lives (still there after ``grace`` seconds) still raises."""
 
-    def __init__(self, parent: int) -> None:
-        super().__init__()
-        self.parent = parent
+    def guarded() -> Any:
+        try:
+            return recv()
+        except (OSError, EOFError):
+            # the pipe breaks while the killed parent is still exiting (its sockets close before
+            # this process is re-parented): give that a moment
+            until = time.monotonic() + grace
+            while os.getppid() == parent and time.monotonic() < until:
+                time.sleep(0.05)
+            if os.getppid() != parent:
+                die()
+            raise
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(exc, OSError | EOFError) and os.getppid() != self.parent)
+    return guarded
 
 
 async def _tie_to_parent(dht: Any, node: Any) -> None:
@@ -74,16 +86,21 @@ async def _tie_to_parent(dht: Any, node: Any) -> None:
     except ValueError:  # not the DHT process's main thread: keep what is there
         logger.debug("could not reset the DHT process's signal handlers")
 
-    logging.getLogger("hivemind.dht.dht").addFilter(_NoOrphanPipeErrors(parent))
+    def die() -> None:  # p2pd first: it would outlive this process
+        child = getattr(getattr(node, "p2p", None), "_child", None)
+        if child is not None and child.returncode is None:
+            child.kill()
+        os._exit(0)
+
+    pipe = getattr(dht, "_inner_pipe", None)
+    if pipe is not None:
+        pipe.recv = _exit_when_orphaned(pipe.recv, parent, die)
 
     async def _watch() -> None:
         while True:
             await asyncio.sleep(0.5)
             if os.getppid() != parent:
-                child = getattr(getattr(node, "p2p", None), "_child", None)
-                if child is not None and child.returncode is None:
-                    child.kill()
-                os._exit(0)
+                die()
 
     _WATCHDOG_TASKS.append(asyncio.create_task(_watch()))
 
