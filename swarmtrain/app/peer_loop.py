@@ -108,6 +108,7 @@ class PeerStatus:
     next_sync_s: float | None = None  # estimated seconds to the next sync (None: not known yet)
     committed: int = 0  # rounds committed so far
     failed: int = 0  # rounds late or failed so far
+    committed_round: int | None = None  # the round this status's sync committed (None: none did)
 
 
 #: seconds between two live statuses when neither a sync nor ``log_interval`` calls for one
@@ -485,6 +486,7 @@ class _Peer:
                     next_sync_s=self._clock.seconds_left(self.trainer.step, steps_per_s),
                     committed=res.committed_rounds,
                     failed=res.failed_rounds + res.late_rounds,
+                    committed_round=r.round_id if r.synced and r.committed else None,
                 )
             )
         if self.stop.requested and self._leave_now(info):

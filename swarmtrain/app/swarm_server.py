@@ -233,7 +233,10 @@ def _watch(
             continue
         logger.info(
             "rebalancing: stage %d -> %d (pipeline %.1f -> %.1f samples/s)",
-            move.src, move.dst, move.rate_before, move.rate_after,
+            move.src,
+            move.dst,
+            move.rate_before,
+            move.rate_after,
         )
         new = _move(node, cfg, settings, cur, move.dst, stop)
         if new is None:

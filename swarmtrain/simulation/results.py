@@ -71,16 +71,22 @@ class SimulationResult:
     deaths: int = 0
     missing_ranks: list[int] = field(default_factory=list)  # ranks with no outcome (gone at the end)
     timeline: list[dict[str, Any]] = field(default_factory=list)  # who, when (s), what
+    # rounds reported committed by any incarnation of a peer, a killed one's included (its outcome
+    # is lost with it), and the rounds failed or late that earlier incarnations reported
+    committed_seen: list[int] = field(default_factory=list)
+    failed_before_restarts: int = 0
 
     @property
     def rounds_committed(self) -> int:
-        """Distinct rounds some peer that finished committed."""
-        return len({r for o in self.outcomes for r in o.sync_digests})
+        """Distinct rounds some peer committed: a peer that finished, or an incarnation of one that
+        was killed or preempted before the end (from its status reports)."""
+        return len({r for o in self.outcomes for r in o.sync_digests} | set(self.committed_seen))
 
     @property
     def rounds_failed(self) -> int:
-        """Rounds failed or late, summed over the peers that finished (one per peer and round)."""
-        return sum(o.failed_rounds for o in self.outcomes)
+        """Rounds failed or late, one per peer and round: those of the peers that finished plus those
+        their earlier incarnations reported before a kill or preemption."""
+        return sum(o.failed_rounds for o in self.outcomes) + self.failed_before_restarts
 
     @property
     def rounds_per_fragment(self) -> dict[int, dict[str, int]]:
@@ -121,7 +127,7 @@ class SimulationResult:
     def summary(self) -> dict[str, Any]:
         """Plain-data summary (no per-peer details)."""
         d = asdict(self)
-        for detail in ("outcomes", "intruder_reports", "intruder_errors"):
+        for detail in ("outcomes", "intruder_reports", "intruder_errors", "committed_seen"):
             d.pop(detail)
         d["bytes_per_token"] = self.bytes_per_token
         d["comm_wait_s_per_peer"] = self.comm_wait_s_per_peer

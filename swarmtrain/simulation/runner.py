@@ -258,10 +258,19 @@ class _Slot:
     restart_at: float | None = None
     gone: bool = False  # dead and not coming back
     rejoining: bool = False  # restarted, no step reported yet
+    failed: int = 0  # rounds this incarnation reported failed or late (its last status)
+    failed_before: int = 0  # the same, summed over its earlier incarnations (killed, preempted)
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.outcome is None and not self.signalled and self.proc.alive
+
+    def new_incarnation(self, rejoin: bool) -> None:
+        """A process (re)started for this rank: nothing reported yet; the failed rounds of the one
+        before are kept, since its outcome never comes."""
+        self.started, self.signalled, self.restart_at = False, "", None
+        self.rejoining = rejoin
+        self.failed_before, self.failed = self.failed_before + self.failed, 0
 
 
 #: seconds past its ``peers.preempt_grace`` a preempted peer has before its group is killed
@@ -294,6 +303,8 @@ class _Supervisor:
         self.intrusion = _Intrusion({}, [])
         self.timeline: list[dict[str, Any]] = []
         self.counts = {"kill": 0, "preempt": 0, "restart": 0, "died": 0}
+        #: rounds any incarnation of any peer reported committed (a killed one's too)
+        self.committed_seen: set[int] = set()
         self.t0 = time.monotonic()
         self._ctx = mp.get_context("spawn")
 
@@ -307,8 +318,7 @@ class _Supervisor:
         target = peer_main if self.regions is None else self.regions.entry(rank, peer_main)
         slot.proc = spawn_function(target, args, name=f"peer{rank}")
         self.procs.append(slot.proc)
-        slot.started, slot.signalled, slot.restart_at = False, "", None
-        slot.rejoining = rejoin
+        slot.new_incarnation(rejoin)
 
     def _event(self, slot: _Slot, what: str, **extra: Any) -> None:
         from swarmtrain.simulation.chaos import timeline_event
@@ -351,6 +361,9 @@ class _Supervisor:
             raise SwarmError(str(payload))
         if kind == "step" and slot is not None:
             slot.step = int(payload.get("step", slot.step))
+            slot.failed = int(payload.get("failed", slot.failed))
+            if payload.get("committed_round") is not None:
+                self.committed_seen.add(int(payload["committed_round"]))
             if slot.rejoining:  # its first step after a restart: the state it adopted
                 slot.rejoining = False
                 self._event(slot, "rejoined")
@@ -472,6 +485,8 @@ class _Supervisor:
         res.restarts, res.deaths = self.counts["restart"], self.counts["died"]
         res.missing_ranks = [s.rank for s in self.slots if s.outcome is None]
         res.timeline = list(self.timeline)
+        res.committed_seen = sorted(self.committed_seen)
+        res.failed_before_restarts = sum(s.failed_before for s in self.slots)
 
 
 @dataclass
