@@ -94,7 +94,7 @@ def _worker(
             comp = build_compressor(CompressionConfig(codec="none"))
             coll = P2PCollective(node, min_peers=n, expected_peers=n)
             x = torch.full((numel,), float(rank + 1))
-            times, group, sent, failed = [], [], [], []
+            times, sent, failed = [], [], []
             phases: list[dict[str, float]] = []  # the round's phase timings (peers.round_io)
             for i in range(rounds + 1):
                 barrier.wait(timeout=600)
@@ -109,10 +109,9 @@ def _worker(
                     failed.append("wrong mean")
                 if i > 0:
                     times.append(dt)
-                    group.append(float(coll.last_timings.get("group", 0.0)))
                     sent.append(int(res.bytes_sent))
                     phases.append({k: float(v) for k, v in coll.last_timings.items()})
-            result = {"times": times, "group": group, "sent": sent, "failed": failed, "phases": phases}
+            result = {"times": times, "sent": sent, "failed": failed, "phases": phases}
             q.put(("result", rank, result))
             barrier.wait(timeout=600)  # nobody leaves while another still needs it
     except BaseException:
@@ -161,7 +160,7 @@ def run_rate(
     rows = [per[r] for r in range(n)]
     k = min(len(r["times"]) for r in rows)
     round_s = [max(r["times"][i] for r in rows) for i in range(k)]
-    data_s = [max(r["times"][i] - r["group"][i] for r in rows) for i in range(k)]
+    data_s = [max(r["times"][i] - r["phases"][i].get("group", 0.0) for r in rows) for i in range(k)]
     phases = _slowest_phases(rows, k)
     nbytes = numel * 4
     rtt_max_s = (
