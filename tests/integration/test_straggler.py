@@ -24,7 +24,7 @@ from test_rejoin import _Run
 from peers import find_orphans
 
 CEILING = 6.0
-WINDOW = r"round (\d+) committed \((\d+) peers; join window ([\d.]+) s\)"
+WINDOW = r"round (\d+) committed \((\d+) peers; join window ([\d.]+) s[;)]"
 
 
 def _throttle(pid: int, stop: threading.Event, run_s: float = 0.1, period_s: float = 1.0) -> None:
