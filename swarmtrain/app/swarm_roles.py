@@ -119,6 +119,9 @@ class ServerOutcome:
     state: dict[str, tuple[str, tuple[int, ...], bytes]] = field(default_factory=dict)
     #: stage moves: ``src``, ``dst``, ``at`` (left ``src``) and ``serving_at`` (caught up), wall clock
     moves: list[dict[str, Any]] = field(default_factory=list)
+    #: it served in step with its stage when it was asked to leave (False: behind or still catching
+    #: up, so its parameters are its stage's only if its last average met a replica)
+    in_step: bool = True
 
 
 @dataclass

@@ -205,15 +205,25 @@ def _watch(
     cur: _Stage,
     stop: Stopper,
     on_move: MoveCallback | None,
+    on_serving: Callable[[int], None] | None = None,
 ) -> _Stage:
     """Until ``stop``: catch up when behind, move when rebalancing says so. Returns the stage served
-    at the end."""
+    at the end. ``on_serving(stage)`` once the first stage serves caught up (at once when it started
+    in step with its replicas, after the catch-up of a late start)."""
     from peers.swarm.rebalance import Rebalancer
+
+    announced = False
 
     rebalancer = None
     if settings.rebalance:
         rebalancer = Rebalancer(settings.stages, settings.hysteresis, settings.patience, settings.cooldown)
-    while not stop.wait(CHECK_S):
+    while True:
+        if not announced and not cur.catching_up():
+            announced = True
+            if on_serving is not None:
+                on_serving(cur.index)
+        if stop.wait(CHECK_S):
+            break
         last = cur.moves[-1] if cur.moves else None
         if last is not None and last["serving_at"] is None and not cur.catching_up():
             serving = time.time()  # caught up (within CHECK_S): it serves its new stage
@@ -255,11 +265,13 @@ def run_server(
     stop: Stopper,
     on_ready: Callable[[str, int], None] | None = None,
     on_move: MoveCallback | None = None,
+    on_serving: Callable[[int], None] | None = None,
 ) -> ServerOutcome:
     """Serve stage ``stage`` (``None``: the bottleneck stage) until ``stop`` is set (a
     ``threading.Event`` or ``peers.GracefulExit``), moving between stages
     when rebalancing says so, then average a last time with the stage's servers that leave with it.
-    ``on_ready(peer_id, stage)`` once it serves.
+    ``on_ready(peer_id, stage)`` once it serves; ``on_serving(stage)`` once it also caught up with
+    the stage's replicas (a late start downloads their state first).
 
     Raises:
         ConfigError: a bad stage or codec.
@@ -280,7 +292,7 @@ def run_server(
         cur = _open_stage(node, cfg, settings, k, stop, late=late)
         if on_ready is not None:
             on_ready(node.peer_id, k)
-        cur = _watch(node, cfg, settings, cur, stop, on_move)
+        cur = _watch(node, cfg, settings, cur, stop, on_move, on_serving)
         cur.server.stop()
         behind = cur.server.steps.behind or cur.server.steps.syncing
         # a server that missed a step holds parameters the stage moved on from: it takes the others'
@@ -304,4 +316,5 @@ def run_server(
             ledger=node.ledger.totals(),
             state=state,
             moves=cur.moves,
+            in_step=not behind,
         )

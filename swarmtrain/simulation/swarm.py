@@ -7,7 +7,9 @@ A bootstrap DHT node, ``servers`` stage servers spread round-robin over the stag
 (``swarmtrain.simulation.credentials``); ``layout`` places them by hand instead (e.g. ``[3, 1]``),
 and rebalancing (``swarmtrain.app.swarm_server``) may move them between stages as they train.
 With ``kill_servers=K``, K servers are SIGKILLed at random
-moments between 15 % and 60 % of the trainers' progress, never the last server of a stage. When every
+moments between 15 % and 60 % of the trainers' progress, never the last server of a stage; with
+``chaos``, servers are killed, preempted and restarted as ``--chaos`` asks
+(``swarmtrain.simulation.swarm_chaos``). When every
 trainer is done, the servers are asked to leave (SIGTERM): the servers of each stage average a last
 time and report a digest of their parameters, so ``params_identical`` says whether each stage's
 surviving replicas are bit-identical. The final validation loss is that of one replica per stage,
@@ -34,6 +36,7 @@ from typing import Any
 from swarmtrain.app.swarm_roles import SwarmSettings
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError, SwarmError
+from swarmtrain.simulation.chaos import ChaosSpec
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
 from swarmtrain.simulation.runner import (
@@ -43,6 +46,7 @@ from swarmtrain.simulation.runner import (
     quiet_resource_tracker,
     stop_peers,
 )
+from swarmtrain.simulation.swarm_chaos import ServerChaos
 
 __all__ = ["SwarmResult", "run_swarm_simulation", "spread_servers", "rates_around_moves", "KILL_WINDOW"]
 
@@ -105,6 +109,29 @@ class SwarmResult:
     #: served again (``None`` without moves)
     throughput_before_moves: float | None = None
     throughput_after_moves: float | None = None
+    #: ``--chaos``: servers SIGKILLed, SIGTERMed and started again, and when (``simulation.chaos``)
+    kills: int = 0
+    preemptions: int = 0
+    restarts: int = 0
+    #: servers that died unasked (always 0: one is an error here, ``SwarmError``)
+    deaths: int = 0
+    #: server ranks with no process at the end (went and not restarted)
+    missing_ranks: list[int] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    #: servers that ended holding no replica of their stage (restarted too late to catch up, their
+    #: last average met nobody): not compared, not evaluated
+    out_of_step: list[str] = field(default_factory=list)
+    #: restarted servers that caught up with their stage and served again
+    restarts_caught_up: int = 0
+
+    @property
+    def rounds_committed(self) -> int:
+        """A SWARM stage's rounds are its replicas' gradient averages, one per optimizer step."""
+        return self.steps_taken
+
+    @property
+    def rounds_failed(self) -> int:
+        return self.step_failures
 
     def summary(self) -> dict[str, Any]:
         """The JSON report."""
@@ -127,6 +154,7 @@ def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any],
                 stop,
                 on_ready=lambda pid, _stage: q.put(("ready", rank, pid)),
                 on_move=lambda src, dst, at, serving: q.put(("moved", rank, (src, dst, at, serving))),
+                on_serving=lambda k: q.put(("serving", rank, k)),
             )
         q.put(("done", rank, asdict(out)))
     except BaseException as e:  # report, never hang the parent
@@ -153,7 +181,11 @@ class _Child:
     proc: Any
     q: Any
     stage: int = -1
+    rank: int = -1
     ready: bool = False
+    #: serving in step with its stage's replicas (not catching up); what lets another one of the
+    #: stage go under chaos
+    serving: bool = False
     progress: int = 0
     outcome: dict[str, Any] | None = None
     killed: bool = False
@@ -173,8 +205,10 @@ class _Child:
                 self.ready = True
             elif kind == "step":
                 self.progress = int(payload)
-            elif kind == "moved":
-                self.stage = int(payload[1])
+            elif kind == "serving":
+                self.serving = True
+            elif kind == "moved":  # it left its stage (serving_at None), or caught up with the new one
+                self.stage, self.serving = int(payload[1]), payload[3] is not None
             elif kind == "done":
                 self.outcome = payload
 
@@ -219,10 +253,16 @@ def _placement(servers: int, stages: int, layout: list[int] | None, kill_servers
 
 
 def _train(
-    srv: list[_Child], trn: list[_Child], total: int, kills: list[float], rng: random.Random, deadline: float
+    srv: list[_Child],
+    trn: list[_Child],
+    total: int,
+    kills: list[float],
+    rng: random.Random,
+    deadline: float,
+    chaos: ServerChaos | None = None,
 ) -> list[str]:
     """Wait for the trainers, SIGKILLing a server at each of ``kills`` (fractions of ``total``
-    micro-batches done); returns who was killed."""
+    micro-batches done) and running ``chaos``; returns who was killed."""
     killed: list[str] = []
     while not all(c.outcome is not None for c in trn):
         _poll(srv + trn)
@@ -230,6 +270,8 @@ def _train(
         while kills and done >= kills[0]:
             kills.pop(0)
             killed.append(_kill_one(srv, rng))
+        if chaos is not None:
+            chaos.tick(time.monotonic(), srv, all(c.progress >= 1 for c in trn), done)
         if time.monotonic() > deadline:
             raise SwarmError("the swarm simulation timed out waiting for the trainers")
         time.sleep(0.05)
@@ -245,9 +287,11 @@ def run_swarm_simulation(
     baseline: bool = False,
     timeout: float = 1800.0,
     layout: list[int] | None = None,
+    chaos: ChaosSpec | None = None,
 ) -> SwarmResult:
     """Run SWARM with ``servers`` stage servers and ``settings.trainers`` trainers on loopback
-    (``layout``: servers per stage, summing to ``servers``; default round-robin).
+    (``layout``: servers per stage, summing to ``servers``; default round-robin; ``chaos``: servers
+    killed, preempted and restarted while the trainers train).
 
     Raises:
         ConfigError: too few servers for the stages, a layout that does not fit, or more kills than
@@ -280,12 +324,17 @@ def run_swarm_simulation(
             for rc in cfgs:
                 rc.peers.initial_peers = initial
             srv: list[_Child] = []
-            for r, stage in enumerate(stage_of):
+
+            def start_server(r: int, stage: int) -> _Child:
                 q = ctx.Queue()
                 args = (r, stage, cfgs[r].model_dump_json(), sdict, q, level)
                 p = spawn_function(_server_main, args, name=f"server{r}")
                 procs.append(p)
-                srv.append(_Child(f"server{r}", p, q, stage))
+                srv.append(_Child(f"server{r}", p, q, stage, rank=r))
+                return srv[-1]
+
+            for r, stage in enumerate(stage_of):
+                start_server(r, stage)
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
             phases["start"] = time.perf_counter() - t0
             trn: list[_Child] = []
@@ -297,14 +346,18 @@ def run_swarm_simulation(
                 trn.append(_Child(f"trainer{t}", p, q))
             t_train = time.time()
             total = settings.microbatches * settings.trainers
-            killed = _train(
-                srv, trn, total, sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers)), rng, deadline
-            )
+            sc = None
+            if chaos is not None:
+                grace = cfg.peers.preempt_grace
+                sc = ServerChaos(chaos, cfg.train.seed, start_server, time.monotonic(), grace)
+            kill_at = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
+            killed = _train(srv, trn, total, kill_at, rng, deadline, sc)
             phases["train"] = time.perf_counter() - t0 - phases["start"]
-            for child in srv:
-                if not child.killed:
-                    child.proc.signal(signal.SIGTERM)
             alive = [c for c in srv if not c.killed]
+            # a server restarted late must have installed its SIGTERM handler to leave and report
+            _wait(alive, lambda: all(c.ready for c in alive), deadline, "the restarted servers to start")
+            for child in alive:
+                child.proc.signal(signal.SIGTERM)
             _wait(alive, lambda: all(c.outcome is not None for c in alive), deadline, "the servers' reports")
             phases["leave"] = time.perf_counter() - t0 - phases["start"] - phases["train"]
         finally:
@@ -315,6 +368,12 @@ def run_swarm_simulation(
     wall = time.perf_counter() - t0
     phases["teardown"] = wall - sum(phases.values())
     res = _result(cfg, settings, stage_of, trn, alive, killed, wall, phases)
+    if sc is not None:
+        res.kills, res.preemptions, res.restarts = (sc.counts[k] for k in ("kill", "preempt", "restart"))
+        res.killed += [f"server{e['rank']}.stage{e['stage']}" for e in sc.timeline if e["event"] == "kill"]
+        res.missing_ranks = sorted(set(range(servers)) - {c.rank for c in alive})
+        res.timeline = list(sc.timeline)
+        res.restarts_caught_up = sum(1 for c in srv[servers:] if c.serving)
     _add_moves(res, settings, alive, trn, t_train)
     if baseline:
         res.baseline_val_loss, _ = train_baseline(cfg, settings)
@@ -343,8 +402,9 @@ def _result(
     stages = build_stages(stage_spec(cfg), settings.stages, seed=cfg.train.seed)
     for s in range(settings.stages):
         mine = [o for _, o in souts if o["stage"] == s]
-        identical &= bool(mine) and len({o["digest"] for o in mine}) == 1
         final_syncs[f"stage{s}"] = max((o["final_group"] for o in mine), default=0)
+        mine = [o for o in mine if _replica(o)]
+        identical &= bool(mine) and len({o["digest"] for o in mine}) == 1
         if mine:
             load_stage_state(stages[s], mine[0]["state"])
     val = evaluate_stages(stages, cfg)
@@ -385,8 +445,17 @@ def _result(
         steps_taken=max((int(o["version"]) for _, o in souts), default=0),
         step_failures=sum(int(o["step_failures"]) for _, o in souts),
         duplicate_backwards=sum(int(o["duplicates"]) for _, o in souts),
+        out_of_step=[f"{c.name}.stage{o['stage']}" for c, o in souts if not _replica(o)],
     )
     return res
+
+
+def _replica(outcome: dict[str, Any]) -> bool:
+    """Whether a server's report holds its stage's parameters: it served in step when asked to leave,
+    or its last average met another server (a late one takes their parameters there). A server
+    restarted so late that no step came to catch up on, and whose last average met nobody, holds only
+    its initial parameters: no replica, left out of the comparison (``out_of_step``)."""
+    return bool(outcome.get("in_step", True)) or int(outcome["final_group"]) >= 2
 
 
 def rates_around_moves(

@@ -1,4 +1,5 @@
-"""``swarmtrain simulate --strategy swarm`` with a server SIGKILLed mid-run: nothing lost, rerouted.
+"""``swarmtrain simulate --strategy swarm`` with a server SIGKILLed mid-run (or ``--chaos``): nothing
+lost, rerouted.
 
 The real CLI in a subprocess: a bootstrap node, 4 stage servers (2 per stage) and a trainer, each a
 real process on 127.0.0.1; one server is SIGKILLed at a random moment between 15 % and 60 % of the
@@ -48,6 +49,28 @@ def test_swarm_survives_a_killed_server(tmp_path: Path) -> None:
     assert abs(gap) < 0.03, (res["final_val_loss"], res["baseline_val_loss"])
     assert len(res["bytes_sent_per_peer"]) == 4  # 3 surviving servers and the trainer
     assert all(v > 0 for v in res["bytes_sent_per_peer"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_swarm_under_chaos_restarts_servers_that_catch_up(tmp_path: Path) -> None:
+    """``--chaos`` on SWARM: servers SIGKILLed and SIGTERMed at random moments and restarted with
+    the same identity and stage; a restarted server downloads its stage's state from a replica and
+    serves again. Nothing is lost, the replicas end identical, the loss follows the clean run."""
+    out = tmp_path / "chaos.json"
+    argv = [sys.executable, "-m", "swarmtrain", "simulate", "--strategy", "swarm", "--stages", "2"]
+    argv += ["--peers", "4", "--steps", "80", "--batch-size", "8", "--json", str(out)]
+    argv += ["--chaos", "kill=6/min,preempt=3/min,restart=5s,seed=1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=560)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["kills"] >= 1 and res["kills"] + res["preemptions"] >= 2, res["timeline"]
+    assert res["restarts"] >= 1 and res["restarts_caught_up"] >= 1, res["timeline"]
+    assert res["lost_microbatches"] == 0 and res["samples"] == 80 * 8
+    assert res["params_identical"] is True
+    assert res["rounds_committed"] == res["clean_rounds_committed"] == 80
+    assert abs(res["loss_vs_clean"]) < 0.03, (res["final_val_loss"], res["clean_val_loss"])
+    assert "restarts caught up" in proc.stdout
 
 
 @pytest.mark.timeout(300)

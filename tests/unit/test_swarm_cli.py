@@ -12,7 +12,7 @@ from swarmtrain.simulation.swarm import spread_servers
     ("argv", "needle"),
     [
         (["--stages", "2"], "need --strategy swarm"),
-        (["--strategy", "swarm", "--chaos", "kill=1/min"], "--chaos does not apply"),
+        (["--strategy", "swarm", "--chaos", "kill=1/min", "--kill-servers", "1"], "give one"),
         (["--strategy", "swarm", "--inner-steps", "5"], "--inner-steps does not apply"),
         (["--strategy", "swarm", "--peers", "3", "--kill-servers", "2"], "--kill-servers 2"),
         (["--strategy", "swarm", "--peers", "1"], "cannot serve 2 stages"),

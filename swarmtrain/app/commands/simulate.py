@@ -204,8 +204,9 @@ def simulate(
     A peer that dies is absorbed: the others go on and the report says who died when.
     With --strategy swarm (SWARM pipeline parallelism): --peers stage servers spread over --stages,
     --trainers peers feeding --steps micro-batches each, --compressor the codec between stages
-    [none], --kill-servers K servers SIGKILLed mid-run; the exit code is 1 when a micro-batch was
-    lost or a stage's replicas differ at the end. With --topology FILE.toml (root), each peer runs in
+    [none], --kill-servers K servers SIGKILLed mid-run (or --chaos SPEC: servers killed, preempted
+    and restarted); the exit code is 1 when a micro-batch was lost or a stage's replicas differ at
+    the end. With --topology FILE.toml (root), each peer runs in
     its own network namespace in a region, its link rate-capped and delayed as the file says.
     """
     # every parameter is a field of the same name, and there are no other locals yet
@@ -222,6 +223,7 @@ def run_simulate(opts: SimulateOptions) -> None:
     """
     from rich.console import Console
 
+    from swarmtrain.app.commands.chaos_report import chaos_fields, chaos_line, events_text
     from swarmtrain.app.data import describe_data
     from swarmtrain.simulation.chaos import parse_chaos
 
@@ -292,10 +294,10 @@ def run_simulate(opts: SimulateOptions) -> None:
             f"(clean {intr['clean_rss_growth_mib']:.0f} MiB)"
         )
     if chaos is not None and clean is not None:
-        out.update(_chaos_fields(main, clean, chaos))
-        typer.echo(_chaos_line(out), err=False)
+        out.update(chaos_fields(main, clean, chaos))
+        typer.echo(chaos_line(out), err=False)
     elif main.timeline:
-        typer.echo(f"{len(main.timeline)} fault(s) absorbed: {_events_text(main.timeline)}")
+        typer.echo(f"{len(main.timeline)} fault(s) absorbed: {events_text(main.timeline)}")
     if opts.json_path is not None:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_text(dumps(out, indent=2) + "\n")
@@ -352,49 +354,6 @@ def _exit_on_failure(
 
 #: seconds between plain progress lines when stderr is not a terminal
 PLAIN_EVERY_S = 15.0
-
-
-def _chaos_fields(main: Any, clean: Any, chaos: Any) -> dict[str, Any]:
-    """The JSON fields of a chaos run: the spec, the faults' counts and timeline, the survivors'
-    agreement and loss against the clean run of the same configuration."""
-    return {
-        "chaos": chaos.text,
-        "kills": main.kills,
-        "preemptions": main.preemptions,
-        "restarts": main.restarts,
-        "deaths": main.deaths,
-        "missing_ranks": main.missing_ranks,
-        "rounds_committed": main.rounds_committed,
-        "rounds_failed": main.rounds_failed,
-        "clean_rounds_committed": clean.rounds_committed,
-        "clean_rounds_failed": clean.rounds_failed,
-        "params_identical": main.params_identical,
-        "final_val_loss": main.final_val_loss,
-        "clean_val_loss": clean.final_val_loss,
-        "loss_vs_clean": main.final_val_loss / clean.final_val_loss - 1.0,  # (dumps nulls a NaN)
-        "timeline": main.timeline,
-    }
-
-
-def _events_text(timeline: list[dict[str, Any]]) -> str:
-    """``kill peer2 @41s, restart peer2 @56s, ...`` (the first eight)."""
-    parts = [f"{e['event']} peer{e['rank']} @{e['t']:.0f}s" for e in timeline[:8]]
-    return ", ".join(parts) + (f", ... ({len(timeline)} in all)" if len(timeline) > 8 else "")
-
-
-def _chaos_line(out: dict[str, Any]) -> str:
-    """Two lines of at most 80 columns: the faults, then the survivors against the clean run."""
-    first = (
-        f"chaos: {out['kills']} kills, {out['preemptions']} preemptions, {out['restarts']} restarts, "
-        f"{out['deaths']} other deaths"
-    )
-    ratio = out["loss_vs_clean"]
-    vs = f"{ratio * 100:+.1f}%" if ratio == ratio else "n/a"
-    second = (
-        f"  val loss {out['final_val_loss']:.4f} vs clean {out['clean_val_loss']:.4f} ({vs}); "
-        f"identical: {'yes' if out['params_identical'] else 'NO'}"
-    )
-    return f"{first}\n{second}"
 
 
 def _run_one(

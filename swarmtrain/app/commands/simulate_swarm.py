@@ -3,7 +3,9 @@
 ``--peers`` counts stage servers (spread round-robin over ``--stages``), ``--trainers`` the peers that
 feed micro-batches, ``--steps`` the micro-batches each trainer feeds, ``--compressor`` the codec of
 hidden states and their gradients between stages (default ``none``: fp32). The run itself is
-``swarmtrain.simulation.swarm.run_swarm_simulation``.
+``swarmtrain.simulation.swarm.run_swarm_simulation``. ``--chaos SPEC`` kills, preempts and restarts
+servers (``swarmtrain.simulation.swarm_chaos``) after a clean run of the same configuration, and the
+JSON gains the fields of every strategy's chaos run (``swarmtrain.app.commands.chaos_report``).
 """
 
 from __future__ import annotations
@@ -89,12 +91,13 @@ def _refuse_other_flags(opts: SwarmFlags) -> None:
         "--tolerate": opts.tolerate,
         "--malicious-owners": opts.malicious_owners,
         "--owner-check": opts.owner_check,
-        "--chaos": opts.chaos,
         "--intruders": opts.intruders or None,
     }
     for flag, value in others.items():
         if value is not None:
             raise ConfigError(f"{flag} does not apply to --strategy swarm")
+    if opts.chaos is not None and opts.kill_servers:
+        raise ConfigError("--kill-servers and --chaos: give one (--chaos kill=RATE kills servers too)")
 
 
 def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple[Config, SwarmSettings]:
@@ -136,15 +139,24 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
     """
     from rich.console import Console
 
+    from swarmtrain.app.commands.chaos_report import chaos_fields, chaos_line
+    from swarmtrain.simulation.chaos import parse_chaos
     from swarmtrain.simulation.swarm import run_swarm_simulation
 
     cfg, settings = swarm_settings(opts, load_config)
+    chaos = parse_chaos(opts.chaos) if opts.chaos is not None else None
     console = Console(stderr=True)
+    faults = f"chaos: {chaos.describe()}" if chaos else f"{opts.kill_servers} server(s) killed mid-run"
     console.print(
         f"swarmtrain simulate: SWARM, {opts.peers} servers over {settings.stages} stages, "
         f"{settings.trainers} trainer(s) x {settings.microbatches} micro-batches of {cfg.train.batch_size}, "
-        f"codec {settings.codec}, {opts.kill_servers} server(s) killed mid-run"
+        f"codec {settings.codec}, {faults}"
     )
+    clean = None
+    if chaos is not None:
+        console.print("the clean run (no chaos) first")
+        clean = run_swarm_simulation(cfg, settings, opts.peers, timeout=opts.timeout)
+        console.print(f"clean: val loss {clean.final_val_loss:.4f}; now the run with chaos")
     res = run_swarm_simulation(
         cfg,
         settings,
@@ -152,8 +164,14 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
         kill_servers=opts.kill_servers,
         baseline=opts.baseline,
         timeout=opts.timeout,
+        chaos=chaos,
     )
     out = res.summary()
+    if chaos is not None and clean is not None:
+        out.update(chaos_fields(res, clean, chaos))
+        typer.echo(chaos_line(out))
+        late = ", ".join(res.out_of_step) or "none"
+        typer.echo(f"  restarts caught up: {res.restarts_caught_up}/{res.restarts}; out of step: {late}")
     base = f", baseline {res.baseline_val_loss:.4f}" if res.baseline_val_loss is not None else ""
     console.print(
         f"val loss {res.final_val_loss:.4f}{base}; {res.samples} samples at "
