@@ -10,6 +10,9 @@ each peer restarted with the same identity), and writes ``kills``, ``preemptions
 ``params_identical``, ``final_val_loss`` and ``clean_val_loss``. This script collects one row per
 strategy: the faults, the rounds committed and failed clean vs chaos, the loss under chaos against
 the clean loss (and their ratio), whether the peers agree at the end, the exit code and the wall time.
+For ``swarm`` (``--stages 2``), ``--peers`` are stage servers (the chaos hits those; one trainer
+feeds ``--steps`` micro-batches), its rounds are the stages' optimizer steps and "identical" means
+each stage's replicas.
 
 Usage::
 
@@ -51,14 +54,18 @@ __all__ = [
 ]
 
 #: strategies the benchmark knows, all run by default
-STRATEGIES = ("diloco", "streaming_diloco", "demo", "data_parallel")
+STRATEGIES = ("diloco", "streaming_diloco", "demo", "data_parallel", "swarm")
 DEFAULT_STRATEGIES = STRATEGIES
-DEFAULT_CHAOS = "kill=2/min,preempt=1/min,restart=15s,seed=1"
+#: twice the Done-when rate, with preemptions: a 4-peer DiLoCo run of 200 steps sees about 4 faults
+DEFAULT_CHAOS = "kill=4/min,preempt=2/min,restart=15s,seed=1"
 #: --quick: a fault every 5 s once training starts, so at least one lands before the quiet last quarter
 QUICK_CHAOS = "kill=12/min,restart=3s,seed=1"
 QUICK = {"peers": 3, "steps": 60, "inner_steps": 10, "batch_size": 8}
 #: strategies that take ``-H`` (DiLoCo's H; Streaming DiLoCo's too)
 TAKES_H = ("diloco", "streaming_diloco")
+#: SWARM's pipeline: ``--peers`` stage servers over this many stages, one trainer feeding ``--steps``
+#: micro-batches; its rounds are the stages' optimizer steps (the replicas' gradient averages)
+SWARM_STAGES = 2
 SW = [sys.executable, "-m", "swarmtrain"]
 
 
@@ -88,6 +95,8 @@ def command(
     ]
     if inner_steps is not None and strategy in TAKES_H:
         cmd += ["-H", str(inner_steps)]
+    if strategy == "swarm":
+        cmd += ["--stages", str(SWARM_STAGES)]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]
     return cmd

@@ -111,3 +111,12 @@ def test_no_fault_near_the_end_and_no_restart_at_it() -> None:
     sc.tick(5.0, servers, started=True, progress=0.95)
     assert sc.counts["kill"] == 1 and sc.counts["restart"] == 0
     assert sc.timeline[-1]["event"] == "not_restarted"
+
+
+def test_a_server_that_never_caught_up_and_met_nobody_holds_no_replica() -> None:
+    from swarmtrain.simulation.swarm import _replica
+
+    assert _replica({"in_step": True, "final_group": 0})  # served in step: its own parameters
+    assert _replica({"in_step": False, "final_group": 2})  # late, but its last average met a replica
+    assert not _replica({"in_step": False, "final_group": 1})  # restarted too late, met nobody
+    assert _replica({"final_group": 0})  # a report from before the field: in step
