@@ -323,33 +323,19 @@ def run_swarm_simulation(
             initial = bootstrap_maddrs(bq, deadline)
             for rc in cfgs:
                 rc.peers.initial_peers = initial
-            srv: list[_Child] = []
-
-            def start_server(r: int, stage: int) -> _Child:
-                q = ctx.Queue()
-                args = (r, stage, cfgs[r].model_dump_json(), sdict, q, level)
-                p = spawn_function(_server_main, args, name=f"server{r}")
-                procs.append(p)
-                srv.append(_Child(f"server{r}", p, q, stage, rank=r))
-                return srv[-1]
-
+            spawner = _Spawner(ctx, [c.model_dump_json() for c in cfgs], sdict, level, procs)
+            srv = spawner.servers
             for r, stage in enumerate(stage_of):
-                start_server(r, stage)
+                spawner.server(r, stage)
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
             phases["start"] = time.perf_counter() - t0
-            trn: list[_Child] = []
-            for t in range(settings.trainers):
-                q = ctx.Queue()
-                targs = (t, cfgs[servers + t].model_dump_json(), sdict, q, level)
-                p = spawn_function(_trainer_main, targs, name=f"trainer{t}")
-                procs.append(p)
-                trn.append(_Child(f"trainer{t}", p, q))
+            trn = [spawner.trainer(t, servers + t) for t in range(settings.trainers)]
             t_train = time.time()
             total = settings.microbatches * settings.trainers
             sc = None
             if chaos is not None:
                 grace = cfg.peers.preempt_grace
-                sc = ServerChaos(chaos, cfg.train.seed, start_server, time.monotonic(), grace)
+                sc = ServerChaos(chaos, cfg.train.seed, spawner.server, time.monotonic(), grace)
             kill_at = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
             killed = _train(srv, trn, total, kill_at, rng, deadline, sc)
             phases["train"] = time.perf_counter() - t0 - phases["start"]
@@ -369,15 +355,53 @@ def run_swarm_simulation(
     phases["teardown"] = wall - sum(phases.values())
     res = _result(cfg, settings, stage_of, trn, alive, killed, wall, phases)
     if sc is not None:
-        res.kills, res.preemptions, res.restarts = (sc.counts[k] for k in ("kill", "preempt", "restart"))
-        res.killed += [f"server{e['rank']}.stage{e['stage']}" for e in sc.timeline if e["event"] == "kill"]
-        res.missing_ranks = sorted(set(range(servers)) - {c.rank for c in alive})
-        res.timeline = list(sc.timeline)
-        res.restarts_caught_up = sum(1 for c in srv[servers:] if c.serving)
+        _add_chaos(res, sc, srv, servers)
     _add_moves(res, settings, alive, trn, t_train)
     if baseline:
         res.baseline_val_loss, _ = train_baseline(cfg, settings)
     return res
+
+
+@dataclass
+class _Spawner:
+    """Starts the run's children, each with its own report queue; ``servers`` holds every server
+    started, restarted incarnations included (after the first ones)."""
+
+    ctx: Any
+    cfgs: list[str]  # each child's config (JSON): the servers' by rank, then the trainers'
+    settings: dict[str, Any]
+    level: int
+    procs: list[Any]
+    servers: list[_Child] = field(default_factory=list)
+
+    def server(self, rank: int, stage: int) -> _Child:
+        from peers import spawn_function
+
+        q = self.ctx.Queue()
+        args = (rank, stage, self.cfgs[rank], self.settings, q, self.level)
+        p = spawn_function(_server_main, args, name=f"server{rank}")
+        self.procs.append(p)
+        self.servers.append(_Child(f"server{rank}", p, q, stage, rank=rank))
+        return self.servers[-1]
+
+    def trainer(self, index: int, cfg_index: int) -> _Child:
+        from peers import spawn_function
+
+        q = self.ctx.Queue()
+        args = (index, self.cfgs[cfg_index], self.settings, q, self.level)
+        p = spawn_function(_trainer_main, args, name=f"trainer{index}")
+        self.procs.append(p)
+        return _Child(f"trainer{index}", p, q)
+
+
+def _add_chaos(res: SwarmResult, sc: ServerChaos, srv: list[_Child], servers: int) -> None:
+    """Copy the chaos's counts and timeline into ``res`` (``srv``: every server started, the first
+    ``servers`` of them at the start)."""
+    res.kills, res.preemptions, res.restarts = (sc.counts[k] for k in ("kill", "preempt", "restart"))
+    res.killed += [f"server{e['rank']}.stage{e['stage']}" for e in sc.timeline if e["event"] == "kill"]
+    res.missing_ranks = sorted(set(range(servers)) - {c.rank for c in srv if not c.killed})
+    res.timeline = list(sc.timeline)
+    res.restarts_caught_up = sum(1 for c in srv[servers:] if c.serving)
 
 
 def _result(
