@@ -157,9 +157,10 @@ class StateServer:
         announce it. Returns the SHA-256 hex digest.
 
         ``vouch``: the hex SHA-256 of the parameters every peer must agree on, when this state is one
-        this peer committed itself (never for a state it downloaded): the announcement then vouches
-        for ``(round, vouch)``, and a newcomer takes a state only when enough donors vouch for it
-        (:func:`download_state`'s ``vouchers``)."""
+        this peer committed itself, or one it downloaded that at least two donors (and at least
+        ``vouchers``) vouched for alike: the announcement then vouches for ``(round, vouch)``, and a
+        newcomer takes a state only when enough donors vouch for it (:func:`download_state`'s
+        ``vouchers``). A state one donor alone vouched for is never vouched for again."""
         tensors, meta = self.provider()
         rnd = meta.get("round")
         if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
@@ -458,7 +459,8 @@ def download_state(
 
     Returns:
         ``(tensors, meta)``; ``meta["round"]`` is the round number to adopt, ``meta["donor"]`` the
-        peer ID that served it.
+        peer ID that served it, ``meta["vouched_by"]`` how many distinct donors vouched for its round
+        and digest (0: none did).
 
     Raises:
         PeerTimeoutError: no donor answered with a valid state in time.
@@ -493,10 +495,15 @@ def download_state(
             if left <= 0:
                 raise PeerTimeoutError(f"state download timed out ({'; '.join(errors)[:300]})")
             try:
-                return _take_from(node, rnd, sources, shared, run, led, left, check, progress)
+                tensors, meta = _take_from(node, rnd, sources, shared, run, led, left, check, progress)
             except SwarmError as e:
                 errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
+                continue
+            # counted here, never read from the donor: how many donors vouched for what was taken
+            alike = {a[1] for a, v in chosen if a[0] == rnd and v == shared}
+            meta["vouched_by"] = len(alike) if shared is not None else 0
+            return tensors, meta
         if time.monotonic() >= donor_deadline:
             if not errors:
                 raise NoStateAnnounced("no donor served a valid state (none announced)")

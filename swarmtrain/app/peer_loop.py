@@ -17,7 +17,7 @@ swarm. A volunteer with an identity file keeps the state of its last committed r
 (``swarmtrain.app.saved_state``); restarted, it loads that state instead of downloading one when the
 donors still vouch for it as their freshest. SIGTERM or Ctrl-C starts a preemption hand-off within
 ``peers.preempt_grace`` (``swarmtrain.app.preemption``): finish the step, train on to the next sync if
-it fits, wait until a peer that stays holds the committed state, withdraw the records and leave; a
+it fits, wait until peers that stay hold the committed state, withdraw the records and leave; a
 second signal aborts at once.
 """
 
@@ -272,6 +272,7 @@ class _Peer:
         self._leaving = False  # a stop signal was seen at a step (its record says so)
         self._sync_s = cfg.peers.join_window + 5.0  # a sync step's seconds (first guess, then measured)
         self._step_t, self._steps_per_s, self._state_age = time.monotonic(), 0.0, 0.0
+        self._vouch: str | None = None  # the digest of the last state downloaded, when it may vouch for it
         #: where a volunteer keeps its last committed state, to resume from on restart (no identity
         #: file: a restart is a new peer, nothing kept)
         self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
@@ -298,7 +299,8 @@ class _Peer:
             if self.result.downloads or resumed:  # behind its donors: start its first period ahead
                 behind = steps_behind(self.node, self._state_age, None, self.trainer.tokens_per_step)
                 fast_forward(self.trainer, self._realign.joined(behind))
-            self.server.refresh(vouch=resumed)  # its own saved state is one it committed itself
+            # its own saved state is one it committed itself; a downloaded one, when enough vouched
+            self.server.refresh(vouch=resumed or self._vouch)
             self.check_breakdown_point()
         logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
         t0 = time.perf_counter()
@@ -320,8 +322,8 @@ class _Peer:
         res.banned = dict(self.guard.refresh()) if self.guard is not None else {}
         if self.hooks.on_finished is not None:
             self.hooks.on_finished(res)
-        if self.stop.requested:  # preempted: stay a donor until a peer that stays holds our state
-            self.preemption.hand_off(self.node, self.server.announced_round)
+        if self.stop.requested:  # preempted: stay a donor until peers that stay hold our state
+            self.preemption.hand_off(self.node, self.server.announced_round, self.cfg.peers.state_vouchers)
         else:
             self.stop.wait(self.membership.linger_s)
         return res
@@ -432,7 +434,7 @@ class _Peer:
         )
         if got is None:
             return False
-        (donor, self._state_age), step, rnd = got, self.trainer.step, self.p2p.round_id
+        (donor, self._state_age, self._vouch), step, rnd = got, self.trainer.step, self.p2p.round_id
         digest = shared_digest(self.trainer)
         self.result.downloads.append({"round": rnd, "step": step, "digest": digest, "donor": donor})
         logger.info("adopted the swarm's state: step %d, round %d", step, rnd)
@@ -543,7 +545,7 @@ class _Peer:
             logger.info("round %d went on without this peer", self.p2p.round_id - 1)
             if self.catch_up(min_round=self.p2p.round_id):
                 res.late_caught_up += 1
-                self.server.refresh()
+                self.server.refresh(vouch=self._vouch)
                 behind = steps_behind(self.node, self._state_age, self._steps_per_s)
                 if skipped := fast_forward(self.trainer, self._realign.late(behind)):
                     logger.info("late: its sync periods now start %d steps ahead", skipped)
@@ -554,7 +556,7 @@ class _Peer:
         if not self.membership.catch_up_after_failure or self._holds_the_freshest_state():
             return note
         if self.catch_up():
-            self.server.refresh()
+            self.server.refresh(vouch=self._vouch)
         return f"{note}; catching up"
 
     def _holds_the_freshest_state(self) -> bool:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from swarmtrain.app.trainer import Trainer
 
 __all__ = [
+    "vouchable",
     "param_digest",
     "shared_parameters",
     "state_snapshot",
@@ -130,18 +131,19 @@ def adopt_swarm_state(
     wait_for_donor: float = 0.0,
     min_round: int = 0,
     fresh_wait: float = 0.0,
-) -> tuple[str, float] | None:
+) -> tuple[str, float, str | None] | None:
     """Download the run's state from a donor this peer has not banned and load it into ``trainer``
     (``peers.download_state`` says what ``min_round``/``fresh_wait`` do). The collective's round number
     never goes back: a donor's snapshot can name a round whose group has formed since, and re-joining
-    it would only be late again. Returns the donor's peer ID and the state's age (seconds since the
-    donor took it, 0 when it does not say), or None (logged) when no usable state came; nothing
-    changed then.
+    it would only be late again. Returns the donor's peer ID, the state's age (seconds since the
+    donor took it, 0 when it does not say) and the shared digest this peer may vouch for in turn
+    (:func:`vouchable`), or None (logged) when no usable state came; nothing changed then.
     """
     from peers import download_state
     from peers.state_transfer import NoStateAnnounced
 
     adopted: list[int] = []
+    digests: list[str] = []
 
     def take(tensors: dict[str, torch.Tensor], meta: dict[str, Any], vouched: bytes | None) -> None:
         """Load the state; when the donors vouched for a digest, it must be this state's (else the
@@ -152,6 +154,7 @@ def adopt_swarm_state(
             apply_state(trainer, *before)
             raise ProtocolError("the donor's state is not the one the donors vouched for")
         adopted.append(rnd)
+        digests.append(vouched.hex() if vouched is not None else "")
 
     try:
         _, meta = download_state(
@@ -164,6 +167,7 @@ def adopt_swarm_state(
             vouchers=trainer.config.peers.state_vouchers,
             check=take,
         )
+        same_round = adopted[-1] >= collective.round_id
         collective.round_id = max(adopted[-1], collective.round_id)
     except NoStateAnnounced:  # the run's first peer: nothing to act on
         logger.info("no peer of the run announced a state: this peer starts from its own")
@@ -171,7 +175,18 @@ def adopt_swarm_state(
     except (PeerTimeoutError, ProtocolError) as e:
         logger.warning("no usable state from the swarm (%s)", e)
         return None
-    return str(meta["donor"]), state_age(meta)
+    vouch = digests[-1] if same_round and vouchable(meta, trainer.config.peers.state_vouchers) else None
+    return str(meta["donor"]), state_age(meta), vouch
+
+
+def vouchable(meta: Mapping[str, Any], vouchers: int) -> bool:
+    """Whether a downloaded state may be vouched for by the peer that took it: at least two distinct
+    donors, and at least ``vouchers``, vouched for its round and digest (``meta["vouched_by"]``, counted
+    by the downloader). Then one more voucher adds no trust that was not there, and a state whose
+    committers left stays adoptable for the next newcomer; a state one donor alone vouched for is never
+    passed on as vouched."""
+    n = meta.get("vouched_by")
+    return isinstance(n, int) and not isinstance(n, bool) and n >= max(2, vouchers)
 
 
 def adopt_saved_state(

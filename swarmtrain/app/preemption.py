@@ -7,9 +7,12 @@ that time the peer
 2. finishes the step it is in (a round under way completes or fails as usual) and, when the next
    sync and its round fit in the time left, trains on to that sync so its local work since the last
    one is contributed rather than dropped;
-3. hands off the run's committed state: it keeps serving its state until a live peer that is not
-   leaving announces a state at least as fresh as its own (:func:`handoff_status`). When every peer
-   that stays already has it (the common case) this costs one DHT read; when the ones that stay are
+3. hands off the run's committed state: it keeps serving its state until as many live peers that are
+   not leaving as the run's ``state_vouchers`` (fewer when fewer stay) announce a state at least as
+   fresh as its own (:func:`handoff_status`): a newcomer takes a state only when that many donors
+   vouch for it, so one committer left alone with it would leave it unadoptable. A peer that stays
+   vouches for a state it downloaded once enough donors vouched for it (``peer_state.vouchable``).
+   When the peers that stay already have it (the common case) this costs one DHT read; when they are
    behind (late for the last round, still downloading) it waits for them to take it from this peer.
    With nobody staying there is nobody to hand to: its saved state file keeps it for its restart;
 4. withdraws its state announcement and its peer record and exits.
@@ -59,7 +62,11 @@ def finish_sync(seconds_to_sync: float | None, round_s: float, left_s: float) ->
 
 
 def handoff_status(
-    own_id: str, own_round: int, trainers: Iterable[tuple[str, bool]], announced: Mapping[str, int]
+    own_id: str,
+    own_round: int,
+    trainers: Iterable[tuple[str, bool]],
+    announced: Mapping[str, int],
+    holders: int = 1,
 ) -> HandOff:
     """Whether a leaving peer's state of round ``own_round`` is safe with the peers that stay.
 
@@ -68,15 +75,19 @@ def handoff_status(
         own_round: the round of the state it announces (the next round after its last commit).
         trainers: ``(peer ID, leaving)`` of the run's live trainers.
         announced: peer ID -> round of the state it announces.
+        holders: how many peers that stay must hold it (fewer when fewer stay): the run's
+            ``state_vouchers``, so that a newcomer still finds enough donors vouching for it.
 
     Returns:
-        ``"done"``: a trainer that stays announces a state of ``own_round`` or later; ``"wait"``: some
-        stay but none has it yet; ``"alone"``: no trainer stays (nobody to hand to).
+        ``"done"``: ``min(holders, staying)`` trainers that stay announce a state of ``own_round`` or
+        later; ``"wait"``: some stay but not enough have it yet; ``"alone"``: no trainer stays
+        (nobody to hand to).
     """
     staying = {p for p, leaving in trainers if p != own_id and not leaving}
     if not staying:
         return "alone"
-    if any(announced.get(p, -1) >= own_round for p in staying):
+    have = sum(1 for p in staying if announced.get(p, -1) >= own_round)
+    if have >= min(max(holders, 1), len(staying)):
         return "done"
     return "wait"
 
@@ -169,9 +180,10 @@ class Preemption:
         logging.shutdown()
         os._exit(1)
 
-    def hand_off(self, node: Any, own_round: int | None) -> HandOff:
-        """Wait (within the grace) until a live peer that stays announces the state of ``own_round``
-        or later; returns how it ended (``"wait"``: the grace ran out first, logged as a warning)."""
+    def hand_off(self, node: Any, own_round: int | None, holders: int = 1) -> HandOff:
+        """Wait (within the grace) until ``holders`` live peers that stay (fewer when fewer stay)
+        announce the state of ``own_round`` or later; returns how it ended (``"wait"``: the grace ran
+        out first, logged as a warning)."""
         if own_round is None:
             return "done"  # nothing announced: nothing of ours to hand off
         said, confirmed = False, 0
@@ -190,7 +202,7 @@ class Preemption:
                 for r in records
                 if r.role == "trainer"
             ]
-            status = handoff_status(node.peer_id, own_round, trainers, announced)
+            status = handoff_status(node.peer_id, own_round, trainers, announced, holders)
             confirmed = confirmed + 1 if status == "done" else 0
             if status == "done" and confirmed < CONFIRM_READS and self.left() > HANDOFF_POLL_S:
                 time.sleep(HANDOFF_POLL_S)  # a second read, so one stale record does not decide
@@ -198,15 +210,17 @@ class Preemption:
             if status == "alone":
                 logger.warning("preemption: no peer stays to take round %d's state", own_round)
             if status == "done":
-                holders = [
+                staying = [
                     f"{p[:12]}@{announced.get(p)}" for p, gone in trainers if not gone and p != node.peer_id
                 ]
-                logger.info("preemption: a peer that stays holds round %d's state (%s)", own_round, holders)
+                logger.info("preemption: peers that stay hold round %d's state (%s)", own_round, staying)
             if status != "wait":
                 return status
             if not said:
                 said = True
-                logger.info("preemption: serving round %d's state until a peer that stays has it", own_round)
+                logger.info(
+                    "preemption: serving round %d's state until enough peers that stay have it", own_round
+                )
             if self.left() <= 0:
                 logger.warning("preemption: no peer that stays took round %d's state in time", own_round)
                 return status

@@ -338,6 +338,8 @@ def run_swarm_simulation(
                 sc = ServerChaos(chaos, cfg.train.seed, spawner.server, time.monotonic(), grace)
             kill_at = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
             killed = _train(srv, trn, total, kill_at, rng, deadline, sc)
+            if sc is not None:
+                sc.finish(time.monotonic())
             phases["train"] = time.perf_counter() - t0 - phases["start"]
             alive = [c for c in srv if not c.killed]
             # a server restarted late must have installed its SIGTERM handler to leave and report

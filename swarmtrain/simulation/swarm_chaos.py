@@ -110,6 +110,12 @@ class ServerChaos:
             victim = by_rank[self.schedule.pick(list(by_rank))]
             self._hit(now, victim, kind)
 
+    def finish(self, now: float) -> None:
+        """The trainers are done: a restart still pending will not happen; the timeline says so."""
+        for _, old in self.pending:
+            self._event(now, old.rank, "not_restarted", reason="the run ended first")
+        self.pending.clear()
+
     def _hit(self, now: float, victim: ChaosServer, kind: str) -> None:
         victim.killed = True  # its queue is not read again: a SIGKILL mid-write would leave a torn message
         self.counts[kind] += 1

@@ -24,7 +24,7 @@ from peers import find_orphans
 
 GRACE = 25.0  # the default peers.preempt_grace
 WAITING = "preemption: serving round"
-HELD = "preemption: a peer that stays holds"
+HELD = "preemption: peers that stay hold"
 
 
 def _commits(run: _Run, name: str) -> list[int]:

@@ -12,6 +12,8 @@ import pytest
 import torch
 from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
+from swarmtrain.app.peer_state import vouchable
+
 ROUNDS = {0: 5, 1: 7}  # donor rank -> its round; the newcomer must pick the freshest (rank 1)
 TTL = 60.0
 
@@ -93,7 +95,9 @@ def test_newcomer_downloads_freshest_state_and_donor_deregisters() -> None:
     assert g.orphans == []
     expected, meta = donor_state(1)
     assert res["digest"] == digest(expected), "downloaded tensors differ from the freshest donor's"
-    assert res["meta"] == {**meta, "donor": g.ready[1]["peer_id"]} and res["round_id"] == ROUNDS[1]
+    # no donor vouched for a digest here (vouched_by 0): the newcomer would not vouch for it in turn
+    want = {**meta, "donor": g.ready[1]["peer_id"], "vouched_by": 0}
+    assert res["meta"] == want and res["round_id"] == ROUNDS[1]
     assert res["dtypes"]["model.b"] == "torch.bfloat16" and res["dtypes"]["step"] == "torch.int64"
     nbytes = sum(t.numel() * t.element_size() for t in expected.values())
     assert res["state_bytes"] >= nbytes, "the ledger must count the state bytes received"
@@ -249,7 +253,11 @@ def vouch_worker(rank: int, initial: list[str], q: Any) -> None:
             q,
             "result",
             rank,
-            {"k2": (meta["round"], float(tensors["w"][0])), "k1": (m1["round"], float(t1["w"][0]))},
+            {
+                "k2": (meta["round"], float(tensors["w"][0])),
+                "k1": (m1["round"], float(t1["w"][0])),
+                "by": (meta["vouched_by"], m1["vouched_by"]),
+            },
         )
 
 
@@ -265,3 +273,8 @@ def test_one_admitted_donor_cannot_plant_a_state_that_other_donors_do_not_vouch_
     assert g.orphans == []
     assert res["k2"] == (5, 5.0)
     assert res["k1"] == (6, pytest.approx(0.0123))
+    # who may vouch in turn for what it took: the honest state came vouched by ranks 0, 1 (and the
+    # forger 3 that copied its digest); the forger's round 6 by itself alone, never passed on
+    k2_by, k1_by = res["by"]
+    assert k2_by >= 2 and k1_by == 1
+    assert vouchable({"vouched_by": k2_by}, 2) and not vouchable({"vouched_by": k1_by}, 1)

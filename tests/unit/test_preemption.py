@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from swarmtrain.app.peer_state import vouchable
 from swarmtrain.app.preemption import LEAVE_RESERVE_S, Preemption, finish_sync, handoff_status
 
 
@@ -24,6 +25,23 @@ def test_the_state_is_safe_once_a_peer_that_stays_announces_it() -> None:
     assert handoff_status("a", 5, live, {"a": 5, "c": 7}) == "done"  # a newer state holds ours too
     assert handoff_status("a", 5, live, {"a": 5, "b": 4}) == "wait"  # b is behind: it must take ours
     assert handoff_status("a", 5, live, {"a": 5}) == "wait"  # c is still downloading
+
+
+def test_with_two_vouchers_the_state_waits_for_two_holders_that_stay() -> None:
+    # a newcomer takes a state only when two donors vouch for it: one committer left alone with it
+    # would leave it unadoptable, so the leaver waits for a second holder (fewer when fewer stay)
+    live = [("a", True), ("b", False), ("c", False)]
+    assert handoff_status("a", 5, live, {"a": 5, "b": 5, "c": 4}, holders=2) == "wait"
+    assert handoff_status("a", 5, live, {"a": 5, "b": 5, "c": 5}, holders=2) == "done"
+    assert handoff_status("a", 5, live, {"a": 5, "b": 6, "c": 5}, holders=2) == "done"
+    assert handoff_status("a", 5, [("a", True), ("b", False)], {"a": 5, "b": 5}, holders=2) == "done"
+
+
+def test_a_downloaded_state_is_vouched_for_again_only_when_two_donors_vouched_for_it() -> None:
+    assert vouchable({"vouched_by": 2}, 2) and vouchable({"vouched_by": 3}, 1)
+    assert not vouchable({"vouched_by": 1}, 1)  # a lone donor's state is never passed on as vouched
+    assert not vouchable({"vouched_by": 2}, 3)  # fewer than the run asks for
+    assert not vouchable({}, 2) and not vouchable({"vouched_by": True}, 1)
 
 
 def test_peers_that_leave_too_do_not_count_as_holders() -> None:

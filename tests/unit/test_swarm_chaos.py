@@ -113,6 +113,17 @@ def test_no_fault_near_the_end_and_no_restart_at_it() -> None:
     assert sc.timeline[-1]["event"] == "not_restarted"
 
 
+def test_a_restart_still_pending_when_the_trainers_finish_is_in_the_timeline() -> None:
+    servers = [_Server(r, 0, proc=_Proc(r)) for r in range(3)]
+    sc = _chaos(servers, ChaosSpec(kill_per_s=1.0, restart_s=30.0))
+    sc.tick(0.0, servers, started=True, progress=0.1)
+    sc.tick(1.0, servers, started=True, progress=0.5)
+    (gone,) = [s for s in servers if s.killed]
+    sc.finish(2.0)  # its restart was due at 31 s
+    last = sc.timeline[-1]
+    assert (last["event"], last["rank"], sc.pending) == ("not_restarted", gone.rank, [])
+
+
 def test_a_server_that_never_caught_up_and_met_nobody_holds_no_replica() -> None:
     from swarmtrain.simulation.swarm import _replica
 
