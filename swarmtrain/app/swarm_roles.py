@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,14 +185,27 @@ def _stage_servers(node: Any, stage: int) -> int:
     return sum(1 for r in recs if r.role == "server" and r.extra.get("stage") == stage)
 
 
-def final_sync(node: Any, sync: Any, first_round: int, tries: int = 3, weight: float = 1.0) -> Any:
+def final_sync(
+    node: Any,
+    sync: Any,
+    first_round: int,
+    tries: int = 3,
+    weight: float = 1.0,
+    deadline: float | None = None,
+) -> Any:
     """The leaving servers' last average. A round that formed with fewer members than the stage has
     live servers (one of them was slower to leave than the join window) is tried again, up to
     ``tries`` more rounds: every member of a short round sees the same shortfall, so they all go on
-    to the next round and meet there."""
+    to the next round and meet there. No further round starts after ``deadline``
+    (``time.monotonic()``): a server preempted alone, whose stage's other servers keep serving, finds
+    nobody to average with (each round waits up to ``sync.timeout``) and must still leave within its
+    grace."""
     final = sync.sync(first_round, weight)
     for extra in range(1, tries + 1):
         if final.committed and len(final.participants) >= _stage_servers(node, sync.stage):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            logger.info("no time left in the grace for another last average; leaving")
             break
         final = sync.sync(first_round + extra, weight)
     return final

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from swarmtrain.app.models.stages import GPTStage, build_stages
+from swarmtrain.app.preemption import LEAVE_RESERVE_S
 from swarmtrain.app.swarm_roles import (
     ServerOutcome,
     SwarmSettings,
@@ -293,10 +294,12 @@ def run_server(
         if on_ready is not None:
             on_ready(node.peer_id, k)
         cur = _watch(node, cfg, settings, cur, stop, on_move, on_serving)
+        # told to leave (the run's end, or a preemption notice): done within the grace, less a reserve
+        leave_by = time.monotonic() + cfg.peers.preempt_grace - LEAVE_RESERVE_S
         cur.server.stop()
         behind = cur.server.steps.behind or cur.server.steps.syncing
         # a server that missed a step holds parameters the stage moved on from: it takes the others'
-        final = final_sync(node, cur.sync, FINAL_ROUND, weight=0.0 if behind else 1.0)
+        final = final_sync(node, cur.sync, FINAL_ROUND, weight=0.0 if behind else 1.0, deadline=leave_by)
         cur.sync.close()
         with torch.no_grad():
             state = {name: tensor_bytes(v) for name, v in cur.module.state_dict().items()}

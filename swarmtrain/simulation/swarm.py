@@ -139,7 +139,12 @@ class SwarmResult:
         return out
 
 
-def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int) -> None:
+def _server_main(
+    rank: int, stage: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int, run_over: Any
+) -> None:
+    """One stage server; it reports its outcome (its whole stage state) only when told to leave at
+    the run's end (``run_over`` set): a server preempted mid-run is not read any more, and a report
+    of megabytes would keep it from exiting (the queue's feeder thread waits for a reader)."""
     from peers import GracefulExit
     from swarmtrain.app.swarm_server import run_server
 
@@ -156,7 +161,8 @@ def _server_main(rank: int, stage: int, cfg_json: str, settings: dict[str, Any],
                 on_move=lambda src, dst, at, serving: q.put(("moved", rank, (src, dst, at, serving))),
                 on_serving=lambda k: q.put(("serving", rank, k)),
             )
-        q.put(("done", rank, asdict(out)))
+        if run_over.is_set():
+            q.put(("done", rank, asdict(out)))
     except BaseException as e:  # report, never hang the parent
         q.put(("error", rank, f"server {rank}: {type(e).__name__}: {e}"))
 
@@ -344,6 +350,7 @@ def run_swarm_simulation(
             alive = [c for c in srv if not c.killed]
             # a server restarted late must have installed its SIGTERM handler to leave and report
             _wait(alive, lambda: all(c.ready for c in alive), deadline, "the restarted servers to start")
+            spawner.run_over.set()
             for child in alive:
                 child.proc.signal(signal.SIGTERM)
             _wait(alive, lambda: all(c.outcome is not None for c in alive), deadline, "the servers' reports")
@@ -375,12 +382,17 @@ class _Spawner:
     level: int
     procs: list[Any]
     servers: list[_Child] = field(default_factory=list)
+    #: set before the servers are told to leave at the run's end: only then do they report
+    run_over: Any = None
+
+    def __post_init__(self) -> None:
+        self.run_over = self.ctx.Event()
 
     def server(self, rank: int, stage: int) -> _Child:
         from peers import spawn_function
 
         q = self.ctx.Queue()
-        args = (rank, stage, self.cfgs[rank], self.settings, q, self.level)
+        args = (rank, stage, self.cfgs[rank], self.settings, q, self.level, self.run_over)
         p = spawn_function(_server_main, args, name=f"server{rank}")
         self.procs.append(p)
         self.servers.append(_Child(f"server{rank}", p, q, stage, rank=rank))

@@ -131,3 +131,35 @@ def test_a_server_that_never_caught_up_and_met_nobody_holds_no_replica() -> None
     assert _replica({"in_step": False, "final_group": 2})  # late, but its last average met a replica
     assert not _replica({"in_step": False, "final_group": 1})  # restarted too late, met nobody
     assert _replica({"final_group": 0})  # a report from before the field: in step
+
+
+@dataclass
+class _Round:
+    committed: bool = False
+    participants: tuple[str, ...] = ()
+
+
+@dataclass
+class _LoneSync:
+    """A stage sync whose rounds find nobody: a server preempted while its stage's others serve on."""
+
+    stage: int = 0
+    timeout: float = 20.0
+    rounds: list[int] = field(default_factory=list)
+
+    def sync(self, round_id: int, weight: float = 1.0) -> _Round:
+        self.rounds.append(round_id)
+        return _Round()
+
+
+def test_a_lone_leaver_starts_no_last_average_past_its_grace() -> None:
+    import time
+
+    from swarmtrain.app.swarm_roles import final_sync
+
+    s = _LoneSync()
+    final_sync(None, s, 100, deadline=time.monotonic() - 1.0)  # the first round took the grace
+    assert s.rounds == [100]
+    s = _LoneSync()
+    final_sync(None, s, 100, deadline=time.monotonic() + 60.0)  # time left: the retries go on
+    assert s.rounds == [100, 101, 102, 103]

@@ -118,8 +118,14 @@ def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple
     cfg = load_config()
     codec = opts.compressor or "none"
     build_compressor(cfg.compression.model_copy(update={"codec": codec}))  # an unknown name fails here
+    # under --chaos no server moves: a move that coincides with the preemption of its stage's other
+    # server empties the stage (docs/decisions.md, fifteenth session; a known gap of rebalancing)
     settings = SwarmSettings(
-        stages=opts.stages or 2, codec=codec, microbatches=cfg.train.steps, trainers=opts.trainers or 1
+        stages=opts.stages or 2,
+        codec=codec,
+        microbatches=cfg.train.steps,
+        trainers=opts.trainers or 1,
+        rebalance=opts.chaos is None,
     )
     stage_blocks(resolve_spec(cfg.model).n_layer, settings.stages)
     spread_servers(opts.peers, settings.stages)
