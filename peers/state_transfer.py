@@ -500,15 +500,20 @@ def download_state(
                 errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
                 continue
-            # counted here, never read from the donor: how many donors vouched for what was taken
-            alike = {a[1] for a, v in chosen if a[0] == rnd and v == shared}
-            meta["vouched_by"] = len(alike) if shared is not None else 0
+            meta["vouched_by"] = _vouched_by(chosen, rnd, shared)  # counted here, never the donor's
             return tensors, meta
         if time.monotonic() >= donor_deadline:
             if not errors:
                 raise NoStateAnnounced("no donor served a valid state (none announced)")
             raise PeerTimeoutError(f"no donor served a valid state ({'; '.join(errors)[:300]})")
         time.sleep(0.5)
+
+
+def _vouched_by(
+    chosen: list[tuple[tuple[int, str, bytes, int], bytes | None]], rnd: int, shared: bytes | None
+) -> int:
+    """How many distinct donors of ``chosen`` vouch for round ``rnd`` with digest ``shared`` (0: none)."""
+    return len({a[1] for a, v in chosen if a[0] == rnd and v == shared}) if shared is not None else 0
 
 
 def _take_from(

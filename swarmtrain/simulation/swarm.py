@@ -281,7 +281,19 @@ def _train(
         if time.monotonic() > deadline:
             raise SwarmError("the swarm simulation timed out waiting for the trainers")
         time.sleep(0.05)
+    if chaos is not None:
+        chaos.finish(time.monotonic())
     return killed
+
+
+def _leave(spawner: _Spawner, alive: list[_Child], deadline: float) -> None:
+    """The run is over: tell the servers still in it to leave, and wait for their reports."""
+    # a server restarted late must have installed its SIGTERM handler to leave and report
+    _wait(alive, lambda: all(c.ready for c in alive), deadline, "the restarted servers to start")
+    spawner.run_over.set()
+    for child in alive:
+        child.proc.signal(signal.SIGTERM)
+    _wait(alive, lambda: all(c.outcome is not None for c in alive), deadline, "the servers' reports")
 
 
 def run_swarm_simulation(
@@ -344,16 +356,9 @@ def run_swarm_simulation(
                 sc = ServerChaos(chaos, cfg.train.seed, spawner.server, time.monotonic(), grace)
             kill_at = sorted(rng.uniform(*KILL_WINDOW) for _ in range(kill_servers))
             killed = _train(srv, trn, total, kill_at, rng, deadline, sc)
-            if sc is not None:
-                sc.finish(time.monotonic())
             phases["train"] = time.perf_counter() - t0 - phases["start"]
             alive = [c for c in srv if not c.killed]
-            # a server restarted late must have installed its SIGTERM handler to leave and report
-            _wait(alive, lambda: all(c.ready for c in alive), deadline, "the restarted servers to start")
-            spawner.run_over.set()
-            for child in alive:
-                child.proc.signal(signal.SIGTERM)
-            _wait(alive, lambda: all(c.outcome is not None for c in alive), deadline, "the servers' reports")
+            _leave(spawner, alive, deadline)
             phases["leave"] = time.perf_counter() - t0 - phases["start"] - phases["train"]
         finally:
             stop_peers(procs)
