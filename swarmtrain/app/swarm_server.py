@@ -297,7 +297,9 @@ def run_server(
         # told to leave (the run's end, or a preemption notice): done within the grace, less a reserve
         leave_by = time.monotonic() + cfg.peers.preempt_grace - LEAVE_RESERVE_S
         cur.server.stop()
-        behind = cur.server.steps.behind or cur.server.steps.syncing
+        # still catching up (a late start or restart, no snapshot loaded yet): its parameters may be
+        # its initial ones even when it saw no step it missed
+        behind = cur.server.steps.behind or cur.server.steps.syncing or cur.catching_up()
         # a server that missed a step holds parameters the stage moved on from: it takes the others'
         final = final_sync(node, cur.sync, FINAL_ROUND, weight=0.0 if behind else 1.0, deadline=leave_by)
         cur.sync.close()
