@@ -142,8 +142,7 @@ def adopt_swarm_state(
     from peers import download_state
     from peers.state_transfer import NoStateAnnounced
 
-    adopted: list[int] = []
-    digests: list[str] = []
+    adopted: list[tuple[int, str | None]] = []  # (round, vouched digest) of the state loaded
 
     def take(tensors: dict[str, torch.Tensor], meta: dict[str, Any], vouched: bytes | None) -> None:
         """Load the state; when the donors vouched for a digest, it must be this state's (else the
@@ -153,8 +152,7 @@ def adopt_swarm_state(
         if before is not None and vouched is not None and shared_digest(trainer) != vouched.hex():
             apply_state(trainer, *before)
             raise ProtocolError("the donor's state is not the one the donors vouched for")
-        adopted.append(rnd)
-        digests.append(vouched.hex() if vouched is not None else "")
+        adopted.append((rnd, vouched.hex() if vouched is not None else None))
 
     try:
         _, meta = download_state(
@@ -167,15 +165,16 @@ def adopt_swarm_state(
             vouchers=trainer.config.peers.state_vouchers,
             check=take,
         )
-        same_round = adopted[-1] >= collective.round_id
-        collective.round_id = max(adopted[-1], collective.round_id)
+        rnd, digest = adopted[-1]
+        same_round = rnd >= collective.round_id
+        collective.round_id = max(rnd, collective.round_id)
     except NoStateAnnounced:  # the run's first peer: nothing to act on
         logger.info("no peer of the run announced a state: this peer starts from its own")
         return None
     except (PeerTimeoutError, ProtocolError) as e:
         logger.warning("no usable state from the swarm (%s)", e)
         return None
-    vouch = digests[-1] if same_round and vouchable(meta, trainer.config.peers.state_vouchers) else None
+    vouch = digest if same_round and vouchable(meta, trainer.config.peers.state_vouchers) else None
     return str(meta["donor"]), state_age(meta), vouch
 
 
