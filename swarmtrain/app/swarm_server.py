@@ -9,8 +9,7 @@
   step and vouches for its digest: replicas that step together hold the same snapshot at the same
   step, so their vouches agree, and nobody copies its state at every step for nothing.
 * **Catch up**: a server that joins a stage whose replicas already stepped, that moved there, or that
-  finds itself behind (a request or a close of a later step, or its replicas' records show steps
-  it did not take) follows the stage's steps without serving and replays them
+  finds itself behind (it missed a step) follows the stage's steps without serving and replays them
   onto a vouched snapshot (``StageServer.catch_up``): it serves again bit-identical to the others.
 * **Move** (``peers.swarm.rebalance.Rebalancer``): every :data:`CHECK_S` seconds each server reads
   the live servers' records; when the same move was planned for ``patience`` seconds and this server
@@ -19,8 +18,8 @@
   (trainers whose directory is a second old reroute at once instead of excluding it), then closes
   the old stage and catches up with the new one.
 * **Leave** (``stop`` set): one last parameter average with the stage's servers that leave with it,
-  so the replicas of a stage end identical whatever happened (a server behind or still catching up,
-  or whose replicas' records are at a later step, takes the others' mean without adding its own).
+  so the replicas of a stage end identical whatever happened (a server behind or still catching up
+  takes the others' mean without adding its own).
 """
 
 from __future__ import annotations
@@ -114,13 +113,6 @@ def _live_servers(node: Any, stages: int) -> list[Any]:
         if info is not None:
             out.append(info)
     return out
-
-
-def _stage_step(live: list[Any], k: int, me: str) -> int | None:
-    """The highest step announced by stage ``k``'s other servers that are not catching up (``None``:
-    no such record). A record lags its server by up to its announce interval, never leads it."""
-    steps = [s.version for s in live if s.stage == k and s.peer_id != me and not s.syncing]
-    return max(steps) if steps else None
 
 
 def _open_stage(
@@ -243,17 +235,6 @@ def _watch(
             logger.warning("stage %d: behind the stage's steps; catching up", cur.index)
             _start_catch_up(cur, stop)
         live = _live_servers(node, settings.stages)
-        ahead = _stage_step(live, cur.index, node.peer_id)
-        if ahead is not None and ahead > cur.server.version + 1 and not cur.catching_up():
-            # started as its stage's first server (the DHT had no records for it yet), or it missed
-            # steps that no request told it of: its parameters are older than its replicas'
-            logger.warning(
-                "stage %d: at step %d, its replicas at step %d; catching up",
-                cur.index,
-                cur.server.version,
-                ahead,
-            )
-            _start_catch_up(cur, stop)
         cur.wanted[0] = any(s.syncing and s.stage == cur.index and s.peer_id != node.peer_id for s in live)
         if rebalancer is None or cur.catching_up():
             continue
@@ -319,17 +300,6 @@ def run_server(
         # still catching up (a late start or restart, no snapshot loaded yet): its parameters may be
         # its initial ones even when it saw no step it missed
         behind = cur.server.steps.behind or cur.server.steps.syncing or cur.catching_up()
-        # or its replicas' records show steps it did not take (a restart that took itself for its
-        # stage's first server and heard of no step before the end)
-        ahead = _stage_step(_live_servers(node, settings.stages), cur.index, node.peer_id)
-        if not behind and ahead is not None and ahead > cur.server.version:
-            logger.warning(
-                "stage %d: leaving at step %d, its replicas at step %d; taking their mean",
-                cur.index,
-                cur.server.version,
-                ahead,
-            )
-            behind = True
         # a server that missed a step holds parameters the stage moved on from: it takes the others'
         final = final_sync(node, cur.sync, FINAL_ROUND, weight=0.0 if behind else 1.0, deadline=leave_by)
         cur.sync.close()
