@@ -22,7 +22,11 @@ are checked against the request's.
 Steps (:meth:`SwarmPipeline.close_step`): after its micro-batches of an optimizer step, a trainer
 tells every server of every stage it sees that it closed the step, and waits until they answer that
 the step is applied (``peers.swarm.server``: the replicas of a stage sum their gradients and
-step together), so no micro-batch of the next step meets parameters of the last one.
+step together), so no micro-batch of the next step meets parameters of the last one. Before it
+closes a step it asks each server that took gradients of its micro-batches whether it still holds
+them (a ``holds`` request): a micro-batch whose gradients left with a dead server is fed again, its
+gradient-adding requests going to the servers that still hold it on the other stages (they answer
+without adding it twice), so the step still sums every micro-batch the trainer counts.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ from peers.messages import Envelope, decode_ack, decode_envelope, encode_envelop
 from peers.node import PeerNode
 from peers.swarm.deadlines import ServiceTimes
 from peers.swarm.protocol import (
+    ACTIVATIONS,
     BACKWARD,
     FORWARD,
+    GRADIENTS,
+    HOLDS,
     REPLY,
     STEPS,
     StageLimits,
@@ -54,7 +61,6 @@ from peers.swarm.protocol import (
     handler_name,
 )
 from peers.swarm.routing import ServerInfo, pick_server, server_from_record, servers_by_stage
-from peers.swarm.server import ACTIVATIONS, GRADIENTS
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
 from peers.transport import (
     read_data_frames,
@@ -67,6 +73,9 @@ from peers.transport import (
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["SwarmPipeline", "PipelineConfig", "NoServer"]
+
+#: seconds a server has to say whether it holds a micro-batch's gradients (answered at once when up)
+_HOLDS_TIMEOUT = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +153,10 @@ class SwarmPipeline:
         self.tracker = MicrobatchTracker()
         self._servers: list[list[ServerInfo]] = [[] for _ in range(config.stages)]
         self._refreshed = -1e9
+        #: this step's micro-batches until it closes: ID -> (who holds its gradients on each stage,
+        #: its inputs and targets), to feed again one whose gradients left with a dead server
+        self._held: dict[int, tuple[list[str], torch.Tensor, torch.Tensor]] = {}
+        self.fed_again = 0  # micro-batches fed again (see :meth:`close_step`)
 
     # --- directory ----------------------------------------------------------------------------------
 
@@ -185,12 +198,17 @@ class SwarmPipeline:
 
     # --- one micro-batch ----------------------------------------------------------------------------
 
-    def train_microbatch(self, mb_id: int, x: torch.Tensor, y: torch.Tensor) -> float:
+    def train_microbatch(
+        self, mb_id: int, x: torch.Tensor, y: torch.Tensor, *, keep: Sequence[str | None] | None = None
+    ) -> float:
         """Forward and backward of one micro-batch through the stages; returns its loss.
 
         Args:
             mb_id: the run-wide micro-batch ID (fed once).
             x: ``[B, T]`` token IDs; y: ``[B, T]`` next-token IDs.
+            keep: feeding it again (:meth:`close_step`): per stage, the server that still holds its
+                gradients (its requests that add gradients go there, which answers without adding
+                them twice) or ``None`` (they were lost: any server of the stage adds them).
 
         Raises:
             NoServer: a stage had no answering server for ``give_up_after`` seconds (the micro-batch
@@ -199,31 +217,80 @@ class SwarmPipeline:
         if x.shape != y.shape or x.dim() != 2:
             raise ConfigError("inputs and targets must be [B, T] tensors of one shape")
         bt = (int(x.shape[0]), int(x.shape[1]))
-        self.tracker.start(mb_id)
         last = self.config.stages - 1
+        pref = list(keep) if keep is not None else [None] * self.config.stages
+        if keep is None:
+            self.tracker.start(mb_id)
+        else:
+            self.tracker.reopen(mb_id)
         inputs = [encode_tokens(x)]  # inputs[s]: the bytes stage s gets (forwarded unchanged)
-        served_by: list[str] = []  # the backward goes back to the server that ran the forward
+        holders: list[str] = []  # the backward goes back to the server that ran the forward
         for s in range(last):
-            _, frames, peer = self._call(s, FORWARD, [inputs[s]], mb_id, bt)
+            _, frames, peer = self._call(s, FORWARD, [inputs[s]], mb_id, bt, prefer=pref[s])
             inputs.append(frames[0])
-            served_by.append(peer)
-        head, frames, _ = self._call(last, FORWARD, [inputs[last], encode_tokens(y)], mb_id, bt)
+            holders.append(peer)
+        head, frames, peer = self._call(
+            last, FORWARD, [inputs[last], encode_tokens(y)], mb_id, bt, prefer=pref[last]
+        )
+        holders.append(peer)
         loss = decode_loss(head.note)
         grad = frames[0]
         for s in range(last - 1, -1, -1):
-            _, frames, _ = self._call(s, BACKWARD, [inputs[s], grad], mb_id, bt, prefer=served_by[s])
+            _, frames, holders[s] = self._call(s, BACKWARD, [inputs[s], grad], mb_id, bt, prefer=holders[s])
             if s:
                 grad = frames[0]
-        self.tracker.complete(mb_id, bt[0])
+        self._held[mb_id] = (holders, x, y)
+        self.tracker.complete(mb_id, bt[0], again=keep is not None)
         return loss
+
+    def _feed_lost_again(self) -> None:
+        """Ask the servers that took this step's micro-batches' gradients whether they still hold
+        them; feed again each micro-batch whose gradients a server took with it when it died (or
+        dropped when it fell behind), so the step sums every micro-batch the trainer counts."""
+        asks = [(mb, s, p) for mb, (hs, _, _) in self._held.items() for s, p in enumerate(hs)]
+        answers: list[bool] = self.node.loop.run(self._ask_holds(asks), _HOLDS_TIMEOUT + 5.0)
+        keep: dict[int, list[str | None]] = {}
+        for (mb, s, p), held in zip(asks, answers, strict=True):
+            keep.setdefault(mb, [None] * self.config.stages)[s] = p if held else None
+        for mb, k in keep.items():
+            if all(k):
+                continue
+            gone = [s for s, p in enumerate(k) if p is None]
+            logger.warning(
+                "micro-batch %d: its gradients on stage(s) %s are gone; feeding it again", mb, gone
+            )
+            _, x, y = self._held[mb]
+            try:
+                self.train_microbatch(mb, x, y, keep=k)
+                self.fed_again += 1
+            except NoServer as e:
+                logger.warning("micro-batch %d: could not feed it again: %s", mb, e)
+
+    async def _ask_holds(self, asks: list[tuple[int, int, str]]) -> list[bool]:
+        return list(await asyncio.gather(*(self._holds(p, s, mb) for mb, s, p in asks)))
+
+    async def _holds(self, peer: str, stage: int, mb_id: int) -> bool:
+        env = Envelope(
+            type=FORWARD, run=self.node.run_id, kind=HOLDS, round=mb_id, index=stage, frames=0, nbytes=0
+        )
+        try:
+            head, _ = await self._request(peer, env, [], _HOLDS_TIMEOUT)
+            return decode_count(head.note) == 1
+        except (SwarmError, TimeoutError) as e:  # dead, leaving or unreachable: its gradients are lost
+            logger.info("stage %d server %s: no answer on micro-batch %d: %s", stage, peer[:16], mb_id, e)
+            return False
 
     def close_step(self, step: int, completed: int) -> int:
         """Tell every server of every stage that this trainer fed all its micro-batches of ``step``
         (``completed`` of them went through every stage);
-        returns once they applied the step. The servers of a stage take it in one round, so once one
+        returns once they applied the step. First, micro-batches whose gradients left with a dead
+        server are fed again (the servers of each holder are asked). The servers of a stage take it
+        in one round, so once one
         of them answered, the others answer within moments or not at all (a dead server whose record
         has not expired yet, one that missed the round): those are left after a grace of the time
         the first answer took (at least ``min_grace`` s). Returns how many servers took the step."""
+        self._feed_lost_again()
+        self._held.clear()
         servers = self.refresh(force=True)
         calls: list[tuple[int, str, Any]] = []
         for stage, group in enumerate(servers):

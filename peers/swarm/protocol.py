@@ -26,6 +26,12 @@ One request per stream, on the project's framed streams (``peers.messages``):
   version): when every trainer closed it, the stage's servers sum the gradients they accumulated
   and all take the same optimizer step (``peers.swarm.server``).
 
+* a holds request (trainer -> a server, before it closes a step): ``sw_fwd`` of kind ``holds``
+  without frames (:func:`is_holds`), ``round`` = a micro-batch ID; the answer's ``note`` is ``1``
+  when the server holds that micro-batch's parameter gradients for the coming step, else ``0``.
+  A trainer that finds a micro-batch's gradients gone with a dead server feeds it again
+  (``peers.swarm.client``).
+
 Token IDs travel as float32 packets of codec ``none`` (exact below 2**24), so there is one packet
 format; the decoder checks they are integers in ``[0, vocab)``. Hidden states and gradients travel
 with any registered codec. Every check raises ``ProtocolError``: shape ``[B, T, C]`` with ``C`` the
@@ -51,7 +57,12 @@ __all__ = [
     "BACKWARD",
     "REPLY",
     "STEPS",
+    "HOLDS",
+    "ACTIVATIONS",
+    "GRADIENTS",
     "is_step",
+    "is_holds",
+    "check_request",
     "step_of",
     "encode_count",
     "decode_count",
@@ -72,6 +83,12 @@ BACKWARD = "sw_bwd"
 REPLY = "sw_out"
 #: kind of the step requests (``sw_fwd`` without frames) and their replies; their ledger kind
 STEPS = "steps"
+#: kind of the requests "do you hold micro-batch ``round``'s gradients?" (``sw_fwd`` without
+#: frames), asked by a trainer before it closes a step; answered with a count (1: yes, 0: no)
+HOLDS = "holds"
+#: ledger kinds of the forward and backward requests' frames
+ACTIVATIONS = "activations"
+GRADIENTS = "gradients"
 _MAX_COUNT = 1 << 20
 _TOKEN_EXACT = 1 << 24  # float32 holds every integer below this exactly
 
@@ -219,6 +236,42 @@ def decode_loss(note: str) -> float:
 def is_step(env: Envelope) -> bool:
     """Whether a request header is a step request rather than a forward."""
     return env.type == FORWARD and env.kind == STEPS
+
+
+def is_holds(env: Envelope) -> bool:
+    """Whether a request header asks if the server holds a micro-batch's gradients."""
+    return env.type == FORWARD and env.kind == HOLDS
+
+
+def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
+    """Refuse a request header that is not for this run and stage, not a known request type, carries
+    the wrong number or kind of frames, or announces more bytes than the stage accepts (checked
+    before any of its body is read).
+
+    Raises:
+        ProtocolError: naming the problem.
+    """
+    if env.run != run_id or env.index != lim.stage:
+        raise ProtocolError("request for another run or stage")
+    if env.type not in (FORWARD, BACKWARD) or env.round < 0:
+        raise ProtocolError(f"unexpected request type {env.type[:16]!r}")
+    if is_step(env):
+        if env.frames or env.nbytes or env.kind != STEPS:
+            raise ProtocolError("a step request carries no frames")
+        decode_step_note(env.note)
+        return
+    if is_holds(env):
+        if env.frames or env.nbytes:
+            raise ProtocolError("a holds request carries no frames")
+        return
+    if env.type == BACKWARD and lim.last:
+        raise ProtocolError("the last stage runs backward within its forward request")
+    want = 2 if env.type == BACKWARD or lim.last else 1
+    kind = GRADIENTS if env.type == BACKWARD else ACTIVATIONS
+    if env.frames != want or env.kind != kind:
+        raise ProtocolError(f"{env.type} to stage {lim.stage} carries {want} frames of kind {kind}")
+    if env.nbytes > lim.max_request:
+        raise ProtocolError(f"request of {env.nbytes} bytes exceeds the stage's {lim.max_request}")
 
 
 def step_of(mb_id: int, trainers: int, per_step: int) -> int:

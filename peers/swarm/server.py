@@ -57,11 +57,15 @@ from torch import nn
 from peers.messages import Envelope, decode_envelope, encode_ack, encode_envelope
 from peers.node import PeerNode
 from peers.swarm.protocol import (
+    ACTIVATIONS,
     BACKWARD,
     FORWARD,
+    GRADIENTS,
+    HOLDS,
     REPLY,
     STEPS,
     StageLimits,
+    check_request,
     decode_hidden,
     decode_step_note,
     decode_tokens,
@@ -69,6 +73,7 @@ from peers.swarm.protocol import (
     encode_hidden,
     encode_loss,
     handler_name,
+    is_holds,
     is_step,
 )
 from peers.swarm.steps import StageSteps, StepSync
@@ -79,8 +84,6 @@ from swarmtrain.core.protocols import Compressor
 __all__ = ["StageServer", "StageServerConfig", "StepSync", "ACTIVATIONS", "GRADIENTS", "check_request"]
 
 logger = logging.getLogger(__name__)
-ACTIVATIONS = "activations"
-GRADIENTS = "gradients"
 _FRAME_TIMEOUT = 30.0
 _JOB_TIMEOUT = 600.0
 
@@ -148,33 +151,6 @@ def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
         fut.set_result(value)
 
 
-def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
-    """Refuse a request header that is not for this run and stage, not a known request type, carries
-    the wrong number or kind of frames, or announces more bytes than the stage accepts (checked
-    before any of its body is read).
-
-    Raises:
-        ProtocolError: naming the problem.
-    """
-    if env.run != run_id or env.index != lim.stage:
-        raise ProtocolError("request for another run or stage")
-    if env.type not in (FORWARD, BACKWARD) or env.round < 0:
-        raise ProtocolError(f"unexpected request type {env.type[:16]!r}")
-    if is_step(env):
-        if env.frames or env.nbytes or env.kind != STEPS:
-            raise ProtocolError("a step request carries no frames")
-        decode_step_note(env.note)
-        return
-    if env.type == BACKWARD and lim.last:
-        raise ProtocolError("the last stage runs backward within its forward request")
-    want = 2 if env.type == BACKWARD or lim.last else 1
-    kind = GRADIENTS if env.type == BACKWARD else ACTIVATIONS
-    if env.frames != want or env.kind != kind:
-        raise ProtocolError(f"{env.type} to stage {lim.stage} carries {want} frames of kind {kind}")
-    if env.nbytes > lim.max_request:
-        raise ProtocolError(f"request of {env.nbytes} bytes exceeds the stage's {lim.max_request}")
-
-
 class StageServer:
     """Serves one stage module (see the module docstring).
 
@@ -228,6 +204,7 @@ class StageServer:
         self.retired = threading.Event()  # set once it stopped at a step boundary to move
         self._retire = False
         self._draining = False  # set by stop(): refuse new requests, finish the queued ones
+        self._finishing = False  # set by stop() first: refuse micro-batches, still take step closes
         self._inflight = 0  # event loop only
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._stop = threading.Event()
@@ -302,24 +279,20 @@ class StageServer:
                 env = decode_envelope(body)
                 check_request(env, self.limits, self.node.run_id)
                 kind_in = env.kind
-                if is_step(env):  # held until the step is applied: not in the request queue
-                    if self._steps_open >= self.config.max_queue:
-                        raise ProtocolError("busy")
-                    self._steps_open += 1
-                    step_counted = True
-                elif self._inflight >= self.config.max_queue:
-                    raise ProtocolError("busy")
+                if self._finishing and not (is_step(env) or is_holds(env)):
+                    raise ProtocolError("busy: leaving")
+                if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
+                    reply = _Reply(HOLDS, [], encode_count(int(env.round in self.steps.applied)))
                 else:
-                    self._inflight += 1
-                    counted = True
-                frames, n = await read_data_frames(
-                    reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
-                )
-                received += n
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[Any] = loop.create_future()
-                self._jobs.put(_Job(env, frames, fut, loop, sender))
-                reply: _Reply = await asyncio.wait_for(fut, _JOB_TIMEOUT)
+                    counted, step_counted = self._count_in(env)
+                    frames, n = await read_data_frames(
+                        reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
+                    )
+                    received += n
+                    loop = asyncio.get_running_loop()
+                    fut: asyncio.Future[Any] = loop.create_future()
+                    self._jobs.put(_Job(env, frames, fut, loop, sender))
+                    reply = await asyncio.wait_for(fut, _JOB_TIMEOUT)
             except ProtocolError as e:
                 self.refused += 1
                 logger.info("refused a stage request from %s: %s", sender[:16], e)
@@ -353,6 +326,18 @@ class StageServer:
             self.node.ledger.add_received(kind_in, self.limits.stage, received)
             self.node.ledger.add_sent(kind_out, self.limits.stage, sent)
             writer.close()
+
+    def _count_in(self, env: Envelope) -> tuple[bool, bool]:
+        """Count a request in (``busy`` when too many of its kind are open): (a micro-batch, a step)."""
+        if is_step(env):  # held until the step is applied: not in the request queue
+            if self._steps_open >= self.config.max_queue:
+                raise ProtocolError("busy")
+            self._steps_open += 1
+            return False, True
+        if self._inflight >= self.config.max_queue:
+            raise ProtocolError("busy")
+        self._inflight += 1
+        return True, False
 
     # --- worker thread ------------------------------------------------------------------------------
 
@@ -434,6 +419,11 @@ class StageServer:
         if self._retire and not self.steps.syncing:
             self._draining = True
             self.retired.set()
+
+    def _drain(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (self._inflight or not self._jobs.empty()) and time.monotonic() < end:
+            time.sleep(0.05)
 
     def _refuse_waiting(self, why: str) -> None:
         for job in self._waiting:
@@ -552,14 +542,31 @@ class StageServer:
             logger.info("stage %d: step %d's snapshot is too old; again", self.limits.stage, step)
         return False
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, finish the queued ones, stop the worker, remove the handler."""
+    def stop(self, timeout: float = 10.0, finish_step: float = 0.0) -> None:
+        """Refuse new micro-batches, finish the queued ones, and (``finish_step`` > 0) when this
+        server holds gradients of micro-batches of the current step, wait up to that many seconds
+        for the trainers to close it: it joins the step's gradient round, where leaving at once
+        would take those micro-batches out of the stage's step although the trainers count them.
+        Then refuse everything, stop the worker, remove the handler."""
         if self._stop.is_set():
             return
+        self._finishing = True
+        self._drain(timeout)
+        with self._lock:
+            held, step = len(self.steps.applied) if self.config.closes else 0, self.version
+        if held and finish_step > 0:
+            logger.info(
+                "stage %d: leaving after step %d (%d micro-batches here)", self.limits.stage, step, held
+            )
+            end = time.monotonic() + finish_step
+            while self.version == step and time.monotonic() < end:
+                time.sleep(0.05)
+            if self.version == step:
+                logger.warning(
+                    "stage %d: step %d not closed in time; leaving without it", self.limits.stage, step
+                )
         self._draining = True
-        deadline = time.monotonic() + timeout
-        while (self._inflight or not self._jobs.empty()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self._drain(timeout)
         self._stop.set()
         self._worker.join(timeout)
         self._announcer.join(timeout)

@@ -89,8 +89,21 @@ class MicrobatchTracker:
         self.stats.rerouted += 1
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
 
-    def complete(self, mb_id: int, samples: int) -> None:
-        """``mb_id`` went forward and backward through every stage.
+    def reopen(self, mb_id: int) -> None:
+        """A completed micro-batch is fed again (a dead server took its gradients): in flight once
+        more, still counted once.
+
+        Raises:
+            ConfigError: it did not complete.
+        """
+        if mb_id not in self._done:
+            raise ConfigError(f"micro-batch {mb_id} did not complete")
+        self._done.discard(mb_id)
+        self._open.add(mb_id)
+
+    def complete(self, mb_id: int, samples: int, *, again: bool = False) -> None:
+        """``mb_id`` went forward and backward through every stage (``again``: after
+        :meth:`reopen`; not counted a second time).
 
         Raises:
             ConfigError: it is not in flight (never started, or completed already).
@@ -99,8 +112,9 @@ class MicrobatchTracker:
             raise ConfigError(f"micro-batch {mb_id} is not in flight (completed twice?)")
         self._open.discard(mb_id)
         self._done.add(mb_id)
-        self.stats.completed += 1
-        self.stats.samples += samples
+        if not again:
+            self.stats.completed += 1
+            self.stats.samples += samples
 
     def in_flight(self) -> frozenset[int]:
         """Micro-batches started and not completed."""

@@ -141,6 +141,8 @@ class TrainerOutcome:
     ledger: dict[str, Any]
     #: wall-clock time (``time.time()``) each completed micro-batch completed at
     done_at: list[float] = field(default_factory=list)
+    #: micro-batches fed again because a dead server took their gradients (``peers.swarm.client``)
+    fed_again: int = 0
 
 
 def stage_spec(cfg: Config) -> GPTSpec:
@@ -294,6 +296,7 @@ def run_trainer(
             seconds=time.perf_counter() - t0,
             ledger=node.ledger.totals(),
             done_at=done_at,
+            fed_again=pipe.fed_again,
         )
 
 

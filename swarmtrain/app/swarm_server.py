@@ -17,7 +17,9 @@
   stage (announced as catching up), keeps refusing its old stage's requests as ``busy`` for a moment
   (trainers whose directory is a second old reroute at once instead of excluding it), then closes
   the old stage and catches up with the new one.
-* **Leave** (``stop`` set): one last parameter average with the stage's servers that leave with it,
+* **Leave** (``stop`` set): a server holding gradients of micro-batches of the current step stays
+  for that step's close (up to :data:`FINISH_STEP_S`, refusing new micro-batches), so the step
+  keeps them; then one last parameter average with the stage's servers that leave with it,
   so the replicas of a stage end identical whatever happened (a server behind or still catching up
   takes the others' mean without adding its own).
 """
@@ -56,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 #: seconds between two looks at the live servers' records (rebalancing, falling behind)
 CHECK_S = 1.0
+#: seconds a leaving server waits at most for the close of a step it holds gradients of
+FINISH_STEP_S = 10.0
 #: a replica serves and vouches for a snapshot of its stage every this many optimizer steps (and after
 #: every step while a server of its stage catches up)
 VOUCH_EVERY = 16
@@ -296,7 +300,9 @@ def run_server(
         cur = _watch(node, cfg, settings, cur, stop, on_move, on_serving)
         # told to leave (the run's end, or a preemption notice): done within the grace, less a reserve
         leave_by = time.monotonic() + cfg.peers.preempt_grace - LEAVE_RESERVE_S
-        cur.server.stop()
+        # micro-batches of the current step served here count in the trainers' step: stay for its
+        # close (refusing new ones) so their gradients join the stage's sum; half the time left at most
+        cur.server.stop(finish_step=min(FINISH_STEP_S, max(0.0, leave_by - time.monotonic()) / 2))
         # still catching up (a late start or restart, no snapshot loaded yet): its parameters may be
         # its initial ones even when it saw no step it missed
         behind = cur.server.steps.behind or cur.server.steps.syncing or cur.catching_up()

@@ -101,6 +101,9 @@ class SwarmResult:
     step_failures: int = 0
     #: backwards a server was asked for again and answered without accumulating them twice
     duplicate_backwards: int = 0
+    #: micro-batches a trainer fed again before closing their step: a server that died (or fell
+    #: behind) took their gradients with it (``peers.swarm.client``)
+    fed_again: int = 0
     #: servers per stage at the end (after rebalancing moves; the killed ones not counted)
     servers_per_stage_end: list[int] = field(default_factory=list)
     #: every move: ``server``, ``src``, ``dst``, ``at_s`` / ``serving_at_s`` (seconds into training)
@@ -488,6 +491,7 @@ def _result(
         steps_taken=max((int(o["version"]) for _, o in souts), default=0),
         step_failures=sum(int(o["step_failures"]) for _, o in souts),
         duplicate_backwards=sum(int(o["duplicates"]) for _, o in souts),
+        fed_again=sum(int(o.get("fed_again", 0)) for o in touts),
         out_of_step=[f"{c.name}.stage{o['stage']}" for c, o in souts if not _replica(o)],
     )
     return res
