@@ -184,7 +184,8 @@ def train(cfg: Config, settings: SwarmSettings, index: int, json_path: Path | No
     last = f"{out.losses[-1]:.4f}" if out.losses else "-"
     typer.echo(
         f"trainer {index} done as {out.peer_id}: {out.completed}/{settings.microbatches} micro-batches "
-        f"completed, {out.lost} lost, {out.rerouted} rerouted, {out.samples} samples in "
+        f"completed, {out.lost} lost, {out.rerouted} rerouted, {out.fed_again} fed again, "
+        f"{out.samples} samples in "
         f"{out.seconds:.1f} s, last loss {last}"
     )
     _write_json(json_path, {"role": "trainer", "stages": settings.stages, **dataclasses.asdict(out)})

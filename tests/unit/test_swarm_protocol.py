@@ -92,7 +92,10 @@ def test_request_headers_checked_before_the_body() -> None:
     check_request(ok, first, "r")
     check_request(replace(ok, type="sw_bwd", kind="gradients", frames=2), first, "r")
     check_request(replace(ok, index=1, frames=2), LIM, "r")  # the last stage: hidden + targets
+    check_request(replace(ok, kind="holds", frames=0, nbytes=0), first, "r")  # a trainer's check
     bad = [
+        (replace(ok, kind="holds"), first),  # a holds request carries no frames
+        (replace(ok, kind="holds", frames=0), first),
         (replace(ok, run="other"), first),
         (replace(ok, index=1), first),  # another stage
         (replace(ok, type="part"), first),

@@ -107,3 +107,17 @@ def test_tracker_counts_each_microbatch_once() -> None:
         tr.reroute(5)
     tr.complete(0, samples=8)
     assert tr.stats.lost == 0 and tr.stats.samples == 16
+
+
+def test_a_microbatch_fed_again_is_still_counted_once() -> None:
+    # a dead server took its gradients: the trainer feeds it again (peers.swarm.client.close_step)
+    tr = MicrobatchTracker()
+    tr.start(0)
+    with pytest.raises(ConfigError):
+        tr.reopen(0)  # not completed yet
+    tr.complete(0, samples=8)
+    tr.reopen(0)
+    tr.reroute(0, "error")  # its requests may be rerouted again
+    assert tr.in_flight() == {0}
+    tr.complete(0, samples=8, again=True)
+    assert tr.stats.started == tr.stats.completed == 1 and tr.stats.samples == 8 and tr.stats.lost == 0

@@ -182,6 +182,7 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
     console.print(
         f"val loss {res.final_val_loss:.4f}{base}; {res.samples} samples at "
         f"{res.throughput_samples_per_s:.1f}/s; rerouted {res.rerouted}, lost {res.lost_microbatches}, "
+        f"fed again {res.fed_again}, "
         f"killed {res.killed or 'none'}, rebalancing moves {res.rebalance_moves}; "
         f"replicas identical: {'yes' if res.params_identical else 'NO'}"
     )
