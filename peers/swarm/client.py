@@ -76,6 +76,8 @@ __all__ = ["SwarmPipeline", "PipelineConfig", "NoServer"]
 
 #: seconds a server has to say whether it holds a micro-batch's gradients (answered at once when up)
 _HOLDS_TIMEOUT = 10.0
+#: closes of one step at most (a stage whose sum was short of micro-batches is closed again)
+_CLOSE_TRIES = 3
 
 logger = logging.getLogger(__name__)
 
@@ -206,9 +208,10 @@ class SwarmPipeline:
         Args:
             mb_id: the run-wide micro-batch ID (fed once).
             x: ``[B, T]`` token IDs; y: ``[B, T]`` next-token IDs.
-            keep: feeding it again (:meth:`close_step`): per stage, the server that still holds its
-                gradients (its requests that add gradients go there, which answers without adding
-                them twice) or ``None`` (they were lost: any server of the stage adds them).
+            keep: feeding it again (:meth:`close_step`): per stage, the server that took its
+                gradients the first time; its requests that add gradients go there first (a server
+                that still holds them answers without adding them twice; a dead one fails, and
+                another server of the stage adds them).
 
         Raises:
             NoServer: a stage had no answering server for ``give_up_after`` seconds (the micro-batch
@@ -249,19 +252,18 @@ class SwarmPipeline:
         dropped when it fell behind), so the step sums every micro-batch the trainer counts."""
         asks = [(mb, s, p) for mb, (hs, _, _) in self._held.items() for s, p in enumerate(hs)]
         answers: list[bool] = self.node.loop.run(self._ask_holds(asks), _HOLDS_TIMEOUT + 5.0)
-        keep: dict[int, list[str | None]] = {}
-        for (mb, s, p), held in zip(asks, answers, strict=True):
-            keep.setdefault(mb, [None] * self.config.stages)[s] = p if held else None
-        for mb, k in keep.items():
-            if all(k):
-                continue
-            gone = [s for s, p in enumerate(k) if p is None]
+        lost: dict[int, list[int]] = {}
+        for (mb, s, _), held in zip(asks, answers, strict=True):
+            if not held:
+                lost.setdefault(mb, []).append(s)
+        for mb, gone in lost.items():
             logger.warning(
                 "micro-batch %d: its gradients on stage(s) %s are gone; feeding it again", mb, gone
             )
-            _, x, y = self._held[mb]
-            try:
-                self.train_microbatch(mb, x, y, keep=k)
+            holders, x, y = self._held[mb]
+            try:  # each request that adds gradients goes to the old holder first: one that still
+                # holds them (a lost answer, not a lost server) answers without adding them twice
+                self.train_microbatch(mb, x, y, keep=holders)
                 self.fed_again += 1
             except NoServer as e:
                 logger.warning("micro-batch %d: could not feed it again: %s", mb, e)
@@ -273,24 +275,44 @@ class SwarmPipeline:
         env = Envelope(
             type=FORWARD, run=self.node.run_id, kind=HOLDS, round=mb_id, index=stage, frames=0, nbytes=0
         )
-        try:
-            head, _ = await self._request(peer, env, [], _HOLDS_TIMEOUT)
-            return decode_count(head.note) == 1
-        except (SwarmError, TimeoutError) as e:  # dead, leaving or unreachable: its gradients are lost
-            logger.info("stage %d server %s: no answer on micro-batch %d: %s", stage, peer[:16], mb_id, e)
-            return False
+        for attempt in range(2):  # a broken stream is asked again; a dead server fails fast twice
+            try:
+                head, _ = await self._request(peer, env, [], _HOLDS_TIMEOUT)
+                return decode_count(head.note) == 1
+            except _Refused as e:  # leaving: its gradients will not be in the step
+                logger.info("stage %d server %s refused a holds check: %s", stage, peer[:16], e)
+                return False
+            except (SwarmError, TimeoutError) as e:
+                logger.info("stage %d server %s: no answer on micro-batch %d: %s", stage, peer[:16], mb_id, e)
+                if attempt == 0:
+                    await asyncio.sleep(0.2)
+        return False
 
     def close_step(self, step: int, completed: int) -> int:
         """Tell every server of every stage that this trainer fed all its micro-batches of ``step``
-        (``completed`` of them went through every stage);
-        returns once they applied the step. First, micro-batches whose gradients left with a dead
-        server are fed again (the servers of each holder are asked). The servers of a stage take it
-        in one round, so once one
-        of them answered, the others answer within moments or not at all (a dead server whose record
-        has not expired yet, one that missed the round): those are left after a grace of the time
-        the first answer took (at least ``min_grace`` s). Returns how many servers took the step."""
-        self._feed_lost_again()
+        (``completed`` of them went through every stage); returns once they applied the step.
+
+        First, micro-batches whose gradients left with a dead server are fed again (each holder is
+        asked). The servers of a stage take the step in one round, so once one of them answered,
+        the others answer within moments or not at all (a dead server whose record has not expired
+        yet, one that missed the round): those are left after a grace of the time the first answer
+        took (at least ``min_grace`` s). A stage whose servers answer without taking the step summed
+        fewer micro-batches than the trainers completed (a holder died during the close): the
+        trainer checks and feeds again, and closes once more (up to :data:`_CLOSE_TRIES` times).
+        Returns how many servers took the step."""
+        took = 0
+        for _ in range(_CLOSE_TRIES):
+            self._feed_lost_again()
+            took, short = self._close_once(step, completed)
+            if not short:
+                break
+            logger.warning("step %d: stage(s) %s did not take it; closing it again", step, short)
         self._held.clear()
+        return took
+
+    def _close_once(self, step: int, completed: int) -> tuple[int, list[int]]:
+        """One close of ``step``: how many servers took it, and the stages whose servers all
+        answered without taking it."""
         servers = self.refresh(force=True)
         calls: list[tuple[int, str, Any]] = []
         for stage, group in enumerate(servers):
@@ -308,16 +330,17 @@ class SwarmPipeline:
                 req = self._request(srv.peer_id, env, [], self.config.step_timeout)
                 calls.append((stage, srv.peer_id, req))
         results = self.node.loop.run(self._gather_steps(calls), self.config.step_timeout + 5.0)
-        took = 0
+        took, answered = [0] * self.config.stages, [0] * self.config.stages
         for (stage, peer, _), res in zip(calls, results, strict=True):
             if isinstance(res, BaseException):
                 logger.info("stage %d server %s did not take step %d: %s", stage, peer[:16], step, res)
                 continue
             try:
-                took += int(decode_count(res[0].note) > step)
+                took[stage] += int(decode_count(res[0].note) > step)
+                answered[stage] += 1
             except ProtocolError as e:
                 logger.info("stage %d server %s answered step %d oddly: %s", stage, peer[:16], step, e)
-        return took
+        return sum(took), [s for s in range(self.config.stages) if answered[s] and not took[s]]
 
     async def _gather_steps(self, calls: list[tuple[int, str, Any]]) -> list[Any]:
         """Run the step requests; a stage's stragglers are cancelled once a grace after its first

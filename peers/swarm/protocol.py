@@ -24,7 +24,9 @@ One request per stream, on the project's framed streams (``peers.messages``):
   trainer sees, how many of its micro-batches of the step completed): the trainer fed all its
   micro-batches of this optimizer step. A server answers once the step is applied (``note`` = its new
   version): when every trainer closed it, the stage's servers sum the gradients they accumulated
-  and all take the same optimizer step (``peers.swarm.server``).
+  and all take the same optimizer step (``peers.swarm.server``). A sum that holds fewer
+  micro-batches than the trainers completed takes no step: the answer's version is unchanged, and
+  the trainers close the step again (``peers.swarm.steps``).
 
 * a holds request (trainer -> a server, before it closes a step): ``sw_fwd`` of kind ``holds``
   without frames (:func:`is_holds`), ``round`` = a micro-batch ID; the answer's ``note`` is ``1``

@@ -1,7 +1,7 @@
 """Replicas of one SWARM stage average their gradients (or parameters) through the run's collective.
 
 **Gradients, at every step** (:meth:`ReplicaSync.sum_grads`, what a SWARM run uses): when the
-trainers close an optimizer step, the stage's servers meet in one round (``4 * step + attempt``) and
+trainers close an optimizer step, the stage's servers meet in one round (``16 * step + i``) and
 sum the gradients each accumulated over the micro-batches it served (``peers.swarm.steps`` divides by
 the micro-batches the trainers completed); every member
 decodes the same aggregate bytes, so all apply the same step to the same parameters and stay
@@ -53,7 +53,9 @@ logger = logging.getLogger(__name__)
 
 #: round number of the last sync, when every server of the stage leaves at the end of a run
 FINAL_ROUND = 1 << 40
-_ATTEMPTS = 4  # rounds per step: 4 * step + attempt
+_ATTEMPTS = 4  # rounds per gradient sum
+#: rounds of one step: ``16 * step + i`` (a sum short of micro-batches is summed again after them)
+_ROUNDS_PER_STEP = 16
 #: the optimizer state a snapshot may carry per parameter (AdamW's), as ``opt.<param>.<key>``
 OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
@@ -111,6 +113,7 @@ class ReplicaSync:
         self.committed = 0
         self.failed = 0
         self.last_group = 0
+        self._summed = (-1, -1)  # the step last summed, and the last round used for it
 
     def _epoch(self) -> int:
         return int(dht_time() // self.period)
@@ -168,15 +171,23 @@ class ReplicaSync:
             The stage's sums, identical on every member; ``None`` when no round committed with this
             server in it (it then steps on its own gradients).
         """
-        base = step * _ATTEMPTS
-        if base < self.collective.round_id:
+        base = step * _ROUNDS_PER_STEP
+        if base + _ROUNDS_PER_STEP <= self.collective.round_id:
             raise ConfigError(f"step {step}'s rounds are behind the collective's {self.collective.round_id}")
+        # a step summed again (the last sum was short of micro-batches) goes on after its last round:
+        # the replicas were all in that round, so they meet again in the next ones
+        start = self._summed[1] + 1 if self._summed[0] == step else base
+        if start + _ATTEMPTS > base + _ROUNDS_PER_STEP:
+            self.failed += 1
+            logger.warning("stage %d: step %d was summed too often; no round left", self.stage, step)
+            return None
         # the collective's public knob is fixed at construction; the stage's size changes as servers
         # die or join, and the trainers see it
         self.collective._matchmaker.expected_peers = max(1, int(expected))
         reason = ""
         for attempt in range(_ATTEMPTS):
-            self.collective.round_id = base + attempt
+            self.collective.round_id = start + attempt
+            self._summed = (step, start + attempt)
             res = self.collective.all_reduce(
                 grads, compressor=self.compressor, timeout=self.timeout, kind="stage"
             )

@@ -282,7 +282,7 @@ class StageServer:
                 if self._finishing and not (is_step(env) or is_holds(env)):
                     raise ProtocolError("busy: leaving")
                 if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
-                    reply = _Reply(HOLDS, [], encode_count(int(env.round in self.steps.applied)))
+                    reply = _Reply(HOLDS, [], encode_count(int(self.steps.holds(env.round))))
                 else:
                     counted, step_counted = self._count_in(env)
                     frames, n = await read_data_frames(
@@ -379,9 +379,10 @@ class StageServer:
                 self.config.close_timeout,
             )
             with self._lock:
-                self.steps.take(complete=False)
+                taken = self.steps.take(complete=False)
                 self._answer_closes()
-                self._stepped()
+                if taken:
+                    self._stepped()
         if self.between_requests is not None and not self._stop.is_set():
             try:
                 with self._lock:
@@ -412,6 +413,8 @@ class StageServer:
         if taken:
             self._answer_closes()
             self._stepped()
+        elif not self.steps.closers:  # the stage's sum was short: no step; the trainers close again
+            self._answer_closes()
         return None
 
     def _stepped(self) -> None:

@@ -11,9 +11,14 @@ network (``peers.swarm.server`` feeds it requests, ``peers.swarm.replicas`` sums
   ``step_sync`` turns the gradient sum this server accumulated into the stage's sum over its servers,
   and every replica steps its optimizer on that sum divided by the micro-batches the trainers
   completed (``None``: the round failed; the server then steps on its own mean). So they stay
-  identical and follow one server that saw every micro-batch. The counts come from the trainers and
-  not from the collective's weighted mean: that one bounds each weight by twice the median (against
-  members that inflate theirs), which would turn a 3:1 split of a step's micro-batches into 2:1.
+  identical and follow one server that saw every micro-batch. The sum also counts its
+  micro-batches (:data:`COUNT_KEY`): short of the trainers' count (a server holding some died),
+  nobody steps and the trainers close the step again after feeding the lost ones once more (at
+  most :data:`MAX_SHORT` times). A stage that already took the step answers such a micro-batch
+  from its parameters after the step, without adding it again (:meth:`StageSteps.holds`). The
+  counts come from the trainers and not from the collective's weighted mean: that one bounds each
+  weight by twice the median (against members that inflate theirs), which would turn a 3:1 split
+  of a step's micro-batches into 2:1.
 * ``closes = 0``: the server steps alone after every ``accumulate`` backward passes.
 
 A micro-batch's gradient counts once: :meth:`seen` tells the server that a backward it was asked for
@@ -52,6 +57,12 @@ StepSync = Callable[[int, int, dict[str, torch.Tensor]], dict[str, torch.Tensor]
 
 #: steps a catching-up server logs at most (older ones are dropped: a snapshot must be newer)
 MAX_LOG = 256
+#: the entry of a step's gradient sums that counts the micro-batches in them (each server adds how
+#: many it accumulated; not a parameter name: those hold dots or are plain attribute names)
+COUNT_KEY = "#micro-batches"
+#: sums of one step that may come up short (the trainers close it again after each); the next
+#: close takes the step on what is there, so a stage never stalls on a micro-batch nobody can feed
+MAX_SHORT = 2
 
 
 class StageSteps:
@@ -89,7 +100,10 @@ class StageSteps:
         self.version = 0  # optimizer steps taken
         self.duplicates = 0  # backwards of a micro-batch already accumulated
         self.step_failures = 0  # steps taken on this server's own gradients (the stage's round failed)
+        self.short = 0  # closes whose sum lacked micro-batches the trainers completed (not taken)
         self.applied: set[int] = set()  # micro-batches whose gradients are accumulated since the step
+        self.stepped_with: set[int] = set()  # ``applied`` of the last step taken
+        self._shorts = 0  # sums of the current step short of micro-batches so far
         self.closers: dict[str, int] = {}  # trainers that closed the current step -> completed there
         self.expected = 1  # most servers of the stage a closing trainer saw
         #: a trainer asked for a later step than this server is at: it missed a step, its parameters
@@ -114,12 +128,19 @@ class StageSteps:
         if self.closes:
             step = step_of(mb_id, self.closes, self.accumulate)
             self.behind |= step > self.version
+            if step == self.version - 1 and mb_id in self.stepped_with:
+                return  # fed again for another stage that lost it: answered, not added (:meth:`seen`)
             if step != self.version:
                 raise ProtocolError(f"stale: micro-batch {mb_id} is of step {step}, server at {self.version}")
 
+    def holds(self, mb_id: int) -> bool:
+        """Whether ``mb_id``'s gradients are in this server's coming step or in the step it just
+        took: it answers that micro-batch again without adding it (a trainer's ``holds`` check)."""
+        return mb_id in self.applied or mb_id in self.stepped_with
+
     def seen(self, mb_id: int) -> bool:
         """Whether ``mb_id``'s parameter gradients are already accumulated (counted as a duplicate)."""
-        if mb_id in self.applied:
+        if self.holds(mb_id):
             self.duplicates += 1
             logger.info("stage %d: micro-batch %d again: answered, not accumulated", self.stage, mb_id)
             return True
@@ -138,7 +159,8 @@ class StageSteps:
         """``trainer`` closed ``step`` (seeing ``expected`` servers of this stage; ``completed`` of its
         micro-batches of the step went through every stage). Returns ``None``
         when the step was already taken (a retried close), ``True`` when this close was the last one
-        and the step is now taken, ``False`` when other trainers have yet to close it.
+        and the step is now taken, ``False`` when other trainers have yet to close it, or when the
+        stage's sum was short (see :meth:`take`; no trainer's close is held any more then).
 
         Raises:
             ProtocolError: this server steps alone, or it is behind (it missed a step).
@@ -156,26 +178,47 @@ class StageSteps:
         self.expected = max(self.expected, expected)
         if len(self.closers) < self.closes:
             return False
-        self.take()
-        return True
+        return self.take()
 
-    def take(self, complete: bool = True) -> None:
+    def take(self, complete: bool = True) -> bool:
         """Take the current step now, on the stage's gradient sum over the micro-batches the trainers
-        completed (``complete=False``: not every trainer closed it; a syncing server logs a gap)."""
+        completed (``complete=False``: not every trainer closed it; a syncing server logs a gap).
+
+        Returns False, stepping nowhere, when the stage's sum holds fewer micro-batches than the
+        trainers completed (:attr:`short`): a server that held some died in the meantime. The
+        trainers feed those again and close the step once more (``peers.swarm.client``)."""
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         sums = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params}
+        sums[COUNT_KEY] = torch.tensor([float(len(self.applied))])
         completed = sum(self.closers.values())
         logger.debug("stage %d step %d: micro-batches %s", self.stage, self.version, sorted(self.applied))
         got = self.step_sync(self.version, self.expected, sums) if self.step_sync is not None else sums
+        if got is not None:
+            got = dict(got)
+            held = round(float(got.pop(COUNT_KEY).sum()))
+            if held < completed and self._shorts < MAX_SHORT:  # every member sees the same count
+                logger.warning(
+                    "stage %d step %d: %d of the %d micro-batches completed are here; not stepping",
+                    self.stage,
+                    self.version,
+                    held,
+                    completed,
+                )
+                self.short += 1
+                self._shorts += 1
+                self.closers, self.expected = {}, 1
+                return False
+        del sums[COUNT_KEY]
         if self.syncing:
             self._log(got if complete else None, completed)
-            return
+            return True
         if got is None:
             self.step_failures += 1
             logger.warning("stage %d: step %d on this server's gradients only", self.stage, self.version)
             got, completed = sums, len(self.applied)
         self._set_grads(got, completed)
         self._apply()
+        return True
 
     def _set_grads(self, sums: dict[str, torch.Tensor], completed: int) -> None:
         for n, p in self.module.named_parameters():
@@ -190,6 +233,7 @@ class StageSteps:
         self.syncing, self._known = True, False
         self.log = {}
         self.applied.clear()
+        self.stepped_with.clear()
         self.closers, self.expected = {}, 1
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -210,6 +254,7 @@ class StageSteps:
         self.log = dict(sorted(self.log.items())[-MAX_LOG:])
         self.version += 1
         self.applied.clear()
+        self._shorts = 0
         self.closers, self.expected = {}, 1
 
     @property
@@ -255,5 +300,5 @@ class StageSteps:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        self.applied.clear()
+        self.stepped_with, self.applied, self._shorts = self.applied, set(), 0
         self.closers, self.expected = {}, 1

@@ -23,7 +23,7 @@ from peers.swarm.protocol import (
     step_of,
 )
 from peers.swarm.server import check_request
-from peers.swarm.steps import StageSteps, StepSync
+from peers.swarm.steps import COUNT_KEY, StageSteps, StepSync
 from swarmtrain.core.errors import ProtocolError
 
 
@@ -104,7 +104,12 @@ def test_a_retried_backward_counts_once() -> None:
     assert book.seen(0) and book.duplicates == 1  # the server answers it without accumulating
     assert not book.seen(1)
     assert book.close(0, "t", 1, 1) is True and book.version == 1
-    assert not book.seen(0)  # a new step starts with nothing accumulated
+    assert book.applied == set()  # a new step starts with nothing accumulated
+    # a micro-batch of the step just taken, fed again because another stage lost it: answered
+    # (from the parameters after the step), never added to the new step
+    book.check(0)
+    assert book.holds(0) and book.seen(0) and book.applied == set()
+    assert not book.holds(1)
 
 
 def test_a_server_serves_only_its_step_and_waits_for_every_trainer() -> None:
@@ -115,14 +120,17 @@ def test_a_server_serves_only_its_step_and_waits_for_every_trainer() -> None:
     with pytest.raises(ProtocolError, match="stale"):
         book.check(4)
     assert book.behind  # it missed a step: left out of the stage's last average
+    for mb in range(3):  # step 0's micro-batches 0-2 here (3 went to another server)
+        book.backward_done(mb)
     assert book.close(0, "a", 2, 2) is False
     assert book.close(0, "a", 2, 2) is False  # the same trainer twice is one close
-    assert book.close(0, "b", 2, 2) is True and book.version == 1
-    assert book.close(0, "b", 2, 2) is None  # a retried close of a step already taken
+    assert book.close(0, "b", 2, 1) is True and book.version == 1  # b's second was lost
+    assert book.close(0, "b", 2, 1) is None  # a retried close of a step already taken
     with pytest.raises(ProtocolError, match="behind"):
         book.close(3, "a", 2, 2)
     with pytest.raises(ProtocolError, match="stale"):
-        book.check(0)
+        book.check(3)  # of the last step, but not held here
+    book.check(0)  # held in the step just taken: answered again, not added
     alone = StageSteps(m, _opt(m), closes=0, accumulate=2)
     with pytest.raises(ProtocolError):
         alone.close(0, "a", 1, 1)
@@ -222,7 +230,11 @@ def test_a_syncing_server_logs_the_stage_steps_and_replays_them_onto_a_snapshot(
 
 def test_a_gap_in_the_log_refuses_older_snapshots() -> None:
     m = _model()
-    book = StageSteps(m, _opt(m), closes=2, step_sync=lambda s, e, g: g)
+
+    def stage(step: int, expected: int, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**grads, COUNT_KEY: torch.tensor([2.0])}  # the replicas it follows hold both
+
+    book = StageSteps(m, _opt(m), closes=2, step_sync=stage)
     book.start_syncing()
     assert book.close(4, "a", 1, 1) is False
     book.take(complete=False)  # the other trainer never closed step 4 here: a gap
@@ -236,3 +248,34 @@ def test_a_gap_in_the_log_refuses_older_snapshots() -> None:
     loaded: list[int] = []
     assert book.adopt(9, lambda: loaded.append(9))
     assert loaded == [9] and book.version == 9 and not book.syncing
+
+
+def test_a_sum_short_of_the_completed_micro_batches_takes_no_step() -> None:
+    # a server that held one of the step's micro-batches died during the close: the survivors'
+    # sum counts fewer micro-batches than the trainers completed; nobody steps, the trainers feed
+    # the lost one again (peers.swarm.client) and close once more
+    m = _model()
+    before = [p.detach().clone() for p in m.parameters()]
+    book = StageSteps(m, _opt(m), closes=1, step_sync=lambda s, e, g: g)  # this server alone
+    _loss(m, 0).backward()
+    book.backward_done(0)
+    assert book.close(0, "t", 2, 2) is False  # 1 of 2 micro-batches here
+    assert book.short == 1 and book.version == 0 and book.closers == {}
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters(), strict=True))
+    _loss(m, 1).backward()  # the lost micro-batch, fed again, lands here
+    book.backward_done(1)
+    assert book.close(0, "t", 2, 2) is True and book.version == 1
+    assert not all(torch.equal(a, b) for a, b in zip(before, m.parameters(), strict=True))
+
+
+def test_a_step_short_after_every_close_is_taken_on_what_is_there() -> None:
+    # a micro-batch nobody can feed again must not stall the stage: the third close steps
+    m = _model()
+    book = StageSteps(m, _opt(m), closes=1, step_sync=lambda s, e, g: g)
+    _loss(m, 0).backward()
+    book.backward_done(0)
+    assert book.close(0, "t", 1, 2) is False and book.close(0, "t", 1, 2) is False
+    assert book.close(0, "t", 1, 2) is True and book.version == 1 and book.short == 2
+    _loss(m, 2).backward()
+    book.backward_done(2)
+    assert book.close(1, "t", 1, 2) is False  # the next step may come up short again
