@@ -61,6 +61,7 @@ from peers.swarm.protocol import (
     handler_name,
 )
 from peers.swarm.routing import ServerInfo, pick_server, server_from_record, servers_by_stage
+from peers.swarm.steps import MAX_SHORT
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
 from peers.transport import (
     read_data_frames,
@@ -76,8 +77,8 @@ __all__ = ["SwarmPipeline", "PipelineConfig", "NoServer"]
 
 #: seconds a server has to say whether it holds a micro-batch's gradients (answered at once when up)
 _HOLDS_TIMEOUT = 10.0
-#: closes of one step at most (a stage whose sum was short of micro-batches is closed again)
-_CLOSE_TRIES = 3
+#: closes of one step at most: the servers take it on what is there after ``MAX_SHORT`` short sums
+_CLOSE_TRIES = MAX_SHORT + 1
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class SwarmPipeline:
     # --- one micro-batch ----------------------------------------------------------------------------
 
     def train_microbatch(
-        self, mb_id: int, x: torch.Tensor, y: torch.Tensor, *, keep: Sequence[str | None] | None = None
+        self, mb_id: int, x: torch.Tensor, y: torch.Tensor, *, keep: Sequence[str] | None = None
     ) -> float:
         """Forward and backward of one micro-batch through the stages; returns its loss.
 
@@ -221,7 +222,7 @@ class SwarmPipeline:
             raise ConfigError("inputs and targets must be [B, T] tensors of one shape")
         bt = (int(x.shape[0]), int(x.shape[1]))
         last = self.config.stages - 1
-        pref = list(keep) if keep is not None else [None] * self.config.stages
+        pref: Sequence[str | None] = keep if keep is not None else [None] * self.config.stages
         if keep is None:
             self.tracker.start(mb_id)
         else:
