@@ -123,6 +123,8 @@ class ServerOutcome:
     #: it served in step with its stage when it was asked to leave (False: behind or still catching
     #: up, so its parameters are its stage's only if its last average met a replica)
     in_step: bool = True
+    #: the device its stage's parameters were on when it left (``str(torch.device)``, e.g. ``cuda:0``)
+    device: str | None = None
 
 
 @dataclass

@@ -328,4 +328,5 @@ def run_server(
             state=state,
             moves=cur.moves,
             in_step=not behind,
+            device=str(next(cur.module.parameters()).device),
         )

@@ -126,6 +126,8 @@ class SwarmResult:
     out_of_step: list[str] = field(default_factory=list)
     #: restarted servers that caught up with their stage and served again
     restarts_caught_up: int = 0
+    #: the device each surviving server's stage parameters were on when it left (``None``: not said)
+    server_devices: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def rounds_committed(self) -> int:
@@ -493,6 +495,7 @@ def _result(
         duplicate_backwards=sum(int(o["duplicates"]) for _, o in souts),
         fed_again=sum(int(o.get("fed_again", 0)) for o in touts),
         out_of_step=[f"{c.name}.stage{o['stage']}" for c, o in souts if not _replica(o)],
+        server_devices={f"server{c.name[6:]}.stage{o['stage']}": o.get("device") for c, o in souts},
     )
     return res
 
