@@ -1,7 +1,10 @@
 """The ``swarmtrain`` command line (typer).
 
 Every command's errors that come from the user (bad flags, bad config files, bad values) print one
-line, ``swarmtrain: error: ...``, and exit with status 2, with no traceback.
+line, ``swarmtrain: error: ...``, and exit with status 2, with no traceback. A run's errors
+(``SwarmError``, a peer's included) print one line too and exit with status 1; with ``-v`` each of
+these errors prints its traceback above its line: a peer process's own traceback
+(``swarmtrain.core.peer_error``), not the parent's re-raise.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "swarmtrain.app.commands.dashboard",
 )
 
+#: the global flags of this invocation, set by ``_root`` (``run`` reads ``verbose`` for its errors)
+_flags = {"verbose": False}
+
 app = typer.Typer(
     name="swarmtrain",
     help="Train neural networks across many poorly connected machines.",
@@ -56,10 +62,14 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Log at DEBUG level; an error shows its traceback (a peer's own)."
+    ),
 ) -> None:
     """Train neural networks across many poorly connected machines."""
     from swarmtrain.app.logs import quiet_third_party
+
+    _flags["verbose"] = verbose
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
@@ -78,9 +88,21 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _fail_error(e: SwarmError, code: int) -> int:
+    """``e``'s one line; with ``-v`` its traceback first (a peer's own for a peer's error)."""
+    if _flags["verbose"]:
+        from swarmtrain.core.peer_error import error_traceback
+
+        text = error_traceback(e).rstrip()
+        if text:
+            print(text, file=sys.stderr)
+    return _fail(str(e), code)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (used by ``main`` and by tests)."""
     command = typer.main.get_command(app)
+    _flags["verbose"] = False
     try:
         args = list(argv) if argv is not None else sys.argv[1:]
         rv = command.main(args=args, prog_name="swarmtrain", standalone_mode=False)
@@ -96,9 +118,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     except _cx.ClickException as e:
         return _fail(e.format_message(), 2)
     except ConfigError as e:
-        return _fail(str(e), 2)
+        return _fail_error(e, 2)
     except SwarmError as e:
-        return _fail(str(e), 1)
+        return _fail_error(e, 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     return int(rv) if isinstance(rv, int) else 0

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
+from swarmtrain.core.peer_error import TRACEBACK, ErrorReports, report_error
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
 from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
@@ -76,7 +77,7 @@ def bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> Non
             q.put(("bootstrap", -1, node.visible_maddrs))
             stop.wait(None)
     except BaseException as e:  # report, never hang the parent
-        q.put(("error", -1, f"bootstrap: {type(e).__name__}: {e}"))
+        report_error(q, -1, "bootstrap", e)
 
 
 def peer_main(
@@ -115,7 +116,7 @@ def peer_main(
             membership = replace(membership, catch_up_on_join=True, catch_up_after_failure=True)
         run_peer(cfg, membership, hooks)
     except BaseException as e:
-        q.put(("error", rank, f"peer {rank}: {type(e).__name__}: {e}"))
+        report_error(q, rank, f"peer {rank}", e)
 
 
 def _outcome(rank: int, run: Any, attack_stats: dict[str, int]) -> PeerOutcome:
@@ -189,8 +190,8 @@ def run_simulation(
     result lists the ranks that ended without an outcome (``missing_ranks``) and the ``timeline``.
 
     Raises:
-        SwarmError: a peer reported an error (its message says why), every peer died, or the run
-            timed out.
+        SwarmError: a peer reported an error (``PeerError``: its one line says why, and it carries
+            the peer's own traceback), every peer died, or the run timed out.
     """
     from peers import find_orphans, spawn_function
     from swarmtrain.simulation.wiring import check_attack_fits_strategy
@@ -305,6 +306,8 @@ class _Supervisor:
         self.counts = {"kill": 0, "preempt": 0, "restart": 0, "died": 0}
         #: rounds any incarnation of any peer reported committed (a killed one's too)
         self.committed_seen: set[int] = set()
+        #: each process's traceback text until its error line comes (``swarmtrain.core.peer_error``)
+        self.errors = ErrorReports()
         self.t0 = time.monotonic()
         self._ctx = mp.get_context("spawn")
 
@@ -314,6 +317,7 @@ class _Supervisor:
 
         slot = self.slots[rank]
         slot.queue = self._ctx.Queue()
+        self.errors.forget(rank)
         args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin)
         target = peer_main if self.regions is None else self.regions.entry(rank, peer_main)
         slot.proc = spawn_function(target, args, name=f"peer{rank}")
@@ -354,11 +358,15 @@ class _Supervisor:
 
         kind, rank, payload = msg
         slot = self.slots[rank] if 0 <= rank < self.n and kind in ("step", "done", "error") else None
+        if kind == TRACEBACK:
+            self.errors.note(rank, payload)
+            return
         if kind == "error":
             if slot is not None and slot.signalled:
                 logger.debug("peer %d after its %s: %s", rank, slot.signalled, payload)
+                self.errors.forget(rank)
                 return
-            raise SwarmError(str(payload))
+            raise self.errors.error(rank, payload)
         if kind == "step" and slot is not None:
             slot.step = int(payload.get("step", slot.step))
             slot.failed = int(payload.get("failed", slot.failed))
@@ -387,7 +395,8 @@ class _Supervisor:
         """Read reports until every rank has an outcome or is gone; returns the outcomes by rank.
 
         Raises:
-            SwarmError: a peer reported an error, every peer died, or the deadline passed.
+            SwarmError: a peer reported an error (``PeerError``), every peer died, or the deadline
+                passed.
         """
         while not all(s.outcome is not None or s.gone for s in self.slots):
             left = deadline - time.monotonic()
@@ -510,11 +519,18 @@ def loopback_copy(cfg: Config) -> Config:
 
 
 def bootstrap_maddrs(q: Any, deadline: float) -> list[str]:
-    """Wait for the bootstrap node's multiaddrs."""
+    """Wait for the bootstrap node's multiaddrs.
+
+    Raises:
+        PeerError: the bootstrap node reported an error (with its traceback).
+    """
+    errors = ErrorReports()
     while True:
-        kind, _, payload = _next(q, deadline)
+        kind, rank, payload = _next(q, deadline)
+        if kind == TRACEBACK:
+            errors.note(rank, payload)
         if kind == "error":
-            raise SwarmError(str(payload))
+            raise errors.error(rank, payload)
         if kind == "bootstrap" and payload:
             return list(payload)
 

@@ -36,6 +36,7 @@ from typing import Any
 from swarmtrain.app.swarm_roles import SwarmSettings
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError, SwarmError
+from swarmtrain.core.peer_error import TRACEBACK, ErrorReports, report_error
 from swarmtrain.simulation.chaos import ChaosSpec
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
@@ -169,7 +170,7 @@ def _server_main(
         if run_over.is_set():
             q.put(("done", rank, asdict(out)))
     except BaseException as e:  # report, never hang the parent
-        q.put(("error", rank, f"server {rank}: {type(e).__name__}: {e}"))
+        report_error(q, rank, f"server {rank}", e)
 
 
 def _trainer_main(index: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int) -> None:
@@ -183,7 +184,7 @@ def _trainer_main(index: int, cfg_json: str, settings: dict[str, Any], q: Any, l
         )
         q.put(("done", index, asdict(out)))
     except BaseException as e:
-        q.put(("error", index, f"trainer {index}: {type(e).__name__}: {e}"))
+        report_error(q, index, f"trainer {index}", e)
 
 
 @dataclass
@@ -200,18 +201,26 @@ class _Child:
     progress: int = 0
     outcome: dict[str, Any] | None = None
     killed: bool = False
+    #: its traceback text until its error line comes (``swarmtrain.core.peer_error``)
+    errors: ErrorReports = field(default_factory=ErrorReports)
 
     def poll(self) -> None:
-        """Drain this child's queue."""
+        """Drain this child's queue.
+
+        Raises:
+            PeerError: the child reported an error (with its traceback).
+        """
         if self.killed:
             return
         while True:
             try:
-                kind, _, payload = self.q.get_nowait()
+                kind, sender, payload = self.q.get_nowait()
             except (queue_mod.Empty, OSError, ValueError):
                 return
-            if kind == "error":
-                raise SwarmError(str(payload))
+            if kind == TRACEBACK:
+                self.errors.note(sender, payload)
+            elif kind == "error":
+                raise self.errors.error(sender, payload)
             if kind == "ready":
                 self.ready = True
             elif kind == "step":
