@@ -62,7 +62,8 @@ def bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
 
 
 def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
-    """The flat fp32 input ``[N]``: a view of a single fp32 tensor (read only here), else a copy."""
+    """The flat fp32 input ``[N]``, on the tensors' device: a view of a single fp32 tensor (read only
+    here), else a copy."""
     if len(names) == 1 and tensors[names[0]].dtype == torch.float32:
         return tensors[names[0]].detach().reshape(-1)
     if not names:
@@ -144,6 +145,7 @@ class ReduceJob:
         agg_codec: codec of the aggregates.
         reducer: combines the rows of one chunk.
         weight: this peer's weight.
+        device: where the reduction runs (the input's device); decoded rows are moved here once.
     """
 
     io: RoundIO
@@ -152,6 +154,12 @@ class ReduceJob:
     agg_codec: Compressor
     reducer: Reducer
     weight: float
+    device: torch.device = torch.device("cpu")
+
+    def decode_row(self, frames: tuple[bytes, ...] | list[bytes], length: int) -> torch.Tensor:
+        """One peer's encoded chunk decoded (on the codec's device, the host) and placed on
+        :attr:`device`, where it is reduced."""
+        return self.io.decode_chunk(self.compressor, frames, length).to(self.device)
 
     def envelope(self, typ: str, index: int, chunk: int, frame: bytes, weight: float = 0.0) -> Envelope:
         """The header of one data message (one frame) of partition ``index``, chunk ``chunk``."""
@@ -218,7 +226,8 @@ class ReduceCheck(Protocol):
         ...
 
     def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
-        """The row this peer reduces for chunk ``c`` of its own partition (``raw``: its input slice)."""
+        """The row this peer reduces for chunk ``c`` of its own partition (``raw``: its input slice),
+        on ``raw``'s device."""
         ...
 
     def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
@@ -291,14 +300,19 @@ class ButterflyRound:
         self.tensors = tensors
         self.check = check
         self.flat = _flat(tensors, list(tensors))  # [N]
+        #: where the input lives and the reduction runs: decoded rows are moved here once
+        self.device = self.flat.device
         layout = Layout.of(tensors, io.group.digest, io.group.size, chunk_elems)
-        self.job = check.prepare(ReduceJob(io, layout, compressor, compressor, reducer, weight))
+        job = ReduceJob(io, layout, compressor, compressor, reducer, weight, self.device)
+        self.job = check.prepare(job)
         self.chunks = layout.chunks
         self.me = io.group.index
         self.fast_mean = not check.stacks_rows and type(self.job.reducer) is MeanReducer
         self.sends: list[Future[None]] = []
-        self.result = torch.empty(layout.numel)  # [N] fp32; every piece is decoded straight into it
-        self.acc = torch.empty(max((b - a for a, b in self.chunks[self.me]), default=0))  # mean scratch
+        # [N] fp32 on the input's device; every piece is decoded straight into it
+        self.result = torch.empty(layout.numel, device=self.device)
+        longest = max((b - a for a, b in self.chunks[self.me]), default=0)
+        self.acc = torch.empty(longest, device=self.device)  # mean scratch
         self.excluded: set[str] = set()  # senders left out of my partition (every chunk of it)
         #: my chunks still to reduce, and the aggregates still to receive -> (partition, chunk)
         self.my_todo = list(range(len(self.chunks[self.me])))
@@ -395,7 +409,7 @@ class ButterflyRound:
             try:
                 if d.env.index != self.me or d.env.numel != self.job.layout.numel:
                     raise ProtocolError("part for another partition or layout")
-                rows.append(self.io.decode_chunk(self.job.compressor, d.frames, b - a))
+                rows.append(self.job.decode_row(d.frames, b - a))
                 weights.append(d.env.weight)
                 who.append(p)
             except (ProtocolError, ValueError, RuntimeError) as e:
@@ -407,7 +421,7 @@ class ButterflyRound:
         """Reduce my chunk ``c``, send its encoded aggregate to every other member, decode it into my
         result."""
         a, b = self.chunks[self.me][c]
-        mine = self.check.own_row(c, self.flat[a:b])
+        mine = self.check.own_row(c, self.flat[a:b])  # on self.device
         rows, weights, who = self.rows(slot, c, mine)
         if self.fast_mean:
             if not bool(torch.isfinite(mine).all()):
@@ -415,7 +429,8 @@ class ButterflyRound:
             agg = _mean_into(self.acc[: b - a], rows, weights)
         else:
             stack = torch.stack(rows)  # [n, b - a]
-            agg = self.job.reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
+            w = torch.tensor(weights, dtype=torch.float32, device=self.device)
+            agg = self.job.reducer.reduce(stack, w)
             if tuple(agg.shape) != (b - a,):
                 raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
             self.check.chunk_reduced(stack, agg, who)

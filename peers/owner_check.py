@@ -169,7 +169,7 @@ class OwnerCheck(GuardedReduce):
     def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
         """The decoded bytes this peer sent to its verifier, so both reduce the same row."""
         job = self._job()
-        return job.io.decode_chunk(job.compressor, (self.own_frames[(job.io.group.index, c)],), raw.numel())
+        return job.decode_row((self.own_frames[(job.io.group.index, c)],), raw.numel())
 
     def partition_done(self) -> list[Future[None]]:
         """Reduce the partition this peer verifies; send each chunk's digest to every other member."""
@@ -195,7 +195,7 @@ class OwnerCheck(GuardedReduce):
         rows, weights, who = [], [], []
         for p in [owner] + [p for p in io.group.members if p != owner]:
             if p == me:
-                rows.append(io.decode_chunk(job.compressor, (self.own_frames[(j, c)],), length))
+                rows.append(job.decode_row((self.own_frames[(j, c)],), length))
                 weights.append(job.weight)
                 who.append(p)
                 continue
@@ -205,7 +205,7 @@ class OwnerCheck(GuardedReduce):
             try:
                 if d.env.index != j or d.env.numel != job.layout.numel:
                     raise ProtocolError("part for another partition or layout")
-                rows.append(io.decode_chunk(job.compressor, d.frames, length))
+                rows.append(job.decode_row(d.frames, length))
                 weights.append(d.env.weight)
                 who.append(p)
             except (ProtocolError, ValueError, RuntimeError) as e:
@@ -213,7 +213,7 @@ class OwnerCheck(GuardedReduce):
                 logger.warning("round %d: verified contribution of %s left out: %s", io.round_id, p[:12], e)
         stack = torch.stack(rows)
         reducer = fit_reducer(honest_reducer(job.reducer), len(rows))
-        agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32))
+        agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32, device=job.device))
         flag_rows(stack, agg, who, self.seen, self.flagged)
         return agg
 

@@ -283,7 +283,8 @@ class ReplicaSync:
             return
         for k, p in self.params.items():
             names = {key: f"opt.{k}.{key}" for key in OPT_KEYS}
-            state = {key: tensors[n].clone() for key, n in names.items() if n in tensors}
+            opt = self.optimizer
+            state = {key: _placed(opt, key, tensors[n], p) for key, n in names.items() if n in tensors}
             if state:
                 self.optimizer.state[p] = state
             else:
@@ -307,3 +308,12 @@ class ReplicaSync:
         """Stop taking rounds and serving the state."""
         self.state_server.close()
         self.collective.close()
+
+
+def _placed(optimizer: torch.optim.Optimizer, key: str, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A downloaded optimizer state tensor where ``optimizer`` keeps it for ``p``: beside the parameter,
+    except Adam's ``step``, which torch keeps on the host unless the optimizer is fused or capturable
+    (the same rule as ``Optimizer.load_state_dict``)."""
+    if key == "step" and not (optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")):
+        return t.clone()
+    return t.to(p.device, copy=True)

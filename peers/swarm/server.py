@@ -179,6 +179,8 @@ class StageServer:
     ) -> None:
         self.node = node
         self.module = module
+        #: where the stage computes: decoded requests are moved here, replies encoded from here
+        self.device = next(module.parameters()).device
         self.optimizer = optimizer
         self.compressor = compressor
         self.config = config
@@ -443,6 +445,7 @@ class StageServer:
         lim = self.limits
         self.steps.check(env.round)
         x = decode_tokens(frames[0], lim) if lim.first else decode_hidden(frames[0], lim)
+        x = x.to(self.device)  # decoded on the host, computed on the stage's device
         bt = (int(x.shape[0]), int(x.shape[1]))
         self._rows = bt[0]
         again = env.type != FORWARD or lim.last
@@ -452,7 +455,7 @@ class StageServer:
                 y = self.module(x)
             return _Reply(ACTIVATIONS, [encode_hidden(y, self.compressor, key="act")])
         if env.type == FORWARD:  # last stage: forward, loss and backward in one request
-            targets = decode_tokens(frames[1], lim)
+            targets = decode_tokens(frames[1], lim).to(self.device)
             if tuple(targets.shape) != bt:
                 raise ProtocolError(f"targets are {list(targets.shape)}, inputs {list(bt)}")
             x.requires_grad_(True)
@@ -466,7 +469,7 @@ class StageServer:
             return _Reply(
                 GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")], encode_loss(loss.item())
             )
-        g = decode_hidden(frames[1], lim, expect=bt)
+        g = decode_hidden(frames[1], lim, expect=bt).to(self.device)
         if again and lim.first:
             return _Reply(GRADIENTS, [])
         if not lim.first:

@@ -189,7 +189,9 @@ class StageSteps:
         trainers feed those again and close the step once more (``peers.swarm.client``)."""
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         sums = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params}
-        sums[COUNT_KEY] = torch.tensor([float(len(self.applied))])
+        # on the gradients' device: the sum flattens every tensor into one vector
+        dev = params[0][1].device if params else torch.device("cpu")
+        sums[COUNT_KEY] = torch.tensor([float(len(self.applied))], device=dev)
         completed = sum(self.closers.values())
         logger.debug("stage %d step %d: micro-batches %s", self.stage, self.version, sorted(self.applied))
         got = self.step_sync(self.version, self.expected, sums) if self.step_sync is not None else sums

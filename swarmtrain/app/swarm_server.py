@@ -126,10 +126,11 @@ def _open_stage(
     from compression import build_compressor
     from peers.swarm.replicas import ReplicaSync
     from peers.swarm.server import StageServer, StageServerConfig
+    from swarmtrain.app.trainer import resolve_device
 
     spec = stage_spec(cfg)
     module: GPTStage = build_stages(spec, settings.stages, seed=cfg.train.seed)[k]
-    module.train()
+    module.to(resolve_device(cfg.train.device)).train()  # built on the host with the run's seed, then moved
     optimizer = optimizer_for(module, cfg)
     codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.codec}))
     sync_codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.sync_codec}))

@@ -121,7 +121,7 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"train.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"train.device: {name!r} requested but CUDA is not available")
-    if dev.type not in ("cpu", "cuda"):
+    if dev.type not in ("cpu", "cuda", torch._C._get_privateuse1_backend_name()):
         raise ConfigError(f"train.device: {name!r} is not supported (use auto, cpu, cuda or cuda:N)")
     return dev
 
