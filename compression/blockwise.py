@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from compression import staging
 from compression.base import (
     CODECS,
     Codec,
@@ -157,11 +158,34 @@ class BlockwiseCodec(Codec):
         """Quantise ``t`` blockwise (see the class docstring for the error bound)."""
         dtype = dtype_name(t, self.name)
         x = t.detach().reshape(-1)
+        if x.is_cuda:  # quantised on the device, copied through a pinned buffer (same bytes)
+            return staging.compress_packet(self, t, key)
         fast = encode_blockwise(x, self.block, self.bits)
         if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
             codes_b, scales_b, top = fast
             check_absmax_top(top, dtype, self.name)
             return self._packet(t, dtype, codes_b, scales_b)
+        codes, am = self._encode(x)
+        check_finite_absmax(am, dtype, self.name)
+        scales = _scales(am.float(), self.qmax)
+        return self._packet(t, dtype, tensor_bytes(*codes), tensor_bytes(scales))
+
+    def device_parts(self, t: torch.Tensor, *, key: str = "") -> staging.DeviceParts:
+        """The packet's payload as tensors on ``t``'s device, with no host synchronisation.
+
+        Same kernels as ``compress``'s generic path; the finite check is left to the caller
+        (``compression.staging`` runs it on ``top`` once the payload is on the host).
+        """
+        dtype = dtype_name(t, self.name)
+        codes, am = self._encode(t.detach().reshape(-1))
+        scales = _scales(am.float(), self.qmax)
+        top = torch.amax(am.float()) if am.numel() else None  # amax propagates NaN
+        return staging.DeviceParts(
+            self.name, tuple(t.shape), dtype, (("block", self.block),), (tuple(codes), (scales,)), top
+        )
+
+    def _encode(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Codes (one or two pieces) and per-block absmax of the flat ``x``, on its device."""
         n = x.numel()
         full = n - n % self.block
         codes, absmax = [], []
@@ -182,9 +206,7 @@ class BlockwiseCodec(Codec):
             codes.append(c[: self._codes_nbytes(tail.numel())])
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
-        check_finite_absmax(am, dtype, self.name)
-        scales = _scales(am.float(), self.qmax)
-        return self._packet(t, dtype, tensor_bytes(*codes), tensor_bytes(scales))
+        return codes, am
 
     def _packet(self, t: torch.Tensor, dtype: str, codes: bytes, scales: bytes) -> Packet:
         return Packet(
@@ -206,8 +228,8 @@ class BlockwiseCodec(Codec):
         codes_t = buffer_tensor(p.buffers[0], self._code_dtype, self._codes_nbytes(n), f"{self.name} codes")
         scales = buffer_tensor(p.buffers[1], torch.float32, nblocks, f"{self.name} scales")
         check_scales(scales, p.dtype, self.qmax, self.name)
-        codes_t = codes_t.to(self.device)
-        scales = scales.to(self.device)
+        codes_t = staging.to_device(codes_t, self.device)  # through a pinned buffer to a GPU
+        scales = staging.to_device(scales, self.device)
         full = n - n % block
         nfb = full // block
         parts = []

@@ -5,7 +5,7 @@ Eager torch runs a blockwise quantizer as many separate passes over memory; ``to
 one pass, which is what brings the codecs near the memory roofline. Compiling is slow (paid per
 kernel, once per process), so:
 
-* only tensors with at least ``min_numel()`` elements (default 2**22) take the compiled path, so
+* only CPU tensors with at least ``min_numel()`` elements (default 2**22) take the compiled path, so
   small runs (and the many short-lived peer processes of the tests) never pay for compilation;
 * each kernel compiles once per process, on first use, with dynamic shapes (one kernel for all sizes);
 * ``SWARMTRAIN_COMPILE_CODECS=0`` disables compilation, ``=1`` forces it for every size (tests);
@@ -76,15 +76,21 @@ class Kernel:
         self._compiled: Callable[..., Any] | None = None
         self._failed = False
 
-    def use_compiled(self, numel: int) -> bool:
-        """Whether a call on ``numel`` elements takes the compiled path now."""
+    def use_compiled(self, numel: int, cuda: bool = False) -> bool:
+        """Whether a call on ``numel`` elements takes the compiled path now.
+
+        On CUDA tensors ``auto`` stays eager: on an H200 (2026-12-04) the Triton int8 encoder gave
+        bytes that differ from the CPU codec's and the compiled decoders ran at a few GB/s, while the
+        eager kernels are bit-identical and far faster than the bus (``benchmarks/gpu_codecs.py``).
+        """
         if self._failed:
             return False
         mode = compile_mode()
-        return mode == "always" or (mode == "auto" and numel >= min_numel())
+        return mode == "always" or (mode == "auto" and not cuda and numel >= min_numel())
 
     def __call__(self, *args: Any, numel: int) -> Any:
-        if self.use_compiled(numel):
+        cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if self.use_compiled(numel, cuda):
             try:
                 for a in args:  # sizes vary, the block size (a closure constant) does not
                     if isinstance(a, torch.Tensor) and a.dim():

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from compression import staging
 from compression.base import (
     CODECS,
     Codec,
@@ -119,8 +120,8 @@ def _encoder(block: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
 def _base_tensor(base: int, numel: int, device: torch.device) -> torch.Tensor:
     """``base`` as the encoder takes it: int32 lanes unless the element indices need int64."""
     if numel < 1 << 31:
-        return torch.tensor(_as_int32(base), dtype=torch.int32, device=device)
-    return torch.tensor(base, dtype=torch.int64, device=device)
+        return torch.full((), _as_int32(base), dtype=torch.int32, device=device)
+    return torch.full((), base, dtype=torch.int64, device=device)
 
 
 def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -135,8 +136,8 @@ def _decoder(block: int, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Te
     return dec
 
 
-def _contractive_scales(x: torch.Tensor, block: int) -> bytes:
-    """Per-block ``sum x^2 / sum |x|`` (0 for all-zero blocks) as float32 bytes.
+def _contractive_scales(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Per-block ``sum x^2 / sum |x|`` (0 for all-zero blocks) as float32, on ``x``'s device.
 
     Computed in float64 so squares of tiny float32 values do not underflow; the result is at most the
     block's absmax, so it passes every decoder's scale check.
@@ -150,7 +151,7 @@ def _contractive_scales(x: torch.Tensor, block: int) -> bytes:
     l1 = xb.abs().sum(1)
     l2 = (xb * xb).sum(1)
     s = torch.where(l1 > 0, l2 / l1.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(l1))
-    return tensor_bytes(s.float())
+    return s.float()
 
 
 def _kernel(kind: str, block: int, make: Callable[[int], Callable[..., Any]]) -> Kernel:
@@ -210,15 +211,36 @@ class TernaryCompressor(Codec):
         """Ternarise ``t`` with fresh draws (the ``key``'s call counter advances)."""
         dtype = dtype_name(t, self.name)
         x = t.detach().reshape(-1)
-        n = x.numel()
+        if x.is_cuda:  # ternarised on the device, copied through a pinned buffer (same bytes)
+            return staging.compress_packet(self, t, key)
         base = self._base(key)
         fast = encode_ternary(x, self.block, base)
         if fast is not None:  # one fused pass straight into the packet's bytes (same bytes)
             codes_b, scales_b, top = fast
             check_absmax_top(top, dtype, self.name)
             if self.contractive:
-                scales_b = _contractive_scales(x, self.block)
+                scales_b = tensor_bytes(_contractive_scales(x, self.block))
             return self._packet(t, dtype, codes_b, scales_b)
+        codes, am = self._encode(x, base)
+        check_finite_absmax(am, dtype, self.name)
+        scales = _contractive_scales(x, self.block) if self.contractive else am.float()
+        return self._packet(t, dtype, tensor_bytes(*codes), tensor_bytes(scales))
+
+    def device_parts(self, t: torch.Tensor, *, key: str = "") -> staging.DeviceParts:
+        """The packet's payload as tensors on ``t``'s device, with no host synchronisation (the
+        ``key``'s call counter advances; the finite check is ``compression.staging``'s, on ``top``)."""
+        dtype = dtype_name(t, self.name)
+        x = t.detach().reshape(-1)
+        codes, am = self._encode(x, self._base(key))
+        scales = _contractive_scales(x, self.block) if self.contractive else am.float()
+        top = torch.amax(am.float()) if am.numel() else None  # amax propagates NaN
+        return staging.DeviceParts(
+            self.name, tuple(t.shape), dtype, (("block", self.block),), (tuple(codes), (scales,)), top
+        )
+
+    def _encode(self, x: torch.Tensor, base: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Packed codes (one or two pieces) and per-block absmax of the flat ``x``, on its device."""
+        n = x.numel()
         full = n - n % self.block
         codes, absmax = [], []
         if full:
@@ -236,9 +258,7 @@ class TernaryCompressor(Codec):
             codes.append(c[: (tail.numel() + 3) // 4])
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
-        check_finite_absmax(am, dtype, self.name)
-        scales = _contractive_scales(x, self.block) if self.contractive else tensor_bytes(am.float())
-        return self._packet(t, dtype, tensor_bytes(*codes), scales)
+        return codes, am
 
     def for_error_feedback(self) -> TernaryCompressor:
         """A ``contractive`` copy (same block, seed, device and call counters); ``self`` if it is one."""
@@ -265,10 +285,11 @@ class TernaryCompressor(Codec):
             raise ProtocolError(f"codec 'ternary': block {block} is not a multiple of 8")
         n = p.numel
         nblocks = -(-n // block)
-        codes = buffer_tensor(p.buffers[0], torch.uint8, (n + 3) // 4, "ternary codes").to(self.device)
+        codes = buffer_tensor(p.buffers[0], torch.uint8, (n + 3) // 4, "ternary codes")
+        codes = staging.to_device(codes, self.device)  # through a pinned buffer to a GPU
         scales = buffer_tensor(p.buffers[1], torch.float32, nblocks, "ternary scales")
         check_scales(scales, p.dtype, 1, self.name)
-        scales = scales.to(self.device)
+        scales = staging.to_device(scales, self.device)
         full = n - n % block
         parts = []
         if full:

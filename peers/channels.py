@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peers.ledger import ByteLedger
-from peers.messages import FRAME_PREFIX, Envelope, decode_ack, encode_envelope
+from peers.messages import FRAME_PREFIX, Envelope, Frame, decode_ack, encode_envelope
 from peers.transport import read_frame, widen_send_buffer, write_frame, write_frame_drained
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
 
@@ -43,7 +43,7 @@ _MAX_IDLE_KEPT = 256  # channels kept before idle ones (closed streams) are drop
 @dataclass
 class _Item:
     env: Envelope
-    frames: Sequence[bytes | memoryview]
+    frames: Sequence[Frame]
     deadline: float  # time.monotonic()
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -66,7 +66,7 @@ class Channel:
         self._reader_task: asyncio.Task[None] | None = None
         self._stream: tuple[Any, Any] | None = None  # (reader, writer)
 
-    async def send(self, env: Envelope, frames: Sequence[bytes | memoryview], deadline: float) -> None:
+    async def send(self, env: Envelope, frames: Sequence[Frame], deadline: float) -> None:
         """Queue one message and wait until the peer acknowledged it (or the deadline passed)."""
         if len(frames) != env.frames or sum(len(f) for f in frames) != env.nbytes:
             raise ProtocolError("envelope frame count/bytes do not match the frames")  # our own bug
@@ -212,9 +212,7 @@ class ChannelPool:
         self.p2p, self.handler, self.ledger = p2p, handler, ledger
         self._channels: dict[tuple[str, str], Channel] = {}
 
-    async def send(
-        self, peer: str, env: Envelope, frames: Sequence[bytes | memoryview], deadline: float
-    ) -> None:
+    async def send(self, peer: str, env: Envelope, frames: Sequence[Frame], deadline: float) -> None:
         """Send one message to ``peer`` on its channel; see :meth:`Channel.send`."""
         key = (peer, lane_of(env))
         ch = self._channels.get(key)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgpack
 
@@ -39,6 +40,9 @@ __all__ = [
     "decode_ack",
     "encode_packet_bytes",
     "decode_packet_bytes",
+    "FrameParts",
+    "Frame",
+    "frame_parts",
 ]
 
 MESSAGE_TYPES = frozenset(
@@ -210,3 +214,34 @@ def decode_packet_bytes(data: bytes, *, max_bytes: int = MAX_FRAME) -> Packet:
         ProtocolError: oversized or malformed bytes.
     """
     return decode_packet(data, max_bytes=max_bytes)
+
+
+@dataclass(frozen=True)
+class FrameParts:
+    """One data frame given as segments (a packet's msgpack head and memoryviews of its payload in
+    pinned host memory, ``compression.staging``): the transport writes them one after the other
+    under one length prefix, so the payload is never joined into a new ``bytes``.
+
+    The receiver sees one ordinary frame. ``len()`` is the frame's length.
+    """
+
+    parts: tuple[bytes | memoryview, ...]
+
+    def __len__(self) -> int:
+        return sum(memoryview(p).nbytes for p in self.parts)
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        return iter(self.parts)
+
+    def tobytes(self) -> bytes:
+        """The frame joined (a copy: for a verifier that keeps the bytes, and for tests)."""
+        return b"".join(self.parts)
+
+
+#: what a channel sends as one data frame
+Frame: TypeAlias = bytes | memoryview | FrameParts
+
+
+def frame_parts(parts: Sequence[bytes | memoryview]) -> FrameParts:
+    """A :class:`FrameParts` of ``parts`` (e.g. ``StagedPacket.wire_parts()``)."""
+    return FrameParts(tuple(parts))

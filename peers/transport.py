@@ -24,6 +24,8 @@ from peers.messages import (
     MAX_FRAME,
     MAX_HEADER,
     Envelope,
+    Frame,
+    FrameParts,
     decode_ack,
     decode_frame_length,
     encode_envelope,
@@ -158,23 +160,26 @@ def write_frame(writer: asyncio.StreamWriter, data: bytes | memoryview) -> int:
 WRITE_SLICE = 256 * 1024  # bytes handed to the transport at a time (see write_frame_drained)
 
 
-async def write_frame_drained(writer: asyncio.StreamWriter, data: bytes | memoryview) -> int:
+async def write_frame_drained(writer: asyncio.StreamWriter, data: Frame) -> int:
     """Write one frame in slices of :data:`WRITE_SLICE` bytes, draining after each.
 
     asyncio's socket transport (3.11) keeps unsent bytes in one ``bytearray`` and deletes each sent
     prefix from its front, so handing it a multi-MiB frame at once costs a memmove of the remaining
     buffer per ``send()`` (quadratic in the frame size); slices keep that buffer small and send
-    most bytes straight from our memory.
+    most bytes straight from our memory. A :class:`~peers.messages.FrameParts` is written segment
+    by segment under one prefix (its payload straight from pinned host memory, never joined).
 
     Returns:
         the bytes put on the stream (prefix included).
     """
-    writer.write(encode_frame_length(len(data)))
-    view = memoryview(data).cast("B") if len(data) else memoryview(b"")
-    for i in range(0, len(view), WRITE_SLICE):
-        writer.write(view[i : i + WRITE_SLICE])
-        await writer.drain()
-    return FRAME_PREFIX + len(data)
+    n = len(data)
+    writer.write(encode_frame_length(n))
+    for seg in data.parts if isinstance(data, FrameParts) else (data,):
+        view = memoryview(seg).cast("B") if len(seg) else memoryview(b"")
+        for i in range(0, len(view), WRITE_SLICE):
+            writer.write(view[i : i + WRITE_SLICE])
+            await writer.drain()
+    return FRAME_PREFIX + n
 
 
 SEND_BUFFER = 1024 * 1024  # SO_SNDBUF asked for on a bulk stream's socket to p2pd (Linux doubles it)
@@ -202,7 +207,7 @@ async def send_message(
     peer_id: Any,
     handler: str,
     env: Envelope,
-    frames: Sequence[bytes | memoryview],
+    frames: Sequence[Frame],
     *,
     ledger: ByteLedger | None,
     timeout: float,

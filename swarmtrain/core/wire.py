@@ -16,7 +16,8 @@ involved. Checking that the buffers agree with the shape *for the codec* is the 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import struct
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import msgpack
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_PARAMS",
     "MAX_BUFFERS",
     "encode_packet",
+    "encode_packet_parts",
     "decode_packet",
     "packet_nbytes",
 ]
@@ -72,6 +74,44 @@ def encode_packet(p: Packet) -> bytes:
         return msgpack.packb(_header(p, list(p.buffers)), use_bin_type=True)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as e:
         raise ProtocolError(f"packet cannot be encoded: {e}") from None
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack's bin header for ``n`` bytes (the smallest form, as ``packb`` writes it)."""
+    if n < 1 << 8:
+        return b"\xc4" + struct.pack(">B", n)
+    if n < 1 << 16:
+        return b"\xc5" + struct.pack(">H", n)
+    return b"\xc6" + struct.pack(">I", n)
+
+
+def encode_packet_parts(
+    codec: str,
+    dtype: str,
+    shape: tuple[int, ...],
+    params: tuple[tuple[str, ParamValue], ...],
+    buffers: Sequence[bytes | memoryview],
+) -> list[bytes | memoryview]:
+    """``encode_packet`` as segments: the concatenation is the same bytes, the buffers are not copied.
+
+    Buffers may be memoryviews (of pinned host memory, ``compression.staging``); each is sent as
+    one msgpack bin after its header.
+
+    Raises:
+        ProtocolError: more than ``MAX_BUFFERS`` buffers, or fields the format cannot carry.
+    """
+    if len(buffers) > MAX_BUFFERS:
+        raise ProtocolError(f"a packet carries at most {MAX_BUFFERS} buffers")
+    views = [memoryview(b).cast("B") for b in buffers]
+    empty = Packet(codec, tuple(shape), dtype, tuple(b"" for _ in views), tuple(params))
+    head = encode_packet(empty)  # [1, codec, dtype, shape, params, [bin0, ...]] with empty bins
+    head = head[: len(head) - 2 * len(views)]  # drop the empty bins (2 bytes each: c4 00)
+    out: list[bytes | memoryview] = []
+    for v in views:
+        head += _bin_header(len(v))
+        out += [head, v] if len(v) else [head]
+        head = b""
+    return out or [head]
 
 
 def _bin_overhead(n: int) -> int:
