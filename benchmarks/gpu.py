@@ -1,24 +1,34 @@
 """The GPU measurements as one script (CPU too, at small sizes, so CI runs every piece).
 
-Sections, each reusing the project's own benchmark code, in one process tree and one time budget:
+Sections, in order of importance (a section that would start after ``--budget-s`` is skipped), each
+reusing the project's own code, each with its goals and whether they were met:
 
-1. ``local_loop``: the Trainer vs a minimal loop (``benchmarks/local_loop.py``), without and with
-   ``torch.compile``; goal >= 0.95x; on CUDA the model FLOPs utilisation
-   (``(6 N + 12 L d T) * tokens/s / --peak-tflops``, PaLM's count; Chowdhery et al. 2022).
-2. ``codecs``: int8 and ternary throughput as a fraction of a device copy
-   (``compression.benchmark.benchmark_codecs``); goal >= 0.7x on a GPU.
-3. ``dct``: DeMo's chunked DCT and top-k extraction (``optimizers.dct``, ``optimizers.demo``) of
-   one matrix, in GB/s of fp32 input and as a fraction of a copy.
-4. ``diloco_2proc``: ``swarmtrain simulate --peers 2`` (DiLoCo, int8): two real peer processes
-   sharing the device; final loss, identity, wall time (under ``flock
-   /tmp/swarmtrain-integration.lock`` when ``flock`` exists).
+1. ``strategies``: ``swarmtrain simulate --peers 2 --strategy S`` for data_parallel, diloco,
+   streaming_diloco and demo, both peers on ``--device``: final validation loss, whether the peers
+   end with identical parameters (the goal), bytes sent per peer (the peers' ledgers), wall time.
+   One strategy's failure is recorded in its own row; the others still run.
+2. ``codecs``: ``benchmarks/gpu_codecs.py``'s ``codec_section`` (int8 and ternary against the
+   pinned D2H/H2D bound) when that file exists; else int8 and ternary throughput as a fraction of a
+   device copy (``compression.benchmark.benchmark_codecs``; goal >= 0.7x on a GPU).
+3. ``swarm``: ``swarmtrain simulate --strategy swarm --stages 2 --peers 2``: loss, identical stage
+   replicas, no micro-batch lost, and the device each stage server's parameters were on
+   (``server_devices`` of the run's JSON): the goal is every stage on ``--device``.
+4. ``local_loop``: the Trainer vs a minimal loop (``benchmarks/local_loop.py``); on CUDA gpt2-124m
+   compiled in bf16 at the largest batch the memory budget (``swarmtrain.app.memory_budget``) fits
+   in a 24 GB card (23 GiB for the allocator, enforced with ``--mem-cap-gib``; one smaller retry on
+   an out-of-memory error), with the model FLOPs utilisation
+   ``(6 N + 12 L d T) * tokens/s / --peak-tflops`` (PaLM's count; Chowdhery et al. 2022), goal >= 45 %.
 5. ``memory``: ``benchmarks/memory.py``'s configurations and its 16 GB arithmetic.
+6. ``dct``: DeMo's chunked DCT and top-k extraction (``optimizers.dct``, ``optimizers.demo``) of
+   one matrix, in GB/s of fp32 input and as a fraction of a copy.
 
-Writes ``benchmarks/results/gpu_<device>.json`` and prints a table. A section that would start after
-``--budget-s`` is recorded as skipped; a failed one records its error and the script goes on.
+Writes ``benchmarks/results/gpu_<device>.json`` after every section (``complete`` false until the
+end, so a run killed by an outer ``timeout`` keeps what it measured) and prints a table of at most
+80 columns. Real-peer runs are held under ``flock /tmp/swarmtrain-integration.lock`` when ``flock``
+exists. Every subprocess is bounded by ``--hard-s`` (default ``--budget-s`` + 110 s).
 
-    python benchmarks/gpu.py --device cuda       # H100/H200: ~6-7 minutes
-    python benchmarks/gpu.py --device cpu        # CI sizes, ~1-2 minutes on 2 cores
+    timeout 420 python benchmarks/gpu.py --device cuda --budget-s 280   # H100/H200: ~5-6 minutes
+    python benchmarks/gpu.py --device cpu        # CI sizes, ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,91 +49,402 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-SECTIONS = ("local_loop", "codecs", "dct", "diloco_2proc", "memory")
+SECTIONS = ("strategies", "codecs", "swarm", "local_loop", "memory", "dct")
+STRATEGIES = ("data_parallel", "diloco", "streaming_diloco", "demo")
+GiB = 1 << 30
+WIDTH = 80  # the printed table's columns at most
 
 # sizes per device kind: CUDA the goal workloads, CPU the smallest that exercise the code
 SIZES: dict[str, dict[str, Any]] = {
     "cuda": {
-        "loop": {"preset": "gpt2-124m", "batch": 8, "steps": 30, "warmup": 10, "rounds": 3},
-        "compile": [False, True],
+        # batch None: the largest multiple of batch_step whose budget fits mem_cap_gib
+        "loop": {
+            "preset": "gpt2-124m",
+            "batch": None,
+            "batch_step": 8,
+            "mem_cap_gib": 23.0,
+            "steps": 30,
+            "warmup": 10,
+            "rounds": 1,
+            "warm_pass": False,
+        },  # fmt: skip
+        "compile": [True],
+        "mfu_goal": 0.45,
         "codec_numel": 1 << 26,
         "dct_shape": (4096, 4096),
-        "sim": {"steps": 60, "H": 20, "batch": 16, "preset": "small"},
+        "sim": {"steps": 20, "H": 5, "batch": 8, "preset": "small", "timeout": 100},
+        "swarm": {"steps": 16, "batch": 8, "preset": "small", "timeout": 120},
         "memory": {"preset": "gpt2-124m", "batch": 8, "steps": 4, "keys": None},
     },
     "cpu": {
-        "loop": {"preset": "tiny", "batch": 2, "steps": 4, "warmup": 2, "rounds": 1},
+        "loop": {"preset": "tiny", "batch": 2, "steps": 4, "warmup": 2, "rounds": 1, "warm_pass": True},
         "compile": [False],
+        "mfu_goal": 0.45,
         "codec_numel": 1 << 20,
         "dct_shape": (512, 512),
-        "sim": {"steps": 6, "H": 3, "batch": 2, "preset": "tiny"},
+        "sim": {"steps": 16, "H": 4, "batch": 2, "preset": "tiny", "timeout": 150},
+        "swarm": {"steps": 12, "batch": 2, "preset": "tiny", "timeout": 150},
         "memory": {"preset": "tiny", "batch": 2, "steps": 2, "keys": ["diloco_fp32", "diloco_8bit_cpu8"]},
     },
 }
 
 
-def local_loop(device: str, sizes: dict[str, Any], peak_tflops: float) -> dict[str, Any]:
-    """Trainer / minimal loop, per compile setting, through ``benchmarks/local_loop.py``."""
+class Clock:
+    """The run's time: sections start before ``budget_s``; subprocesses end before ``hard_s``."""
+
+    def __init__(self, budget_s: float, hard_s: float) -> None:
+        self.t0 = time.perf_counter()
+        self.budget_s, self.hard_s = budget_s, hard_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def spent(self) -> bool:
+        """No new piece of work starts after the budget."""
+        return self.elapsed() > self.budget_s
+
+    def left(self, cap: float | None = None) -> float:
+        """Seconds a subprocess started now may take (at most ``cap``; at least 10)."""
+        left = self.hard_s - self.elapsed()
+        return max(10.0, min(left, cap) if cap is not None else left)
+
+
+def goal(target: float | bool, value: Any, higher: bool = True, applies: bool = True) -> dict[str, Any]:
+    """One goal: ``met`` is ``None`` when it was not measured or does not apply on this device."""
+    if not applies or value is None:
+        met = None
+    elif isinstance(target, bool):
+        met = value is target
+    else:
+        met = value >= target if higher else value <= target
+    return {"target": target, "value": value, "met": met}
+
+
+def goals_met(goals: dict[str, dict[str, Any]]) -> bool | None:
+    """All goals that apply were met (``None``: none applied)."""
+    mets = [g["met"] for g in goals.values() if g["met"] is not None]
+    return all(mets) if mets else None
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``cmd`` in its own session; past ``timeout`` interrupt its process group (SIGINT: the
+    simulator stops its peers on the way out), then kill it 20 s later. Returns (exit code, stderr).
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout``.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.communicate(timeout=wait)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        raise
+
+
+def _simulate(args: list[str], device: str, timeout: float) -> tuple[dict[str, Any], float]:
+    """``python -m swarmtrain simulate ARGS --json`` with the peers on ``device``: (JSON, wall s).
+
+    Raises:
+        RuntimeError: it exited non-zero without a JSON, or wrote none.
+    """
+    path = Path(tempfile.mkdtemp(prefix="swarmtrain-gpu-")) / "sim.json"
+    cmd = [sys.executable, "-m", "swarmtrain", "simulate", *args]
+    cmd += ["--json", str(path), "--timeout", str(max(int(timeout) - 20, 10))]
+    if shutil.which("flock"):
+        cmd = ["flock", "/tmp/swarmtrain-integration.lock", *cmd]
+    env = {**os.environ, "SWARMTRAIN_TRAIN__DEVICE": device}
+    t0 = time.perf_counter()
+    code, err = run_bounded(cmd, timeout, env)
+    wall = time.perf_counter() - t0
+    if not path.exists():
+        raise RuntimeError(f"simulate exited {code}: {err.strip()[-400:]}")
+    rec = json.loads(path.read_text())
+    rec["exit_code"] = code
+    return rec, wall
+
+
+def one_strategy(name: str, device: str, sim: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One strategy's 2-peer run: loss, identity, bytes per peer (ledger), wall."""
+    args = ["--peers", "2", "--strategy", name, "--steps", str(sim["steps"])]
+    args += ["--batch-size", str(sim["batch"]), "--preset", sim["preset"]]
+    if name in ("diloco", "streaming_diloco"):
+        args += ["-H", str(sim["H"])]
+    rec, wall = _simulate(args, device, timeout)
+    return {
+        "status": "measured",
+        "compressor": rec.get("compressor"),
+        "final_val_loss": rec.get("final_val_loss"),
+        "params_identical": rec.get("params_identical"),
+        "bytes_sent_per_peer": rec.get("bytes_sent_per_peer"),
+        "rounds_committed": rec.get("rounds_committed"),
+        "rounds_failed": rec.get("rounds_failed"),
+        "run_wall_s": rec.get("wall_s"),
+        "wall_s": wall,
+        "exit_code": rec["exit_code"],
+    }
+
+
+def strategies(device: str, sizes: dict[str, Any], clock: Clock) -> dict[str, Any]:
+    """Every data-parallel strategy with 2 real peers on ``device``, each failure on its own row."""
+    sim = sizes["sim"]
+    runs: dict[str, dict[str, Any]] = {}
+    for name in STRATEGIES:
+        if clock.spent():
+            runs[name] = {"status": f"skipped: time budget spent ({clock.elapsed():.0f} s)"}
+            continue
+        try:
+            runs[name] = one_strategy(name, device, sim, clock.left(sim["timeout"]))
+        except Exception as e:  # one failing strategy must not hide the others
+            runs[name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+        print(f"  {name}: {runs[name]['status']}", flush=True)
+    goals = {f"{n}_identical": goal(True, r.get("params_identical")) for n, r in runs.items()}
+    for n in STRATEGIES:  # a strategy that did not run misses its goal
+        if runs[n]["status"] != "measured":
+            goals[f"{n}_identical"]["met"] = False
+    return {
+        "peers": 2,
+        "device": device,
+        "preset": sim["preset"],
+        "steps": sim["steps"],
+        "inner_steps": sim["H"],
+        "batch": sim["batch"],
+        "runs": runs,
+        "goals": goals,
+        "goals_met": goals_met(goals),
+    }
+
+
+def swarm(device: str, sizes: dict[str, Any], clock: Clock) -> dict[str, Any]:
+    """SWARM with 2 stages of one server each and 1 trainer, the servers on ``device``."""
+    sw = sizes["swarm"]
+    args = ["--strategy", "swarm", "--stages", "2", "--peers", "2", "--steps", str(sw["steps"])]
+    args += ["--batch-size", str(sw["batch"]), "--preset", sw["preset"]]
+    rec, wall = _simulate(args, device, clock.left(sw["timeout"]))
+    devices: dict[str, Any] = rec.get("server_devices") or {}
+    kind = device.split(":")[0]
+    on_device = bool(devices) and all(str(d).split(":")[0] == kind for d in devices.values())
+    goals = {
+        "stages_on_device": goal(True, on_device if devices else None),
+        "replicas_identical": goal(True, rec.get("params_identical")),
+        "no_lost_microbatches": goal(0, rec.get("lost_microbatches"), higher=False),
+    }
+    return {
+        "device": device,
+        "preset": sw["preset"],
+        "microbatches": sw["steps"],
+        "batch": sw["batch"],
+        "server_devices": devices,
+        "final_val_loss": rec.get("final_val_loss"),
+        "params_identical": rec.get("params_identical"),
+        "lost_microbatches": rec.get("lost_microbatches"),
+        "samples_per_s": rec.get("throughput_samples_per_s"),
+        "bytes_sent_per_peer": rec.get("bytes_sent_per_peer"),
+        "run_wall_s": rec.get("wall_s"),
+        "wall_s": wall,
+        "exit_code": rec["exit_code"],
+        "goals": goals,
+        "goals_met": goals_met(goals),
+    }
+
+
+def loop_batch(lp: dict[str, Any]) -> tuple[int, int | None]:
+    """``(batch, predicted device bytes)``: the fixed batch, or the largest multiple of
+    ``batch_step`` whose memory budget (compiled, bf16, no strategy) fits ``mem_cap_gib``."""
+    if lp.get("batch"):
+        return int(lp["batch"]), None
+    from swarmtrain.app.memory_budget import memory_budget
+    from swarmtrain.core.config import load_config
+
+    cap, step = lp["mem_cap_gib"] * GiB, lp["batch_step"]
+    best: tuple[int, int | None] = (step, None)
+    for b in range(step, 1025, step):
+        over = {"model.preset": lp["preset"], "train.batch_size": b, "train.compile": True}
+        cfg = load_config(env={}, overrides={**over, "train.device": "cuda", "strategy.name": "local"})
+        peak = memory_budget(cfg, "cuda").peak_bytes("device")
+        if peak > cap:
+            break
+        best = (b, peak)
+    return best
+
+
+def _run_loop(device: str, lp: dict[str, Any], batch: int, compile_: bool, timeout: float) -> dict[str, Any]:
+    """``benchmarks/local_loop.py`` once; its JSON record.
+
+    Raises:
+        RuntimeError: it failed (``out of memory`` in the message when it ran out of memory).
+    """
+    path = Path(tempfile.mkdtemp(prefix="swarmtrain-gpu-")) / "loop.json"
+    cmd = [
+        sys.executable, str(HERE / "local_loop.py"), "--device", device, "--preset", lp["preset"],
+        "--batch-size", str(batch), "--steps", str(lp["steps"]), "--warmup", str(lp["warmup"]),
+        "--rounds", str(lp["rounds"]), "--out", str(path),
+    ]  # fmt: skip
+    if device == "cpu":
+        cmd += ["--threads", "1"]
+    if lp.get("mem_cap_gib") and device.startswith("cuda"):
+        cmd += ["--mem-cap-gib", str(lp["mem_cap_gib"])]
+    if not lp.get("warm_pass", True):
+        cmd.append("--no-warm-pass")
+    if compile_:
+        cmd.append("--compile")
+    code, err = run_bounded(cmd, timeout)
+    if code != 0 or not path.exists():
+        oom = "out of memory" if "OutOfMemoryError" in err or "out of memory" in err else ""
+        raise RuntimeError(f"local_loop.py exited {code} {oom}: {err.strip()[-400:]}")
+    return json.loads(path.read_text())
+
+
+def _loop_run(rec: dict[str, Any], batch: int, flops_per_token: float, peak: float | None) -> dict[str, Any]:
+    s = rec["summary"]
+    tps, mtps = s["trainer"]["tokens_per_s_median"], s["minimal"]["tokens_per_s_median"]
+    return {
+        "status": "measured",
+        "batch": batch,
+        "ratio_trainer_over_minimal": rec["ratio_trainer_over_minimal"],
+        "cpu_time_ratio": rec["cpu_time_ratio_trainer_over_minimal"],
+        "trainer_tokens_per_s": tps,
+        "minimal_tokens_per_s": mtps,
+        "peak_mem_bytes_trainer": s["trainer"]["peak_mem_bytes_median"],
+        "peak_mem_bytes_minimal": s["minimal"]["peak_mem_bytes_median"],
+        "mfu": flops_per_token * tps / (peak * 1e12) if peak else None,
+        "mfu_minimal": flops_per_token * mtps / (peak * 1e12) if peak else None,
+    }
+
+
+def _loop_with_retry(
+    device: str, lp: dict[str, Any], batch: int, compile_: bool, clock: Clock
+) -> tuple[dict[str, Any], int, list[str]]:
+    """Run at ``batch``; on an out-of-memory error once more at 3/4 of it (rounded to the step)."""
+    errors: list[str] = []
+    for _ in range(2):
+        try:
+            return _run_loop(device, lp, batch, compile_, clock.left()), batch, errors
+        except RuntimeError as e:
+            errors.append(f"batch {batch}: {e}")
+            step = int(lp.get("batch_step", 1))
+            smaller = max(step, (batch * 3 // 4) // step * step)
+            if "out of memory" not in str(e) or smaller >= batch or clock.spent():
+                raise
+            batch = smaller
+    raise RuntimeError("; ".join(errors))
+
+
+def local_loop(device: str, sizes: dict[str, Any], peak_tflops: float, clock: Clock) -> dict[str, Any]:
+    """Trainer / minimal loop per compile setting; on CUDA the MFU at the largest batch that fits."""
     from swarmtrain.app.models.presets import PRESETS
 
     lp = sizes["loop"]
     spec = PRESETS[lp["preset"]]
     flops_per_token = 6 * spec.num_params() + 12 * spec.n_layer * spec.n_embd * spec.block_size
-    out: dict[str, Any] = {"preset": lp["preset"], "batch": lp["batch"], "goal": 0.95, "runs": {}}
+    cuda = device.startswith("cuda")
+    batch, predicted = loop_batch(lp)
+    cap = lp.get("mem_cap_gib") if cuda else None
+    out: dict[str, Any] = {"preset": lp["preset"], "bf16": cuda, "batch_chosen": batch, "runs": {}}
+    out.update({"predicted_peak_bytes": predicted, "mem_cap_bytes": int(cap * GiB) if cap else None})
     for compile_ in (False, True):
         key = "compile" if compile_ else "eager"
         if compile_ not in sizes["compile"]:
-            out["runs"][key] = {"status": "skipped on cpu: the compile warm-up exceeds the CI budget"}
+            out["runs"][key] = {"status": f"skipped on {device.split(':')[0]}: not in this device's sizes"}
             continue
-        path = Path(tempfile.mkdtemp(prefix="swarmtrain-gpu-")) / "loop.json"
-        cmd = [
-            sys.executable, str(HERE / "local_loop.py"), "--device", device, "--preset", lp["preset"],
-            "--batch-size", str(lp["batch"]), "--steps", str(lp["steps"]), "--warmup", str(lp["warmup"]),
-            "--rounds", str(lp["rounds"]), "--out", str(path),
-        ]  # fmt: skip
-        if device == "cpu":
-            cmd += ["--threads", "1"]
-        if compile_:
-            cmd.append("--compile")
-        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
-        rec = json.loads(path.read_text())
-        trainer_tps = rec["summary"]["trainer"]["tokens_per_s_median"]
-        run = {
-            "status": "measured",
-            "ratio_trainer_over_minimal": rec["ratio_trainer_over_minimal"],
-            "cpu_time_ratio": rec["cpu_time_ratio_trainer_over_minimal"],
-            "trainer_tokens_per_s": trainer_tps,
-            "minimal_tokens_per_s": rec["summary"]["minimal"]["tokens_per_s_median"],
-            "peak_mem_bytes_trainer": rec["summary"]["trainer"]["peak_mem_bytes_median"],
-            "mfu": flops_per_token * trainer_tps / (peak_tflops * 1e12)
-            if device.startswith("cuda")
-            else None,
-        }
-        out["runs"][key] = run
-    out["flops_per_token"] = flops_per_token
-    out["peak_tflops"] = peak_tflops if device.startswith("cuda") else None
+        rec, used, errors = _loop_with_retry(device, lp, batch, compile_, clock)
+        out["runs"][key] = _loop_run(rec, used, flops_per_token, peak_tflops if cuda else None)
+        out["runs"][key]["retries"] = errors
+    out.update({"flops_per_token": flops_per_token, "peak_tflops": peak_tflops if cuda else None})
+    out["goals"] = _loop_goals(out, sizes["mfu_goal"], cuda)
+    out["goals_met"] = goals_met(out["goals"])
     return out
 
 
+def _loop_goals(out: dict[str, Any], mfu_goal: float, cuda: bool) -> dict[str, dict[str, Any]]:
+    """MFU >= the goal compiled in bf16 (CUDA), the batch within the cap, the Trainer >= 0.95x."""
+    runs = out["runs"]
+    best = runs.get("compile") if runs.get("compile", {}).get("status") == "measured" else runs.get("eager")
+    best = best or {}
+    peak = best.get("peak_mem_bytes_trainer")
+    cap = out.get("mem_cap_bytes")
+    return {
+        "mfu_compiled_bf16": goal(mfu_goal, runs.get("compile", {}).get("mfu"), applies=cuda),
+        "fits_24gb": goal(True, None if peak is None or cap is None else peak <= cap, applies=cuda),
+        "trainer_over_minimal": goal(0.95, best.get("ratio_trainer_over_minimal")),
+    }
+
+
 def codecs(device: str, sizes: dict[str, Any]) -> dict[str, Any]:
-    """int8 and ternary against a device copy (``none`` for reference)."""
+    """``benchmarks/gpu_codecs.py``'s section when it exists (and works); else the copy roofline."""
+    why = "benchmarks/gpu_codecs.py is missing"
+    try:
+        from gpu_codecs import codec_section  # type: ignore[import-not-found]
+    except Exception as e:  # missing, or broken: this script must run either way
+        if (HERE / "gpu_codecs.py").exists():
+            why = f"benchmarks/gpu_codecs.py did not import: {type(e).__name__}: {e}"
+    else:
+        try:
+            res = dict(codec_section(device, sizes))
+        except Exception as e:
+            why = f"gpu_codecs.codec_section failed: {type(e).__name__}: {e}"
+        else:
+            if not isinstance(res.get("goals"), dict):
+                res["goals"] = codec_goals(res, device.startswith("cuda"))
+            res.setdefault("goals_met", goals_met(res["goals"]))
+            return {"source": "benchmarks/gpu_codecs.py", **res}
+    fallback = codecs_copy(device, sizes)
+    return {"source": "compression.benchmark (copy roofline)", "fallback_reason": why, **fallback}
+
+
+def codec_goals(res: dict[str, Any], cuda: bool) -> dict[str, dict[str, Any]]:
+    """Goals from ``gpu_codecs``' figures: per codec and way, GB/s and the fraction of the pinned
+    bound (GPU goals: ``met`` is ``None`` on the CPU), and the result identical to the CPU's."""
+    goals: dict[str, dict[str, Any]] = {}
+    for name, c in (res.get("codecs") or {}).items():
+        if not isinstance(c, dict):
+            continue
+        for way in ("compress", "decompress"):
+            w = c.get(way) if isinstance(c.get(way), dict) else {}
+            goals[f"{name}_{way}_gbps"] = goal(res.get("goal_gbps", 100.0), w.get("gbps"), applies=cuda)
+            frac = goal(res.get("goal_fraction", 0.7), w.get("fraction"), applies=cuda)
+            goals[f"{name}_{way}_fraction_of_bound"] = frac
+        if "identical_to_cpu" in c:
+            goals[f"{name}_identical_to_cpu"] = goal(True, c["identical_to_cpu"])
+    return goals
+
+
+def codecs_copy(device: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """int8 and ternary against a device copy (``none`` for reference); goal >= 0.7x on a GPU."""
     from compression.benchmark import benchmark_codecs
 
     res = benchmark_codecs(sizes["codec_numel"], ["none", "int8", "ternary"], reps=3, device=device)
-    return {
-        "numel": sizes["codec_numel"],
-        "goal_roofline": 0.7,
-        "results": {
-            r.codec: {
-                "compress_gbps": r.compress_gbps,
-                "decompress_gbps": r.decompress_gbps,
-                "compress_roofline": r.compress_roofline,
-                "decompress_roofline": r.decompress_roofline,
-                "rel_l2_error": r.rel_l2_error,
-            }
-            for r in res
-        },
+    results = {
+        r.codec: {
+            "compress_gbps": r.compress_gbps,
+            "decompress_gbps": r.decompress_gbps,
+            "compress_roofline": r.compress_roofline,
+            "decompress_roofline": r.decompress_roofline,
+            "rel_l2_error": r.rel_l2_error,
+        }
+        for r in res
     }
+    cuda = device.startswith("cuda")
+    goals = {
+        f"{c}_{way}_roofline": goal(0.7, results.get(c, {}).get(f"{way}_roofline"), applies=cuda)
+        for c in ("int8", "ternary")
+        for way in ("compress", "decompress")
+    }
+    return {"numel": sizes["codec_numel"], "results": results, "goals": goals, "goals_met": goals_met(goals)}
 
 
 def _best(fn: Callable[[], object], device: str, reps: int = 5) -> float:
@@ -164,6 +486,7 @@ def dct(device: str, sizes: dict[str, Any]) -> dict[str, Any]:
     dec_s = _best(lambda: t.decode(coeffs), device)
     nbytes = x.numel() * 4
     err = float((t.decode(coeffs) - x).norm() / x.norm())
+    goals = {"roundtrip_rel_error": goal(1e-4, err, higher=False)}
     return {
         "shape": list(shape),
         "chunk": 64,
@@ -174,139 +497,210 @@ def dct(device: str, sizes: dict[str, Any]) -> dict[str, Any]:
         "decode_gbps": nbytes / dec_s / 1e9,
         "extract_over_copy_time": copy_s / ext_s,
         "roundtrip_rel_error": err,
+        "goals": goals,
+        "goals_met": goals_met(goals),
     }
 
 
-def diloco_2proc(device: str, sizes: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """``swarmtrain simulate --peers 2`` (DiLoCo, int8) with both peers on ``device``."""
-    sim = sizes["sim"]
-    path = Path(tempfile.mkdtemp(prefix="swarmtrain-gpu-")) / "sim.json"
-    exe = shutil.which("swarmtrain") or str(Path(sys.executable).parent / "swarmtrain")
-    cmd = [
-        exe, "simulate", "--peers", "2", "--strategy", "diloco", "--compressor", "int8",
-        "--steps", str(sim["steps"]), "-H", str(sim["H"]), "--batch-size", str(sim["batch"]),
-        "--preset", sim["preset"], "--json", str(path), "--timeout", str(max(int(timeout), 10)),
-    ]  # fmt: skip
-    if shutil.which("flock"):
-        cmd = ["flock", "/tmp/swarmtrain-integration.lock", *cmd]
-    env = {**os.environ, "SWARMTRAIN_TRAIN__DEVICE": device}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout + 60)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0 or not path.exists():
-        raise RuntimeError(f"simulate exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
-    rec = json.loads(path.read_text())
-    return {
-        "peers": 2,
-        "preset": sim["preset"],
-        "steps": sim["steps"],
-        "inner_steps": sim["H"],
-        "wall_s": wall,
-        "final_val_loss": rec.get("final_val_loss", rec.get("val_loss")),
-        "params_identical": rec.get("params_identical"),
-        "simulate": {k: v for k, v in rec.items() if isinstance(v, int | float | str | bool) or v is None},
-    }
-
-
-def memory(device: str, sizes: dict[str, Any]) -> dict[str, Any]:
-    """``benchmarks/memory.py``: measured peaks vs the budget, and the 16 GB arithmetic."""
+def memory(device: str, sizes: dict[str, Any], clock: Clock) -> dict[str, Any]:
+    """``benchmarks/memory.py``: measured peaks vs the budget (goal: within it), the 16 GB arithmetic."""
     import memory as mem  # benchmarks/memory.py
 
     m = sizes["memory"]
-    rows = mem.run_configs(device, m["preset"], m["batch"], m["steps"], m["keys"])
-    return {"preset": m["preset"], "rows": rows, "volunteer_16gb": mem.volunteer_16gb()}
-
-
-def _table(record: dict[str, Any]) -> str:
-    lines = [f"{'section':14s} {'status':10s} figures"]
-    for name in SECTIONS:
-        sec = record["sections"][name]
-        status = sec.get("status", "?")
-        fig = ""
-        if status == "measured" and name == "local_loop":
-            fig = ", ".join(
-                f"{k}: x{v['ratio_trainer_over_minimal']:.3f}"
-                + (f" MFU {v['mfu']:.1%}" if v.get("mfu") is not None else "")
-                for k, v in sec["runs"].items()
-                if v.get("status") == "measured"
-            )
-        elif status == "measured" and name == "codecs":
-            fig = ", ".join(f"{k} {v['compress_roofline']:.2f}" for k, v in sec["results"].items())
-        elif status == "measured" and name == "dct":
-            fig = f"extract {sec['extract_gbps']:.2f} GB/s ({sec['extract_over_copy_time']:.3f} of a copy)"
-        elif status == "measured" and name == "diloco_2proc":
-            loss, same = sec["final_val_loss"], sec["params_identical"]
-            fig = f"val loss {loss}, identical {same}, {sec['wall_s']:.0f} s"
-        elif status == "measured" and name == "memory":
-            fig = ", ".join(
-                f"{r['key']} {r['measured_bytes'] / 2**20:.0f} MiB "
-                f"(budget x{r['measured_over_predicted']:.2f})"
-                for r in sec["rows"]
-                if "measured_bytes" in r
-            )
-        else:
-            fig = sec.get("error", "")[:120]
-        lines.append(f"{name:14s} {status:10s} {fig}")
-    return "\n".join(lines)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="no section starts after this many seconds")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200)")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
-    ap.add_argument("--out", default=None, help="JSON path (default: results/gpu_<device>.json)")
-    args = ap.parse_args()
-    import torch
-    from runlog import finite, recorded  # type: ignore[import-not-found]
-
-    kind = "cuda" if args.device.startswith("cuda") else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: CUDA is not available here (use --device cpu)")
-    sizes = SIZES[kind]
-    wanted = set(args.sections.split(","))
-    t_start = time.perf_counter()
-    runs: dict[str, Callable[[], dict[str, Any]]] = {
-        "local_loop": lambda: local_loop(args.device, sizes, args.peak_tflops),
-        "codecs": lambda: codecs(args.device, sizes),
-        "dct": lambda: dct(args.device, sizes),
-        "diloco_2proc": lambda: diloco_2proc(args.device, sizes, args.budget_s),
-        "memory": lambda: memory(args.device, sizes),
+    cuda = device.startswith("cuda")
+    rows = mem.run_configs(device, m["preset"], m["batch"], m["steps"], m["keys"], timeout=clock.left(300))
+    goals = {
+        f"{r['key']}_within_budget": goal(1.0, r.get("measured_over_predicted"), higher=False, applies=cuda)
+        for r in rows
+    }  # on the CPU the figure is RSS growth, which the device budget does not bound
+    return {
+        "preset": m["preset"],
+        "rows": rows,
+        "volunteer_16gb": mem.volunteer_16gb(),
+        "goals": goals,
+        "goals_met": goals_met(goals),
     }
-    sections: dict[str, dict[str, Any]] = {}
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= WIDTH else text[: WIDTH - 3] + "..."
+
+
+def _mib(x: Any) -> str:
+    return f"{x / 2**20:.1f} MiB" if isinstance(x, int | float) else "- MiB"
+
+
+def _num(x: Any, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
+
+
+def _yes(x: Any) -> str:
+    return {True: "yes", False: "NO"}.get(x, "-")
+
+
+def _strategy_lines(sec: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, r in sec.get("runs", {}).items():
+        if r.get("status") != "measured":
+            lines.append(f"  {name:17s} {r.get('status', '?')} {r.get('error', '')}")
+            continue
+        lines.append(
+            f"  {name:17s} loss {_num(r['final_val_loss'], '.3f')}  identical {_yes(r['params_identical'])}"
+            f"  {_mib(r['bytes_sent_per_peer'])}/peer  {_num(r['wall_s'], '.0f')} s"
+        )
+    return lines
+
+
+def _figures(name: str, sec: dict[str, Any]) -> str:
+    """The section's headline figures (one line)."""
+    if name == "strategies":
+        return f"2 peers on {sec['device']}, {sec['preset']}, {sec['steps']} steps of {sec['batch']}"
+    if name == "codecs" and isinstance(sec.get("codecs"), dict):  # gpu_codecs' figures
+        return ", ".join(
+            f"{k} {_num(v.get('compress', {}).get('gbps'), '.1f')}/"
+            f"{_num(v.get('decompress', {}).get('gbps'), '.1f')} GB/s"
+            for k, v in sec["codecs"].items()
+            if isinstance(v, dict)
+        )
+    if name == "codecs":
+        res = sec.get("results")
+        rows = res.values() if isinstance(res, dict) else []
+        if rows and all(isinstance(v, dict) and "compress_roofline" in v for v in rows):
+            return ", ".join(f"{k} {_num(v['compress_roofline'], '.2f')}" for k, v in res.items())
+        return sec.get("source", "")
+    if name == "swarm":
+        devs = sorted({str(d) for d in sec["server_devices"].values()}) or ["?"]
+        return (
+            f"loss {_num(sec['final_val_loss'], '.3f')} identical {_yes(sec['params_identical'])} "
+            f"on {'/'.join(devs)} {_num(sec['wall_s'], '.0f')} s"
+        )
+    if name == "local_loop":
+        parts = []
+        for k, v in sec["runs"].items():
+            if v.get("status") == "measured":
+                mfu = f" MFU {v['mfu']:.1%}" if v.get("mfu") is not None else ""
+                parts.append(f"{k} B{v['batch']} x{v['ratio_trainer_over_minimal']:.2f}{mfu}")
+        return ", ".join(parts)
+    if name == "memory":
+        return ", ".join(
+            f"{r['key']} x{r['measured_over_predicted']:.2f}" for r in sec["rows"] if "measured_bytes" in r
+        )
+    if name == "dct":
+        return f"extract {sec['extract_gbps']:.2f} GB/s ({sec['extract_over_copy_time']:.3f} of a copy)"
+    return ""
+
+
+def _goal_cell(sec: dict[str, Any]) -> str:
+    goals = [g for g in sec.get("goals", {}).values() if isinstance(g, dict) and g.get("met") is not None]
+    return f"{sum(1 for g in goals if g['met'])}/{len(goals)}" if goals else "-"
+
+
+def table(record: dict[str, Any]) -> str:
+    """Sections, their status, goals met / applicable, headline figures: at most 80 columns."""
+    lines = [f"{'section':11s} {'status':9s} {'goals':5s} figures"]
     for name in SECTIONS:
-        elapsed = time.perf_counter() - t_start
+        sec = record["sections"].get(name, {"status": "not run"})
+        status = str(sec.get("status", "?"))
+        measured = status == "measured"
+        fig = _figures(name, sec) if measured else sec.get("error", status)
+        lines.append(f"{name:11s} {status[:9]:9s} {_goal_cell(sec):5s} {fig}")
+        if name == "strategies" and measured:
+            lines += _strategy_lines(sec)
+    return "\n".join(_fit(line) for line in lines)
+
+
+def write(record: dict[str, Any], out: Path) -> None:
+    """The JSON as it stands (no NaN: ``None`` instead), written whole (temporary file, rename)."""
+    from runlog import finite  # type: ignore[import-not-found]
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(finite(record), indent=1, default=list, allow_nan=False) + "\n")
+    tmp.replace(out)
+
+
+def run_sections(
+    runs: dict[str, Callable[[], dict[str, Any]]],
+    wanted: set[str],
+    clock: Clock,
+    sections: dict[str, dict[str, Any]],
+    on_done: Callable[[], None],
+) -> None:
+    """Each section in order into ``sections``, a failure recorded (the others go on); ``on_done``
+    after each (the JSON so far)."""
+    for name in SECTIONS:
         if name not in wanted:
             sections[name] = {"status": "skipped: not in --sections"}
             continue
-        if elapsed > args.budget_s:
-            sections[name] = {"status": f"skipped: time budget spent ({elapsed:.0f} s)"}
+        if clock.spent():
+            sections[name] = {"status": f"skipped: time budget spent ({clock.elapsed():.0f} s)"}
             continue
         t0 = time.perf_counter()
+        print(f"{name}: running ({clock.elapsed():.0f} s in)", flush=True)
         try:
             sections[name] = {"status": "measured", **runs[name]()}
         except Exception as e:  # one failing piece must not lose the others' figures
-            sections[name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+            sections[name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
         sections[name]["section_s"] = time.perf_counter() - t0
         print(f"{name}: {sections[name]['status']} ({sections[name]['section_s']:.1f} s)", flush=True)
-    record = {
+        on_done()
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="no section starts after this many seconds")
+    ap.add_argument("--hard-s", type=float, default=None, help="subprocesses end by then [budget + 110]")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200)")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    ap.add_argument("--out", default=None, help="JSON path (default: results/gpu_<device>.json)")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+    from runlog import recorded  # type: ignore[import-not-found]
+
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: CUDA is not available here (use --device cpu)")
+    sizes = SIZES[kind]
+    clock = Clock(args.budget_s, args.hard_s if args.hard_s is not None else args.budget_s + 110.0)
+    out = Path(args.out) if args.out else HERE / "results" / f"gpu_{kind}.json"
+    dev = args.device
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "strategies": lambda: strategies(dev, sizes, clock),
+        "codecs": lambda: codecs(dev, sizes),
+        "swarm": lambda: swarm(dev, sizes, clock),
+        "local_loop": lambda: local_loop(dev, sizes, args.peak_tflops, clock),
+        "memory": lambda: memory(dev, sizes, clock),
+        "dct": lambda: dct(dev, sizes),
+    }
+    record: dict[str, Any] = {
         "benchmark": "gpu",
         "recorded": recorded(),
-        "device": args.device,
-        "device_name": torch.cuda.get_device_name(args.device) if kind == "cuda" else "cpu",
+        "device": dev,
+        "device_name": torch.cuda.get_device_name(dev) if kind == "cuda" else "cpu",
         "torch": torch.__version__,
-        "total_s": time.perf_counter() - t_start,
-        "sizes": {k: v for k, v in sizes.items()},
-        "sections": sections,
+        "budget_s": args.budget_s,
+        "hard_s": clock.hard_s,
+        "complete": False,
+        "sizes": sizes,
+        "sections": {},
     }
-    record = finite(record)
+
+    def save() -> None:
+        record["total_s"] = clock.elapsed()
+        write(record, out)
+
+    run_sections(runs, set(args.sections.split(",")), clock, record["sections"], save)
+    record["complete"] = True
+    record["goals_met"] = {n: s.get("goals_met") for n, s in record["sections"].items()}
+    save()
     print()
-    print(_table(record))
+    print(table(record))
     print(f"total {record['total_s']:.0f} s")
-    out = Path(args.out) if args.out else HERE / "results" / f"gpu_{kind}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1, default=list) + "\n")
     print(f"wrote {out}")
 
 

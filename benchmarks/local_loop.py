@@ -150,6 +150,10 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--mem-cap-gib", type=float, default=None, help="CUDA: allocator cap in GiB (OOM beyond)")
+    ap.add_argument(
+        "--no-warm-pass", action="store_true", help="no untimed first pass (--warmup still untimed)"
+    )
     ap.add_argument("--out", default=None, help="JSON path (default: results/local_loop_<device>.json)")
     args = ap.parse_args()
     if not 1 <= args.warmup < args.steps:
@@ -171,14 +175,18 @@ def main() -> None:
         },
     )
     device = resolve_device(args.device)
+    if args.mem_cap_gib is not None and device.type == "cuda":  # what fits a smaller card, enforced
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_cap_gib * 2**30 / total), device)
     rows: list[dict[str, Any]] = []
-    # one untimed short pass of each first: one-time allocations and (with --compile) compilation
-    run_trainer(
-        cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": args.warmup + 1})}),
-        args.warmup + 1,
-        args.warmup,
-    )
-    run_minimal(cfg, args.warmup + 1, args.warmup)
+    if not args.no_warm_pass:
+        # one untimed short pass of each first: one-time allocations and (with --compile) compilation
+        run_trainer(
+            cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": args.warmup + 1})}),
+            args.warmup + 1,
+            args.warmup,
+        )
+        run_minimal(cfg, args.warmup + 1, args.warmup)
     for r in range(args.rounds):
         order = ("trainer", "minimal") if r % 2 == 0 else ("minimal", "trainer")  # cancel drift
         for name in order:
