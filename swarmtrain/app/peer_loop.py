@@ -162,6 +162,7 @@ class PeerRun:
     wall_s: float = 0.0  # wall time of training (the download at start excluded)
     banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
     stopped_by_signal: bool = False
+    device: str = ""  # where the model trained (``str(torch.device)``, e.g. ``cuda:0``)
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,7 @@ class _Peer:
         res.wall_s = time.perf_counter() - t0
         res.tokens = trainer.tokens
         res.final_digest = shared_digest(trainer)
+        res.device = str(next(trainer.model.parameters()).device)
         ledger = self.node.ledger
         res.bytes_sent, res.bytes_received, res.ledger = ledger.sent, ledger.received, ledger.totals()
         res.banned = dict(self.guard.refresh()) if self.guard is not None else {}

@@ -40,6 +40,7 @@ class PeerOutcome:
     rss_growth_mib: float = 0.0  # peak resident memory over the run minus that at the first step
     # Streaming DiLoCo: fragment -> {"committed", "failed"} rounds (late ones counted as failed)
     fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
+    device: str = ""  # where the peer's model trained, e.g. ``cuda:0``
 
 
 @dataclass
@@ -136,6 +137,7 @@ class SimulationResult:
         d["rounds_failed"] = self.rounds_failed
         d["rounds_per_fragment"] = self.rounds_per_fragment
         d["stalled_fragments"] = self.stalled_fragments
+        d["peer_devices"] = [o.device for o in self.outcomes]  # where each peer's model trained
         return d
 
 

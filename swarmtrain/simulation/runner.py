@@ -148,6 +148,7 @@ def _outcome(rank: int, run: Any, attack_stats: dict[str, int]) -> PeerOutcome:
             int(f): {"committed": c.get("committed", 0), "failed": c.get("failed", 0) + c.get("late", 0)}
             for f, c in getattr(run, "fragment_rounds", {}).items()
         },
+        device=run.device,
     )
 
 
