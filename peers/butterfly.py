@@ -29,13 +29,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
+from compression.staging import compress_many
 from peers.mailbox import Delivery, Key
 from peers.messages import Envelope, encode_packet_bytes
 from peers.reducers import MeanReducer
@@ -182,6 +183,32 @@ class ReduceJob:
         if callable(span):
             return encode_packet_bytes(span(part, key=key, lo=a, total=self.layout.numel))
         return encode_packet_bytes(self.compressor.compress(part, key=f"{key}/{a}:{b}"))
+
+    def encode_parts(self, flat: torch.Tensor, order: list[tuple[int, int]]) -> Iterator[bytes]:
+        """This peer's encoded contributions to the chunks ``order`` (``(partition, chunk)`` pairs), in
+        that order.
+
+        A codec without span memory goes through ``compression.staging.compress_many``: on a GPU the
+        device encode of one chunk overlaps the copy of the previous one into a reused pinned host
+        buffer, and the frame is joined once from that buffer (the one host copy left: frames stay
+        ``bytes`` because the owner check keeps them and the mailbox's peers compare them). On the
+        host it is ``compress`` as before. Span (error-feedback) codecs encode chunk by chunk.
+        """
+        if callable(getattr(self.compressor, "compress_span", None)):
+            for i, c in order:
+                a, b = self.layout.chunks[i][c]
+                yield self.encode_part(flat[a:b], i, c)
+            return
+        key = f"{self.io.kind}/{self.layout.spec}"
+        items = []
+        for i, c in order:
+            a, b = self.layout.chunks[i][c]
+            items.append((flat[a:b], f"{key}/{a}:{b}"))
+        for staged in compress_many(self.compressor, items):
+            try:
+                yield b"".join(staged.wire_parts())
+            finally:
+                staged.release()
 
     def encode_aggregate(self, agg: torch.Tensor, i: int, c: int) -> bytes:
         """The encoded aggregate of chunk ``c`` of partition ``i`` (a primary and its verifier use the
@@ -340,16 +367,17 @@ class ButterflyRound:
     def send_parts(self) -> None:
         """Encode my slice of every other owner's partition; queue the chunks round-robin over owners."""
         members, me, job = self.io.group.members, self.me, self.job
-        for c in range(max((len(ch) for ch in self.chunks), default=0)):
-            for i, peer in enumerate(members):
-                if (i == me and not self.check.encodes_own_parts) or c >= len(self.chunks[i]):
-                    continue
-                a, b = self.chunks[i][c]
-                frame = job.encode_part(self.flat[a:b], i, c)
-                if i != me:
-                    env = job.envelope("part", i, c, frame, job.weight)
-                    self.sends.append(self.io.send(peer, env, [frame]))
-                self.sends += self.check.part_encoded(i, c, frame)
+        order = [
+            (i, c)
+            for c in range(max((len(ch) for ch in self.chunks), default=0))
+            for i in range(len(members))
+            if c < len(self.chunks[i]) and (i != me or self.check.encodes_own_parts)
+        ]
+        for (i, c), frame in zip(order, job.encode_parts(self.flat, order), strict=True):
+            if i != me:
+                env = job.envelope("part", i, c, frame, job.weight)
+                self.sends.append(self.io.send(members[i], env, [frame]))
+            self.sends += self.check.part_encoded(i, c, frame)
 
     def exchange(self) -> dict[str, float]:
         """Handle whatever arrived until my chunks are reduced and every aggregate is in: my complete
