@@ -177,7 +177,9 @@ def main() -> None:
     device = resolve_device(args.device)
     if args.mem_cap_gib is not None and device.type == "cuda":  # what fits a smaller card, enforced
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_cap_gib * 2**30 / total), device)
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, args.mem_cap_gib * 2**30 / total), torch.device("cuda", device.index or 0)
+        )
     rows: list[dict[str, Any]] = []
     if not args.no_warm_pass:
         # one untimed short pass of each first: one-time allocations and (with --compile) compilation
