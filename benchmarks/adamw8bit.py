@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import finite, recorded  # noqa: E402
 
-from swarmtrain.app.trainer import Trainer  # noqa: E402
+from swarmtrain.app.train.trainer import Trainer  # noqa: E402
 from swarmtrain.core.config import load_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

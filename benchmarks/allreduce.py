@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from peers.process import find_orphans, spawn_function
+from peers.dht.process import find_orphans, spawn_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import append_run, load_runs  # noqa: E402

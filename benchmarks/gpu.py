@@ -14,7 +14,7 @@ reusing the project's own code, each with its goals and whether they were met:
    replicas, no micro-batch lost, and the device each stage server's parameters were on
    (``server_devices`` of the run's JSON): the goal is every stage on ``--device``.
 4. ``local_loop``: the Trainer vs a minimal loop (``benchmarks/local_loop.py``); on CUDA gpt2-124m
-   compiled in bf16 at the largest batch the memory budget (``swarmtrain.app.memory_budget``) fits
+   compiled in bf16 at the largest batch the memory budget (``swarmtrain.app.train.memory_budget``) fits
    in a 24 GB card (23 GiB for the allocator, enforced with ``--mem-cap-gib``; one smaller retry on
    an out-of-memory error), with the model FLOPs utilisation
    ``(6 N + 12 L d T) * tokens/s / --peak-tflops`` (PaLM's count; Chowdhery et al. 2022), goal >= 45 %.
@@ -267,7 +267,7 @@ def loop_batch(lp: dict[str, Any]) -> tuple[int, int | None]:
     ``batch_step`` whose memory budget (compiled, bf16, no strategy) fits ``mem_cap_gib``."""
     if lp.get("batch"):
         return int(lp["batch"]), None
-    from swarmtrain.app.memory_budget import memory_budget
+    from swarmtrain.app.train.memory_budget import memory_budget
     from swarmtrain.core.config import load_config
 
     cap, step = lp["mem_cap_gib"] * GiB, lp["batch_step"]

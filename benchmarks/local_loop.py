@@ -36,7 +36,7 @@ import torch
 from swarmtrain import __version__
 from swarmtrain.app.data import BatchSampler, build_corpus
 from swarmtrain.app.models import build_model, resolve_spec
-from swarmtrain.app.trainer import StepInfo, Trainer, resolve_device
+from swarmtrain.app.train.trainer import StepInfo, Trainer, resolve_device
 from swarmtrain.core.config import Config, load_config
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,7 +1,7 @@
 """The long run of issue 16: every strategy's default against fp32 DataParallel over >= 20 outer steps.
 
 Four workers train the ``tiny`` byte-level GPT for 600 local steps each (20 outer steps at the
-default H = 30) through the in-process harness (``swarmtrain.app.harness``: the same Trainer,
+default H = 30) through the in-process harness (``swarmtrain.app.bench.harness``: the same Trainer,
 strategy and codec code as real peers), with the same data, seed, batch and learning-rate schedule
 for all. Points: fp32 DataParallel (the reference), DiLoCo with int8, ternary and int4 pseudo-
 gradients, Streaming DiLoCo with int4 and DeMo, each at the project's defaults. The two best points
@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from swarmtrain.app.bench_strategies import (
+from swarmtrain.app.bench.strategies import (
     Grid,
     GridPoint,
     grid_points,

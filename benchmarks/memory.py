@@ -1,5 +1,5 @@
 """Peak training memory: fp32 AdamW vs 8-bit AdamW states vs an offloaded outer state, measured
-against the budget ``swarmtrain.app.memory_budget`` predicts.
+against the budget ``swarmtrain.app.train.memory_budget`` predicts.
 
 Each configuration runs in a fresh subprocess (so peaks do not mix): a ``Trainer`` with DiLoCo
 (H = 2) on a one-member in-process collective, a few steps including syncs. Measured: on CUDA the
@@ -97,8 +97,8 @@ def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
     from local_loop import PeakMemory  # type: ignore[import-not-found]  # benchmarks/ is sys.path[0]
 
     from optimizers import InProcessGroup
-    from swarmtrain.app.memory_budget import memory_budget
-    from swarmtrain.app.trainer import Trainer, resolve_device
+    from swarmtrain.app.train.memory_budget import memory_budget
+    from swarmtrain.app.train.trainer import Trainer, resolve_device
 
     torch.set_num_threads(1)
     device = resolve_device(spec["device"])
@@ -195,8 +195,8 @@ def _row_line(r: dict[str, Any]) -> str:
 
 def volunteer_16gb() -> dict[str, Any]:
     """Largest parameter count per configuration that fits a 16 GB card, from the budget alone."""
-    from swarmtrain.app.memory_budget import activation_bytes, memory_budget
     from swarmtrain.app.models.presets import PRESETS
+    from swarmtrain.app.train.memory_budget import activation_bytes, memory_budget
 
     act = activation_bytes(PRESETS[ACT_PRESET], ACT_BATCH, bf16=True)
     out: dict[str, Any] = {

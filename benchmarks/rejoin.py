@@ -62,7 +62,7 @@ EVENTS = {
     "interpreter": r"interpreter up",
     "node_up": r"peer \S+ up, role trainer",
     "download": r"downloaded state of round (\d+) \((\d+) bytes\)",
-    "chunks": r"state of \d+ bytes in (\d+) chunks from (\d+) donors",  # peers.state_chunks
+    "chunks": r"state of \d+ bytes in (\d+) chunks from (\d+) donors",  # peers.state.state_chunks
     "adopted": r"adopted the swarm's state: step \d+, round (\d+)",
     "own_state": r"resumed from its own saved state of round (\d+)",
     "training": r"training from step \d+, round (\d+)",
@@ -182,7 +182,7 @@ class Run:
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
 
     common = ["-s", "diloco", "-H", str(args.inner_steps), "--compressor", "int8", "--steps", "100000"]
     keys = {n: tmp / f"key_{n}" for n in "abc"}

@@ -1,7 +1,7 @@
 """What the signed DHT records cost: time to sign and to check one, and the bytes they add.
 
 Every record the project reads from the DHT (peer, join, group, state announcement, suspicion) is
-wrapped by ``peers.dht_records.SignedRecords``: ``[value, writer's public key (DER), join token,
+wrapped by ``peers.dht.dht_records.SignedRecords``: ``[value, writer's public key (DER), join token,
 RSA signature]``, signed on store and checked (signature, key -> peer ID, admission) on every store
 and read. This measures, with real libp2p RSA identity keys and a real run key:
 
@@ -40,10 +40,10 @@ def _measure(policy: str, records: int, folder: Path) -> dict[str, float]:
     import msgpack
     from hivemind.dht.validation import DHTRecord
 
-    from peers.admission import Admission, RunKey
-    from peers.dht_records import SignedRecords
-    from peers.identity import ensure_identity
-    from peers.signing import Signer, _public_key
+    from peers.dht.dht_records import SignedRecords
+    from peers.keys.identity import ensure_identity
+    from peers.keys.signing import Signer, _public_key
+    from peers.trust.admission import Admission, RunKey
 
     writer_key = folder / f"writer-{policy}.key"
     ensure_identity(writer_key)

@@ -5,7 +5,7 @@ Starts a bootstrap (``swarmtrain dht``) and ``--volunteers`` real ``swarmtrain j
 ``--calls`` rounds, two ways of reading the run's peers, each a fresh process as a user would start:
 
 * ``status``: the CLI, ``swarmtrain status --initial-peers ADDR --run-id RUN`` (its in-process
-  ``peers.monitor.RunReader``: one p2p daemon and a client DHT node in the command's own process);
+  ``peers.dht.monitor.RunReader``: one p2p daemon and a client DHT node in the command's own process);
 * ``child DHT``: the way status read before, a read-only ``PeerNode`` (hivemind's DHT in a child
   process whose p2p daemon is replicated into the caller), the same records read.
 
@@ -41,8 +41,8 @@ LOOP = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
 
 CHILD_DHT_READ = """
 import sys
-from peers.guard import read_tables
-from peers.node import PeerNode
+from peers.rounds.guard import read_tables
+from peers.dht.node import PeerNode
 from swarmtrain.core.config import load_config
 cfg = load_config(None, {"peers.run_id": sys.argv[2], "peers.initial_peers": [sys.argv[1]],
                          "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}).peers

@@ -10,7 +10,7 @@ as real processes on 127.0.0.1, one torch thread each), all on the same micro-ba
 * codecs: ``--codec-per-stage`` servers per stage with each activation codec of ``--codecs`` (the fp32
   point is the scaling run's);
 * one process: the same stages on the same micro-batches and optimizer steps
-  (``swarmtrain.app.swarm_roles.train_baseline``), the loss every SWARM run should reach;
+  (``swarmtrain.app.swarm.roles.train_baseline``), the loss every SWARM run should reach;
 * DiLoCo: ``swarmtrain simulate --strategy diloco`` with as many peers as the codec runs have
   processes (servers + trainers), the same model and about the same number of samples in all.
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import RESULTS, finite, recorded  # noqa: E402
 
-from swarmtrain.app.swarm_roles import SwarmSettings, train_baseline  # noqa: E402
+from swarmtrain.app.swarm.roles import SwarmSettings, train_baseline  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.simulation.swarm import run_swarm_simulation  # noqa: E402
 

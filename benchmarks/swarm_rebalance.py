@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import RESULTS, finite, loadavg, recorded  # noqa: E402
 
-from swarmtrain.app.swarm_roles import SwarmSettings, train_baseline  # noqa: E402
+from swarmtrain.app.swarm.roles import SwarmSettings, train_baseline  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.simulation.swarm import run_swarm_simulation  # noqa: E402
 

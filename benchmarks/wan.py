@@ -46,7 +46,7 @@ if str(HERE) not in sys.path:
 from allreduce import next_report  # noqa: E402
 from runlog import loadavg, recorded  # noqa: E402
 
-from peers.process import find_orphans, spawn_function  # noqa: E402
+from peers.dht.process import find_orphans, spawn_function  # noqa: E402
 from swarmtrain.simulation.netns import in_namespace  # noqa: E402
 from swarmtrain.simulation.regions import EmulatedRegions  # noqa: E402
 from swarmtrain.simulation.runner import quiet_resource_tracker  # noqa: E402
@@ -95,7 +95,7 @@ def _worker(
             coll = P2PCollective(node, min_peers=n, expected_peers=n)
             x = torch.full((numel,), float(rank + 1))
             times, sent, failed = [], [], []
-            phases: list[dict[str, float]] = []  # the round's phase timings (peers.round_io)
+            phases: list[dict[str, float]] = []  # the round's phase timings (peers.rounds.round_io)
             for i in range(rounds + 1):
                 barrier.wait(timeout=600)
                 t0 = time.perf_counter()

@@ -126,7 +126,7 @@ class WanRun:
 
 def _start(wan: Wan, node: int, target: Any, args: tuple[Any, ...]) -> Any:
     """Start ``target(*args)`` in node ``node``'s namespace, in its own session, dying with us."""
-    from peers.process import spawn_function
+    from peers.dht.process import spawn_function
 
     return spawn_function(functools.partial(in_namespace, wan.ns(node), target), args, name=f"node{node}")
 
@@ -233,7 +233,7 @@ def initial_val_loss(s: dict[str, Any]) -> float:
     batches, so this is the loss a run that learned nothing ends with (about ``ln 256 = 5.545`` for
     bytes; a little above it at initialisation). Computed in this process, strategy ``local``.
     """
-    from swarmtrain.app.trainer import Trainer
+    from swarmtrain.app.train.trainer import Trainer
 
     keep = {k: v for k, v in s["shared"].items() if k.startswith(("model.", "train.", "data."))}
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,19 +35,19 @@ __all__ = [
 ]
 
 _LAZY = {
-    "PeerNode": "peers.node",
-    "PeerRecord": "peers.records",
-    "P2PCollective": "peers.collective",
-    "ByteLedger": "peers.ledger",
-    "StateServer": "peers.state_transfer",
-    "download_state": "peers.state_transfer",
-    "GracefulExit": "peers.process",
-    "PeerProcess": "peers.process",
-    "spawn_function": "peers.process",
-    "spawn_command": "peers.process",
-    "kill_group": "peers.process",
-    "find_orphans": "peers.process",
-    "ensure_identity": "peers.identity",
+    "PeerNode": "peers.dht.node",
+    "PeerRecord": "peers.dht.records",
+    "P2PCollective": "peers.rounds.collective",
+    "ByteLedger": "peers.wire.ledger",
+    "StateServer": "peers.state.state_transfer",
+    "download_state": "peers.state.state_transfer",
+    "GracefulExit": "peers.dht.process",
+    "PeerProcess": "peers.dht.process",
+    "spawn_function": "peers.dht.process",
+    "spawn_command": "peers.dht.process",
+    "kill_group": "peers.dht.process",
+    "find_orphans": "peers.dht.process",
+    "ensure_identity": "peers.keys.identity",
 }
 
 

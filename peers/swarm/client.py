@@ -41,8 +41,7 @@ from typing import Any
 
 import torch
 
-from peers.messages import Envelope, decode_ack, decode_envelope, encode_envelope
-from peers.node import PeerNode
+from peers.dht.node import PeerNode
 from peers.swarm.deadlines import ServiceTimes
 from peers.swarm.protocol import (
     ACTIVATIONS,
@@ -63,7 +62,8 @@ from peers.swarm.protocol import (
 from peers.swarm.routing import ServerInfo, pick_server, server_from_record, servers_by_stage
 from peers.swarm.steps import MAX_SHORT
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
-from peers.transport import (
+from peers.wire.messages import Envelope, decode_ack, decode_envelope, encode_envelope
+from peers.wire.transport import (
     read_data_frames,
     read_envelope,
     read_frame,

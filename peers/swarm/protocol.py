@@ -1,8 +1,8 @@
 """The wire of SWARM stage requests: what a trainer sends a stage server and what it answers.
 
-One request per stream, on the project's framed streams (``peers.messages``):
+One request per stream, on the project's framed streams (``peers.wire.messages``):
 
-* trainer -> server: a header (:class:`peers.messages.Envelope`: ``type`` ``sw_fwd`` or ``sw_bwd``,
+* trainer -> server: a header (:class:`peers.wire.messages.Envelope`: ``type`` ``sw_fwd`` or ``sw_bwd``,
   ``run``, ``kind`` ``activations``/``gradients``, ``round`` = the micro-batch ID, ``index`` = the
   stage) and its data frames, each one packet in the safe wire format
   (:mod:`swarmtrain.core.wire`):
@@ -13,13 +13,13 @@ One request per stream, on the project's framed streams (``peers.messages``):
     from ``input`` (activation recomputation, as in hivemind's RemoteExpert), so it keeps no state
     between a micro-batch's forward and backward and any replica of the stage can serve either.
 
-* server -> trainer: one ack frame (``peers.messages.encode_ack``; a refusal says why and ends the
+* server -> trainer: one ack frame (``peers.wire.messages.encode_ack``; a refusal says why and ends the
   stream), then a header ``sw_out`` and its frames: the stage output (``sw_fwd``), the gradient of
   the input (``sw_bwd`` after stage 0, ``sw_fwd`` to the last stage), or nothing (``sw_bwd`` to
   stage 0). The last stage puts the loss in the header's ``note`` (a float's ``repr``).
 
 * a step request (trainer -> every server of every stage): ``sw_fwd`` of kind ``steps`` without
-  frames (the message types are fixed in ``peers.messages``; :func:`is_step`), ``round`` = the step,
+  frames (the message types are fixed in ``peers.wire.messages``; :func:`is_step`), ``round`` = the step,
   ``note`` = ``"<servers>,<completed>"`` (:func:`encode_step_note`: how many servers of the stage the
   trainer sees, how many of its micro-batches of the step completed): the trainer fed all its
   micro-batches of this optimizer step. A server answers once the step is applied (``note`` = its new
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from compression import decompress_any
-from peers.messages import MAX_FRAME, Envelope
+from peers.wire.messages import MAX_FRAME, Envelope
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
 from swarmtrain.core.protocols import Compressor

@@ -12,7 +12,7 @@ leader closes it as soon as the servers of the stage the trainer saw have joined
 **Parameters, periodically** (:meth:`ReplicaSync.maybe_sync`; a server that steps alone, and the last
 average when a run ends): every server of a stage trains its own copy of the stage on the
 micro-batches routed to it; every ``period`` seconds of DHT time the servers of the stage meet in one round of
-:class:`peers.collective.P2PCollective` (each stage is its own group: the rounds namespace is
+:class:`peers.rounds.collective.P2PCollective` (each stage is its own group: the rounds namespace is
 ``<run>.stage<k>``) and replace their parameters by the mean (any codec: every member decodes the same
 aggregate bytes, so a committed round leaves them bit-identical). Optimizer states stay local.
 Adding the replicas' updates instead (``a + k * mean(p_i - a)``) was tried and is worse: summed
@@ -21,7 +21,7 @@ docs/decisions.md).
 
 After each committed average (or every few steps, :meth:`ReplicaSync.vouch`) a server serves the
 stage's parameters, and with an ``optimizer`` its optimizer state, to newcomers
-(``peers.state_transfer.StateServer`` in the stage's namespace) and vouches for their digest
+(``peers.state.state_transfer.StateServer`` in the stage's namespace) and vouches for their digest
 (:func:`params_digest`); a server that joins a stage others already serve downloads them
 (:meth:`ReplicaSync.adopt`, or :meth:`ReplicaSync.fetch` and :meth:`ReplicaSync.load` while it
 catches up with the stage's steps): only a state donors vouched for, with exactly the stage's names,
@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from peers.collective import P2PCollective
-from peers.node import PeerNode, dht_time
-from peers.state_transfer import StateServer, download_state
+from peers.dht.node import PeerNode, dht_time
+from peers.rounds.collective import P2PCollective
+from peers.state.state_transfer import StateServer, download_state
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError
 from swarmtrain.core.protocols import Compressor, RoundResult
 

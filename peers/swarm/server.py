@@ -54,8 +54,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from peers.messages import Envelope, decode_envelope, encode_ack, encode_envelope
-from peers.node import PeerNode
+from peers.dht.node import PeerNode
 from peers.swarm.protocol import (
     ACTIVATIONS,
     BACKWARD,
@@ -77,7 +76,8 @@ from peers.swarm.protocol import (
     is_step,
 )
 from peers.swarm.steps import StageSteps, StepSync
-from peers.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
+from peers.wire.messages import Envelope, decode_envelope, encode_ack, encode_envelope
+from peers.wire.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
 from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.core.protocols import Compressor
 

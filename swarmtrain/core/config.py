@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeAlias, cast
 
@@ -28,6 +29,7 @@ from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.swarm_config import SwarmConfig
 
 __all__ = [
+    "RUN_ID_PATTERN",
     "ModelConfig",
     "DataConfig",
     "TrainConfig",
@@ -51,6 +53,9 @@ __all__ = [
     "format_validation_error",
     "ENV_PREFIX",
 ]
+
+#: what a run ID may be: it names DHT keys and files, so no separators or control characters
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ ENV_PREFIX = "SWARMTRAIN_"
 # the prefix must be SECTION__FIELD, so a typo like SWARMTRAIN_LR is an error, not silently ignored.
 NON_CONFIG_ENV = frozenset(
     {
-        "SWARMTRAIN_PEER_MARKER",  # peers.process: marks the processes of a peer we started
+        "SWARMTRAIN_PEER_MARKER",  # peers.dht.process: marks the processes of a peer we started
         "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
         "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
         "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests

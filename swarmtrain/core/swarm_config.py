@@ -3,7 +3,7 @@
 Every server and trainer of a SWARM run must agree on them (the stage cut, the codecs on the wire,
 how many micro-batches close an optimizer step), so they live in the config the run's peers share,
 not in each peer's flags. The fields and their checks are those of
-``swarmtrain.app.swarm_roles.SwarmSettings``, which ``swarmtrain.app.swarm_join`` builds from this
+``swarmtrain.app.swarm.roles.SwarmSettings``, which ``swarmtrain.app.swarm.join`` builds from this
 section (a test keeps the two field sets and their defaults equal).
 """
 

@@ -24,8 +24,8 @@ def admitted_configs(cfg: Config, n_peers: int, folder: Path) -> tuple[Config, l
     Raises:
         ConfigError: a key or identity file cannot be written.
     """
-    from peers.admission import RunKey, encode_token_text
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
+    from peers.trust.admission import RunKey, encode_token_text
 
     names = ["bootstrap", *(f"peer{r}" for r in range(n_peers))]
     paths = {name: folder / f"{name}.key" for name in names}

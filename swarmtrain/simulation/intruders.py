@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from peers.messages import Envelope, decode_ack, encode_envelope, encode_frame_length
+from peers.wire.messages import Envelope, decode_ack, encode_envelope, encode_frame_length
 
 __all__ = ["Target", "stalled_streams", "zero_byte_flood", "trickle", "future_flood", "offer"]
 

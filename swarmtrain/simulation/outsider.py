@@ -65,7 +65,7 @@ class _Intruder:
     """One intruder's attacks on run ``run`` (see the module docstring)."""
 
     def __init__(self, node: Any, plain: Any, run: str) -> None:
-        from peers.state_transfer import StateServer
+        from peers.state.state_transfer import StateServer
 
         self.node, self.plain, self.run = node, plain, run
         self.attempts: Counter[str] = Counter()
@@ -88,8 +88,8 @@ class _Intruder:
     def records(self, honest: list[str], now: int) -> None:
         from hivemind.utils import get_dht_time
 
-        from peers.records import PeerRecord, encode_record, peers_key
-        from peers.suspicion import AccusationTable, encode_signed, suspicion_key
+        from peers.dht.records import PeerRecord, encode_record, peers_key
+        from peers.trust.suspicion import AccusationTable, encode_signed, suspicion_key
 
         exp = get_dht_time() + 120
         futs = []
@@ -132,7 +132,7 @@ class _Intruder:
                 logger.debug("intruder store failed: %s", e)
 
     def messages(self, honest: list[str], now: int) -> None:
-        from peers.messages import Envelope
+        from peers.wire.messages import Envelope
         from swarmtrain.simulation.intruders import Target, offer
 
         listed = msgpack.packb(sorted([self.node.peer_id, *honest]))
@@ -188,7 +188,7 @@ class _Intruder:
         self.accepted["future_flood"] += fut["accepted"]  # bytes
 
     def state(self, honest: list[str]) -> None:
-        from peers.state_transfer import download_state
+        from peers.state.state_transfer import download_state
 
         self.forged.refresh()
         self.attempts["forged_state"] += 1
@@ -215,7 +215,7 @@ def intruder_main(
     import hivemind
 
     from peers import PeerNode
-    from peers.process import GracefulExit
+    from peers.dht.process import GracefulExit
     from swarmtrain.simulation.logs import quiet_logs
 
     quiet_logs(log_level)

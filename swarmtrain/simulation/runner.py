@@ -1,13 +1,13 @@
 """A local multi-peer run: a bootstrap DHT node and N real peer processes on 127.0.0.1.
 
-Each peer is a separate interpreter in its own process group (``peers.process.spawn_function``), with
+Each peer is a separate interpreter in its own process group (``peers.dht.process.spawn_function``), with
 its own hivemind DHT node and p2pd daemon; the peers find each other through the bootstrap node and
 train one model with the configured strategy over ``peers.P2PCollective``. Each peer runs the app's
-peer loop (``swarmtrain.app.peer_loop``, the one ``swarmtrain join`` runs) with a fixed rank and the
+peer loop (``swarmtrain.app.peer.loop``, the one ``swarmtrain join`` runs) with a fixed rank and the
 hooks that install its rank's attacks (``swarmtrain.simulation.wiring``). The parent collects each
 peer's outcome through a queue of its own (final validation loss, a digest of its parameters after
 every committed sync, its byte ledger) and always tears every process group down. Every process
-started here dies with the parent (``peers.process.die_with_parent``).
+started here dies with the parent (``peers.dht.process.die_with_parent``).
 
 A peer that dies is a fault the run absorbs, not an error: the others go on, and the result says who
 died when (``timeline``) and how the survivors fared. With ``chaos`` (``swarmtrain.simulation.chaos``)
@@ -39,7 +39,7 @@ from swarmtrain.simulation.logs import quiet_logs
 from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
 
 if TYPE_CHECKING:
-    from swarmtrain.app.peer_loop import PeerStatus
+    from swarmtrain.app.peer.loop import PeerStatus
     from swarmtrain.simulation.chaos import ChaosSpec
     from swarmtrain.simulation.regions import EmulatedRegions
 
@@ -86,7 +86,7 @@ def peer_main(
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
     final ``PeerOutcome``. ``rejoin``: a restarted peer, which adopts the swarm's state before its
     first step and after a failed round, as a volunteer does."""
-    from swarmtrain.app.peer_loop import Membership, PeerRun, run_peer
+    from swarmtrain.app.peer.loop import Membership, PeerRun, run_peer
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
@@ -355,7 +355,7 @@ class _Supervisor:
         return out
 
     def _handle(self, msg: tuple[str, int, Any]) -> None:
-        from swarmtrain.app.peer_loop import PeerStatus
+        from swarmtrain.app.peer.loop import PeerStatus
 
         kind, rank, payload = msg
         slot = self.slots[rank] if 0 <= rank < self.n and kind in ("step", "done", "error") else None

@@ -1,11 +1,11 @@
 """``simulate --strategy swarm``: SWARM parallelism with real peer processes on this machine.
 
 A bootstrap DHT node, ``servers`` stage servers spread round-robin over the stages
-(``swarmtrain.app.swarm_server.run_server``) and ``trainers`` trainers
-(``swarmtrain.app.swarm_roles.run_trainer``), each a separate interpreter in its own process group
-(``peers.process.spawn_function``), admitted as ``swarmtrain run init`` would admit them
+(``swarmtrain.app.swarm.server.run_server``) and ``trainers`` trainers
+(``swarmtrain.app.swarm.roles.run_trainer``), each a separate interpreter in its own process group
+(``peers.dht.process.spawn_function``), admitted as ``swarmtrain run init`` would admit them
 (``swarmtrain.simulation.credentials``); ``layout`` places them by hand instead (e.g. ``[3, 1]``),
-and rebalancing (``swarmtrain.app.swarm_server``) may move them between stages as they train.
+and rebalancing (``swarmtrain.app.swarm.server``) may move them between stages as they train.
 With ``kill_servers=K``, K servers are SIGKILLed at random
 moments between 15 % and 60 % of the trainers' progress, never the last server of a stage; with
 ``chaos``, servers are killed, preempted and restarted as ``--chaos`` asks
@@ -14,7 +14,7 @@ trainer is done, the servers are asked to leave (SIGTERM): the servers of each s
 time and report a digest of their parameters, so ``params_identical`` says whether each stage's
 surviving replicas are bit-identical. The final validation loss is that of one replica per stage,
 composed in this process; with ``baseline``, the same stages train in this process on the same
-micro-batches grouped into the same optimizer steps (``swarmtrain.app.swarm_roles.train_baseline``).
+micro-batches grouped into the same optimizer steps (``swarmtrain.app.swarm.roles.train_baseline``).
 
 Every child reports on its own queue: a SIGKILLed peer that was writing to a shared queue would hold
 its lock forever.
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmtrain.app.swarm_roles import SwarmSettings
+from swarmtrain.app.swarm.roles import SwarmSettings
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError, SwarmError
 from swarmtrain.core.peer_error import TRACEBACK, ErrorReports, report_error
@@ -152,7 +152,7 @@ def _server_main(
     the run's end (``run_over`` set): a server preempted mid-run is not read any more, and a report
     of megabytes would keep it from exiting (the queue's feeder thread waits for a reader)."""
     from peers import GracefulExit
-    from swarmtrain.app.swarm_server import run_server
+    from swarmtrain.app.swarm.server import run_server
 
     quiet_logs(level)
     try:
@@ -174,7 +174,7 @@ def _server_main(
 
 
 def _trainer_main(index: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int) -> None:
-    from swarmtrain.app.swarm_roles import run_trainer
+    from swarmtrain.app.swarm.roles import run_trainer
 
     quiet_logs(level)
     try:
@@ -331,7 +331,7 @@ def run_swarm_simulation(
         SwarmError: a child reported an error, died before its report, or the run timed out.
     """
     from peers import find_orphans, spawn_function
-    from swarmtrain.app.swarm_roles import train_baseline
+    from swarmtrain.app.swarm.roles import train_baseline
 
     stage_of = _placement(servers, settings.stages, layout, kill_servers)
     cfg = loopback_copy(cfg)
@@ -450,7 +450,7 @@ def _result(
     """The run's result from the children's reports: replicas compared per stage, the final model
     (one replica per stage) evaluated, samples, reroutes and bytes summed."""
     from swarmtrain.app.models.stages import build_stages
-    from swarmtrain.app.swarm_roles import evaluate_stages, load_stage_state, stage_spec
+    from swarmtrain.app.swarm.roles import evaluate_stages, load_stage_state, stage_spec
 
     touts = [c.outcome for c in trn if c.outcome is not None]
     souts = [(c, c.outcome) for c in alive if c.outcome is not None]

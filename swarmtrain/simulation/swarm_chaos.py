@@ -4,7 +4,7 @@ The spec and its schedule are those of the data-parallel strategies (``swarmtrai
 a SIGKILL (crash) or SIGTERM (preemption: the server leaves through its graceful path) of a random
 server at the rates asked for, and a restart with the same identity, rank and stage after the delay;
 the restarted server starts late, so it downloads its stage's state from a replica before it serves
-(``swarmtrain.app.swarm_server``). Progress here is the trainers' micro-batches: faults start once
+(``swarmtrain.app.swarm.server``). Progress here is the trainers' micro-batches: faults start once
 every trainer has completed one and stop at :data:`~swarmtrain.simulation.chaos.QUIET_FROM` of them,
 restarts at :data:`~swarmtrain.simulation.chaos.NO_RESTART_FROM`.
 
@@ -45,7 +45,7 @@ class ChaosServer(Protocol):
     stage: int
     serving: bool
     killed: bool  # gone from the run: its queue is no longer read
-    proc: Any  # peers.process.PeerProcess
+    proc: Any  # peers.dht.process.PeerProcess
 
 
 def victims(servers: Sequence[ChaosServer]) -> list[ChaosServer]:

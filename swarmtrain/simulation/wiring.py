@@ -1,4 +1,4 @@
-"""The faults one simulated rank runs, as hooks of the app's peer loop (``swarmtrain.app.peer_loop``).
+"""The faults one simulated rank runs, as hooks of the app's peer loop (``swarmtrain.app.peer.loop``).
 
 ``cfg.simulation`` says who attacks: ranks ``0..K-1`` run ``attack`` (``--byzantine K``), the next
 ``malicious_owners`` ranks return wrong aggregates as partition owners (with ``--attack
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from swarmtrain.app.peer_loop import PeerHooks
+from swarmtrain.app.peer.loop import PeerHooks
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import Reducer

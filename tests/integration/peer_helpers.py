@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from peers.process import PeerProcess, find_orphans, spawn_function
+from peers.dht.process import PeerProcess, find_orphans, spawn_function
 from swarmtrain.core.config import PeersConfig
 from swarmtrain.core.packet import Packet
 

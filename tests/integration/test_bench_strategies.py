@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.app.harness import run_in_process
+from swarmtrain.app.bench.harness import run_in_process
 from swarmtrain.core.config import load_config
 
 
@@ -91,7 +91,7 @@ def test_the_readme_run_against_data_parallel_and_the_papers_outer_step() -> Non
     Measured on the 2-core machines (benchmarks/results/bench_strategies.json): +2.7 % at 452x
     fewer bytes per token (the goal: 3 % at 100x); the bound here leaves room for another CPU's
     floating point."""
-    from swarmtrain.app.bench_strategies import Grid, grid_points, run_grid
+    from swarmtrain.app.bench.strategies import Grid, grid_points, run_grid
 
     readme = Grid(codecs=("ternary",))
     papers = Grid(codecs=("ternary",), outer_lrs=(0.7,), outer_momenta=(0.9,))

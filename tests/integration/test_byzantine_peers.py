@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from swarmtrain.app.peer_loop import PeerStatus
+from swarmtrain.app.peer.loop import PeerStatus
 from swarmtrain.core.config import load_config
 from swarmtrain.simulation.runner import run_simulation
 

@@ -1,9 +1,9 @@
-"""Persistent channels (``peers.channels``) between two real peer processes on 127.0.0.1.
+"""Persistent channels (``peers.wire.channels``) between two real peer processes on 127.0.0.1.
 
 Many messages to one peer travel on one stream, arrive in order and are each acknowledged; a message
 the receiver refuses (a duplicate) fails alone while the stream stays usable; the byte ledgers of
 both ends agree exactly (what one side counts as sent, the other counts as received); and a member
-list pushed by a round leader (``peers.rounds`` step 4) is adopted only under the DHT record's rules.
+list pushed by a round leader (``peers.rounds.rounds`` step 4) is adopted only under the DHT record's rules.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PAYLOAD = 64 * 1024 + 3
 
 def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
     from peers import P2PCollective, PeerNode
-    from peers.messages import Envelope
+    from peers.wire.messages import Envelope
     from swarmtrain.core.errors import ProtocolError
 
     class Counting(P2PCollective):
@@ -36,9 +36,9 @@ def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
         coll = Counting(node)
         node.wait_for_peers(2, timeout=60)
         if rank == 0:
-            from peers.mailbox import Quota
+            from peers.wire.mailbox import Quota
 
-            # no round forms here: room for all messages before a group is known (peers.mailbox)
+            # no round forms here: room for all messages before a group is known (peers.wire.mailbox)
             coll._mailbox.set_pre_group(Quota(8 << 20, 2 * N_MSGS))
             # receiver: wait for every message, then report what arrived and the ledger
             want = N_MSGS + 1
@@ -132,8 +132,8 @@ def test_one_stream_many_messages_refusal_keeps_the_stream_and_ledgers_agree() -
 
 @pytest.mark.parametrize("lane_type", ["agg", "part", "have"])
 def test_lanes(lane_type: str) -> None:
-    from peers.channels import lane_of
-    from peers.messages import Envelope
+    from peers.wire.channels import lane_of
+    from peers.wire.messages import Envelope
 
     env = Envelope(type=lane_type, run="r", kind="k", round=0, frames=0 if lane_type == "have" else 1)
     assert lane_of(env) == {"agg": "agg", "part": "bulk", "have": "ctl"}[lane_type]

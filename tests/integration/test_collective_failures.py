@@ -2,7 +2,7 @@
 
 The victim is a fixed rank, the round leader (the smallest peer ID) in the data phase, or the leader
 the moment it closes the round, before its list reaches anyone. After a leader's death the survivors
-push their next joins to a dead peer (``peers.rounds``, step 5) and must fall back to the DHT records;
+push their next joins to a dead peer (``peers.rounds.rounds``, step 5) and must fall back to the DHT records;
 after a death at close they must notice the leader is gone (step 6) rather than wait a whole deadline
 each, which left them entering the next round a deadline apart (CI, stop 19: one survivor late).
 """

@@ -1,7 +1,7 @@
 """Commit agreement: a member dies after it sent its aggregates to some members, before the have-all
 exchange; every survivor must report the same ``committed`` flag (and keep identical parameters).
 
-Without the agreement step (``peers.agreement``) the members that got the victim's aggregates commit
+Without the agreement step (``peers.rounds.agreement``) the members that got the victim's aggregates commit
 while the one it skipped fails: the split this test guards against.
 """
 
@@ -24,7 +24,7 @@ KILL_ROUND = 1
 
 
 def worker(rank: int, initial: list[str], q: Any, n: int, max_rounds: int, skipped: str) -> None:
-    import peers.collective as pc
+    import peers.rounds.collective as pc
     from peers import P2PCollective, PeerNode
 
     class Victim(P2PCollective):

@@ -23,7 +23,7 @@ import pytest
 from test_join import SW, _env, _join, _start_dht
 
 from peers import PeerProcess, find_orphans, spawn_command
-from peers.identity import ensure_identity
+from peers.keys.identity import ensure_identity
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[2]

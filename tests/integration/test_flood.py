@@ -31,7 +31,7 @@ WARM = 4  # rounds before the attack (the heap reaches its steady size)
 NUMEL = 1_000_000
 RSS_BOUND = 128 << 20  # the victim's RSS growth over its warm baseline, during and after the attack
 RUN = "t-flood"
-#: the trickled 4 KiB message's whole-message deadline (``peers.framereader``: GRACE 10 s + 4 KiB at
+#: the trickled 4 KiB message's whole-message deadline (``peers.wire.framereader``: GRACE 10 s + 4 KiB at
 #: MIN_RATE 64 KiB/s) plus the once-a-second check and scheduling slack
 TRICKLE_DEADLINE = 15.0
 

@@ -1,5 +1,5 @@
 """An outsider process writes DHT records to block every round; the run's signed, admitted records
-keep it out (``peers.dht_records``, ``peers.admission``).
+keep it out (``peers.dht.dht_records``, ``peers.trust.admission``).
 
 The outsider is a separate process with its own libp2p identity on the same DHT. It writes, for
 every round ahead: group records for a fake leader "1" (members ``["1"]``) and fake joins for "1"
@@ -36,7 +36,7 @@ def _outsider(initial: list[str], q: Any, rank: int) -> None:
     from hivemind.utils import get_dht_time
 
     from peers import P2PCollective, PeerNode
-    from peers.messages import Envelope
+    from peers.wire.messages import Envelope
 
     plain = hivemind.DHT(initial_peers=initial, host_maddrs=[LOOPBACK], start=True)  # unsigned records
     node = PeerNode(loopback_config(RUN, initial, admission="open"))  # signs with its own key
@@ -61,7 +61,7 @@ def _outsider(initial: list[str], q: Any, rank: int) -> None:
             futs.append(coll._send(h, env, [], time.monotonic() + 10))
             grp = Envelope(type="grp", run=RUN, kind="reduce", round=r, frames=1, nbytes=len(listed))
             futs.append(coll._send(h, grp, [listed], time.monotonic() + 10))
-    from peers.state_transfer import download_state
+    from peers.state.state_transfer import download_state
 
     try:  # the state the honest peers announce (their announcements are readable: signed, not secret)
         download_state(node, timeout=30, wait_for_donor=20)
@@ -89,7 +89,7 @@ def worker(rank: int, initial: list[str], q: Any, creds: list[dict[str, str]], p
             _outsider(initial, q, rank)
         return
     from peers import P2PCollective, PeerNode
-    from peers.state_transfer import StateServer
+    from peers.state.state_transfer import StateServer
 
     c = creds[rank]
     extra = {"identity_path": c["identity"], "admission": policy}
@@ -123,8 +123,8 @@ def worker(rank: int, initial: list[str], q: Any, creds: list[dict[str, str]], p
 
 
 def _credentials(tmp: Path) -> list[dict[str, str]]:
-    from peers.admission import RunKey, encode_token_text
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
+    from peers.trust.admission import RunKey, encode_token_text
 
     key = RunKey.generate(tmp / "run.key")
     out = []

@@ -88,7 +88,7 @@ def _wait_exit(p: PeerProcess, timeout: float, what: str, tmp: Path) -> None:
 def _identities(tmp: Path, newcomer_smallest: bool) -> dict[str, str]:
     """Key files for peers a, b, c such that c's peer ID is the smallest (it would lead every round
     it joins in time) or the largest of the three."""
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
 
     ids = sorted((ensure_identity(tmp / f"key{i}"), str(tmp / f"key{i}")) for i in range(3))
     order = [ids[1], ids[2], ids[0]] if newcomer_smallest else ids

@@ -12,7 +12,7 @@ import pytest
 from test_join import LOOP, _env
 from test_node import CLI, _cli, _start_dht
 
-from peers.process import find_orphans
+from peers.dht.process import find_orphans
 
 
 def _init(tmp: Path, name: str, run_id: str) -> tuple[Path, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from peers.process import PeerProcess, find_orphans, spawn_command
+from peers.dht.process import PeerProcess, find_orphans, spawn_command
 from swarmtrain.app.cli import run
 
 CLI = [sys.executable, "-c", "from swarmtrain.app.cli import main; main()"]
@@ -130,7 +130,7 @@ def test_run_init_token_issue_and_admission_from_the_command_line(tmp_path: Path
     finally:
         proc.terminate(grace=5.0)
     assert find_orphans(proc.marker) == []
-    from peers.admission import admission_from, own_token
+    from peers.trust.admission import admission_from, own_token
     from swarmtrain.core.config import load_config
 
     peers = load_config(cfg, {"peers.token": issued.stdout.strip()}).peers

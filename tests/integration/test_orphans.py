@@ -26,7 +26,7 @@ import pytest
 from peer_helpers import loopback_config, report, reporting_errors
 from test_join import LOOP, SW, _env, _start_dht
 
-from peers.process import PeerProcess, find_orphans, kill_group, spawn_command, spawn_function
+from peers.dht.process import PeerProcess, find_orphans, kill_group, spawn_command, spawn_function
 
 #: what the issue allows an orphan (5 s), plus a margin for polling on a loaded machine
 ORPHAN_LIMIT_S = 5.0

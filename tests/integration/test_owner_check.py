@@ -35,9 +35,9 @@ def make_tensors(rank: int, round_id: int) -> dict[str, torch.Tensor]:
 def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
     from compression import build_compressor
     from peers import P2PCollective, PeerNode
-    from peers.guard import ByzantineGuard
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
     from peers.reducers import build_reducer
+    from peers.rounds.guard import ByzantineGuard
     from swarmtrain.core.config import CompressionConfig
     from swarmtrain.simulation.attacks import MaliciousOwnerReducer
 

@@ -41,7 +41,7 @@ def _wait_for(run: _Run, name: str, text: str, timeout: float = 120.0) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_preempted_peers_hand_the_committed_state_to_the_peers_that_stay(tmp_path: Path) -> None:
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
 
     run = _Run(tmp_path)
     keys = {n: tmp_path / f"key_{n}" for n in "abcd"}

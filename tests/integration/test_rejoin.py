@@ -99,8 +99,8 @@ def _state_bytes(res: dict) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_restarted_volunteer_resumes_its_own_state_or_downloads_once(tmp_path: Path) -> None:
-    from peers.identity import ensure_identity
-    from swarmtrain.app.saved_state import saved_state_path
+    from peers.keys.identity import ensure_identity
+    from swarmtrain.app.peer.saved_state import saved_state_path
 
     run = _Run(tmp_path)
     key_a, key_c = tmp_path / "key_a", tmp_path / "key_c"

@@ -23,7 +23,7 @@ SCRIPT = f"N = {N}\n" + textwrap.dedent(
     import sys, torch
     from safetensors.torch import save_file
     from swarmtrain.core.config import load_config
-    from swarmtrain.app.trainer import Trainer
+    from swarmtrain.app.train.trainer import Trainer
 
     torch.set_num_threads(1)  # same thread count in every process: same float reduction order
     out = sys.argv[2]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.app.commands.simulate import SIMULATE_DEFAULTS
+from swarmtrain.app.local_run import SIMULATE_DEFAULTS
 from swarmtrain.core.config import load_config
 from swarmtrain.simulation.outsider import KINDS
 from swarmtrain.simulation.runner import run_simulation

@@ -46,7 +46,7 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
 
 def worker(rank: int, initial: list[str], q: Any, scenario: str) -> None:
     from peers import PeerNode, StateServer
-    from peers.process import GracefulExit
+    from peers.dht.process import GracefulExit
 
     with (
         reporting_errors(q, rank),
@@ -73,8 +73,8 @@ def worker(rank: int, initial: list[str], q: Any, scenario: str) -> None:
 
 
 def _download(node: Any, q: Any, rank: int, scenario: str) -> None:
-    from peers.state_chunks import ChunkProgress
-    from peers.state_transfer import _announcements, download_state
+    from peers.state.state_chunks import ChunkProgress
+    from peers.state.state_transfer import _announcements, download_state
 
     deadline = time.monotonic() + 60
     while len(_announcements(node, RUN, 15.0)) < DONORS and time.monotonic() < deadline:
@@ -133,7 +133,7 @@ def _run(scenario: str) -> tuple[PeerGroup, dict[str, Any], dict[str, Any] | Non
 
 
 def _expected() -> tuple[str, int]:
-    from peers.state_transfer import serialize_state
+    from peers.state.state_transfer import serialize_state
 
     tensors, meta = donor_state()
     n = len(serialize_state(tensors, meta))

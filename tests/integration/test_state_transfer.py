@@ -12,7 +12,7 @@ import pytest
 import torch
 from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
-from swarmtrain.app.peer_state import vouchable
+from swarmtrain.app.peer.state import vouchable
 
 ROUNDS = {0: 5, 1: 7}  # donor rank -> its round; the newcomer must pick the freshest (rank 1)
 TTL = 60.0
@@ -40,7 +40,7 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
 
 def worker(rank: int, initial: list[str], q: Any) -> None:
     from peers import P2PCollective, PeerNode, StateServer, download_state
-    from peers.process import GracefulExit
+    from peers.dht.process import GracefulExit
 
     with (
         reporting_errors(q, rank),
@@ -110,8 +110,8 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
     """Rank 0 donates round 5, then round 6 a few seconds after the newcomer (rank 1) shows up; the
     newcomer asks for round 6 or later, then for round 9 or later with a short ``fresh_wait``."""
     from peers import PeerNode, StateServer, download_state
-    from peers.process import GracefulExit
-    from peers.state_transfer import _announcements
+    from peers.dht.process import GracefulExit
+    from peers.state.state_transfer import _announcements
 
     with (
         reporting_errors(q, rank),
@@ -173,7 +173,7 @@ def forged_round_worker(rank: int, initial: list[str], q: Any) -> None:
     """Rank 0: an honest donor of round 5 (its record says round 6, as after committing round 5).
     Rank 1: a donor announcing round 10^12, its own record saying the same. Rank 2: the newcomer."""
     from peers import PeerNode, StateServer, download_state
-    from peers.process import GracefulExit
+    from peers.dht.process import GracefulExit
 
     with (
         reporting_errors(q, rank),
@@ -221,7 +221,7 @@ def vouch_worker(rank: int, initial: list[str], q: Any) -> None:
     round 5 vouching for the honest digest while serving its own tensors. Rank 4: the newcomer,
     which downloads with k = 2 and then, as a control, with k = 1."""
     from peers import PeerNode, StateServer, download_state
-    from peers.process import GracefulExit
+    from peers.dht.process import GracefulExit
     from swarmtrain.core.errors import ProtocolError
 
     with (

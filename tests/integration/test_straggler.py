@@ -49,7 +49,7 @@ def _throttle(pid: int, stop: threading.Event, run_s: float = 0.1, period_s: flo
 def test_a_straggler_neither_holds_the_rounds_open_nor_gets_the_fast_peers_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
 
     monkeypatch.setenv("SWARMTRAIN_PEERS__JOIN_WINDOW", str(CEILING))
     run = _Run(tmp_path)

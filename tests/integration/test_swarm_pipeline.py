@@ -48,7 +48,7 @@ def _micro_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def _worker(rank: int, initial: list[str], q: Any) -> None:
     from compression import NoneCompressor
-    from peers.node import PeerNode
+    from peers.dht.node import PeerNode
     from swarmtrain.app.models import GPTSpec
     from swarmtrain.app.models.stages import build_stages
 

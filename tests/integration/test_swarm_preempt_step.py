@@ -39,8 +39,8 @@ def _server(rank: int, stage: int, initial: list[str], q: Any) -> None:
     from dataclasses import asdict
 
     from peers import GracefulExit
-    from swarmtrain.app.swarm_roles import SwarmSettings
-    from swarmtrain.app.swarm_server import run_server
+    from swarmtrain.app.swarm.roles import SwarmSettings
+    from swarmtrain.app.swarm.server import run_server
 
     settings = SwarmSettings(stages=2, trainers=1, rebalance=False, sync_period=600.0)
     with GracefulExit() as stop:
@@ -57,9 +57,9 @@ def _server(rank: int, stage: int, initial: list[str], q: Any) -> None:
 def _trainer(initial: list[str], q: Any, go: Path) -> None:
     import torch
 
-    from peers.node import PeerNode
+    from peers.dht.node import PeerNode
     from peers.swarm.client import PipelineConfig, SwarmPipeline
-    from swarmtrain.app.swarm_roles import stage_spec
+    from swarmtrain.app.swarm.roles import stage_spec
 
     cfg = _cfg(initial)
     spec = stage_spec(cfg)
@@ -121,7 +121,7 @@ def _moved(outcome: dict[str, Any]) -> float:
     import torch
 
     from swarmtrain.app.models.stages import build_stages
-    from swarmtrain.app.swarm_roles import stage_spec
+    from swarmtrain.app.swarm.roles import stage_spec
 
     cfg = _cfg([])
     init = build_stages(stage_spec(cfg), 2, seed=cfg.train.seed)[1].state_dict()

@@ -18,7 +18,7 @@ import pytest
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_rebalancing_moves_a_server_to_the_bottleneck_and_throughput_rises() -> None:
-    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import load_config
     from swarmtrain.simulation.swarm import run_swarm_simulation
 

@@ -22,7 +22,7 @@ BATCH = 2
 
 def _worker(rank: int, initial: list[str], q: Any) -> None:
     from compression import NoneCompressor
-    from peers.node import PeerNode
+    from peers.dht.node import PeerNode
     from peers.swarm.replicas import ReplicaSync, params_digest
     from swarmtrain.app.models import GPTSpec
     from swarmtrain.app.models.stages import build_stages

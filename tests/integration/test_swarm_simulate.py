@@ -79,7 +79,7 @@ def test_two_trainers_accumulating_steps_follow_one_process() -> None:
     micro-batches split unevenly between stage 0's replicas (3:1 as often as 2:2), which the summed
     gradients divided by the trainers' counts take exactly; the collective's weighted mean bounds a
     weight by twice the median and ended this run 0.15 % off the baseline."""
-    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import load_config
     from swarmtrain.simulation.swarm import run_swarm_simulation
 
@@ -98,7 +98,7 @@ def test_int8_hidden_states_end_within_3_percent_of_fp32_on_the_same_run() -> No
     """The same micro-batches and steps through the same 2 servers, once with fp32 hidden states and
     their gradients between the stages and once with int8 (blockwise): the loss stays within 3 %
     and the bytes between the stages drop to about a quarter."""
-    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import load_config
     from swarmtrain.simulation.swarm import run_swarm_simulation
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from swarmtrain.app.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from swarmtrain.app.cli import run
-from swarmtrain.app.inner_optim import build_optimizer, check_optimizer_state, load_bitsandbytes
-from swarmtrain.app.peer_state import apply_state, state_snapshot
-from swarmtrain.app.trainer import Trainer
+from swarmtrain.app.peer.state import apply_state, state_snapshot
+from swarmtrain.app.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from swarmtrain.app.train.inner_optim import build_optimizer, check_optimizer_state, load_bitsandbytes
+from swarmtrain.app.train.trainer import Trainer
 from swarmtrain.core.config import Config, load_config
 from swarmtrain.core.errors import ConfigError, ProtocolError
 

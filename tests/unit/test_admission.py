@@ -1,4 +1,5 @@
-"""Admission policies, join tokens and signed DHT records (``peers.admission``, ``peers.dht_records``).
+"""Admission policies, join tokens and signed DHT records (``peers.trust.admission``,
+``peers.dht.dht_records``).
 
 Pure logic on hivemind's record type; the real-peer proof (an outsider's records ignored by a run)
 is ``tests/integration/test_intruders.py``.
@@ -15,7 +16,10 @@ import msgpack
 import pytest
 from hivemind.dht.validation import DHTRecord
 
-from peers.admission import (
+from peers.dht.dht_records import MAX_RECORD_BYTES, SignedRecords
+from peers.keys.identity import ensure_identity
+from peers.keys.signing import Signer
+from peers.trust.admission import (
     Admission,
     NotAdmitted,
     RunKey,
@@ -25,9 +29,6 @@ from peers.admission import (
     own_token,
     parse_token_text,
 )
-from peers.dht_records import MAX_RECORD_BYTES, SignedRecords
-from peers.identity import ensure_identity
-from peers.signing import Signer
 from swarmtrain.core.config import PeersConfig
 from swarmtrain.core.errors import ConfigError, ProtocolError
 
@@ -177,7 +178,7 @@ def test_the_validator_travels_to_the_dht_process(signers: list[Signer]) -> None
 
 
 def test_admitted_peers_decide_by_policy_and_read_the_dht_at_most_once_a_second(run_key: RunKey) -> None:
-    from peers.admission import AdmittedPeers
+    from peers.trust.admission import AdmittedPeers
 
     assert AdmittedPeers(Admission("open", RUN), list).check("anyone")
     allow = AdmittedPeers(Admission("allowlist", RUN, allowlist=frozenset({"A"})), list)
@@ -206,7 +207,7 @@ def test_admitted_peers_decide_by_policy_and_read_the_dht_at_most_once_a_second(
 def test_an_admitted_peer_seen_just_after_a_read_waits_for_the_next_one(run_key: RunKey) -> None:
     """B's first stream arrives right after a read that did not show B's record yet: B is admitted
     at the next read (at most ``min_interval`` later), not refused (that failed whole rounds)."""
-    from peers.admission import AdmittedPeers
+    from peers.trust.admission import AdmittedPeers
 
     records = ["A"]
     reads: list[float] = []
@@ -228,7 +229,7 @@ def test_an_admitted_peer_seen_just_after_a_read_waits_for_the_next_one(run_key:
 def test_a_running_peer_whose_token_expires_stops_with_one_line(run_key: RunKey) -> None:
     """Its token expired mid-run: every other peer refuses it now, so the peer loop's periodic check
     raises one clear error (the CLI prints it, exit 1) instead of failing rounds with warnings."""
-    from peers.admission import AdmissionEnded, OwnAdmission
+    from peers.trust.admission import AdmissionEnded, OwnAdmission
 
     policy = Admission("token", RUN, run_public=bytes.fromhex(run_key.public_hex))
     token = run_key.issue(RUN, "PEER", time.time() + 100)

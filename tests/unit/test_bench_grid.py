@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from swarmtrain.app.bench_strategies import (
+from swarmtrain.app.bench.strategies import (
     REFERENCE,
     Grid,
     _compare,

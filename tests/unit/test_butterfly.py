@@ -1,4 +1,4 @@
-"""Pure helpers of the butterfly data phase (``peers.butterfly``): partition bounds, the in-place
+"""Pure helpers of the butterfly data phase (``peers.rounds.butterfly``): partition bounds, the in-place
 weighted mean against ``MeanReducer``, and the flat input view."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peers.butterfly import _flat, _mean_into, bound_weights, bounds
 from peers.reducers import MeanReducer
+from peers.rounds.butterfly import _flat, _mean_into, bound_weights, bounds
 from swarmtrain.core.errors import ConfigError
 
 

@@ -35,4 +35,4 @@ def test_bad_options_are_one_line_config_errors(options: dict[str, Any], says: s
 
 def test_public_names() -> None:
     assert {"connect", "SwarmPeer", "spawn_function"} <= set(swarmtrain.__all__)
-    assert swarmtrain.connect.__module__ == "swarmtrain.app.connect"
+    assert swarmtrain.connect.__module__ == "swarmtrain.app.peer.connect"

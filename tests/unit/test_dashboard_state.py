@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from peers.records import PeerRecord
+from peers.dht.records import PeerRecord
 from swarmtrain.app.cli import run as cli_run
 from swarmtrain.app.dashboard import DashboardServer, History, Poller
 from swarmtrain.app.dashboard.page import PAGE

@@ -1,4 +1,4 @@
-"""Adaptive deadlines (``peers.deadlines``): hand-set values are first guesses and ceilings, measured
+"""Adaptive deadlines (``peers.rounds.deadlines``): hand-set values are first guesses and ceilings, measured
 times set the rest, a minority of stragglers does not move the bounds, timeouts that were too tight
 widen again."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peers.deadlines import DeadlineConfig, Deadlines, robust_bound
+from peers.rounds.deadlines import DeadlineConfig, Deadlines, robust_bound
 
 times = st.floats(min_value=0.0, max_value=1e4, allow_nan=False, allow_infinity=False)
 

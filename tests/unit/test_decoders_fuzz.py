@@ -24,10 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizers.demo_payload import TensorSpec, decode_payload, encode_payload
-from peers.admission import Admission, RunKey, decode_token
-from peers.dht_records import SignedRecords
-from peers.manifest import RunManifest, parse_manifest, sign_manifest
-from peers.messages import (
+from peers.dht.dht_records import SignedRecords
+from peers.dht.records import PeerRecord, decode_record, encode_record
+from peers.keys.signing import Signer
+from peers.state.state_transfer import decode_announcement, parse_state, serialize_state
+from peers.trust.admission import Admission, RunKey, decode_token
+from peers.trust.manifest import RunManifest, parse_manifest, sign_manifest
+from peers.trust.suspicion import AccusationTable, decode_signed, decode_table, encode_signed
+from peers.wire.messages import (
     Envelope,
     decode_ack,
     decode_envelope,
@@ -36,10 +40,6 @@ from peers.messages import (
     encode_envelope,
     encode_packet_bytes,
 )
-from peers.records import PeerRecord, decode_record, encode_record
-from peers.signing import Signer
-from peers.state_transfer import decode_announcement, parse_state, serialize_state
-from peers.suspicion import AccusationTable, decode_signed, decode_table, encode_signed
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
 from swarmtrain.simulation.attacks.collusion import decode_rows, encode_rows
@@ -83,7 +83,7 @@ def _table() -> AccusationTable:
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Decoder, list[bytes]]]:
     """Decoder name -> (decode one input, valid inputs to mutate)."""
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
 
     folder = tmp_path_factory.mktemp("fuzz-id")
     path: Path = folder / "id.key"

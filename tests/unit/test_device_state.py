@@ -8,7 +8,7 @@ one at a time, the paths a GPU peer takes around its state:
 * a donor's snapshot is all host tensors (it is what goes on the wire), goes through the donor's
   safetensors bytes and loads into a newcomer whose parameters, strategy state (anchor, outer
   momentum) and optimizer moments end on the device, bit-identical to the donor's, and who trains on;
-* a checkpoint and a peer's own saved state (``swarmtrain.app.saved_state``, read at join) do the same;
+* a checkpoint and a peer's own saved state (``swarmtrain.app.peer.saved_state``, read at join) do the same;
 * the outer store keeps the parameters on the device in every ``outer_state`` mode, and its state
   loads across modes;
 * every registered reducer returns its aggregate on the stack's device, equal to the host result;
@@ -33,16 +33,16 @@ from compression.feedback import ErrorFeedback  # noqa: E402
 from optimizers.inprocess import InProcessGroup  # noqa: E402
 from optimizers.outer_store import OuterStore  # noqa: E402
 from peers.reducers import REDUCERS, build_reducer  # noqa: E402
-from peers.state_transfer import parse_state, serialize_state  # noqa: E402
-from swarmtrain.app.checkpoint import pack_state  # noqa: E402
-from swarmtrain.app.peer_state import (  # noqa: E402
+from peers.state.state_transfer import parse_state, serialize_state  # noqa: E402
+from swarmtrain.app.peer.saved_state import read_saved_state, save_state  # noqa: E402
+from swarmtrain.app.peer.state import (  # noqa: E402
     apply_state,
     param_digest,
     shared_digest,
     state_snapshot,
 )
-from swarmtrain.app.saved_state import read_saved_state, save_state  # noqa: E402
-from swarmtrain.app.trainer import Trainer  # noqa: E402
+from swarmtrain.app.train.checkpoint import pack_state  # noqa: E402
+from swarmtrain.app.train.trainer import Trainer  # noqa: E402
 from swarmtrain.core.config import OuterLoopConfig, load_config, strategy_config  # noqa: E402
 
 DEV = fakegpu.DEVICE

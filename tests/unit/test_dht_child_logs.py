@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from peers.node import _exit_when_orphaned
+from peers.dht.node import _exit_when_orphaned
 
 
 class _Died(Exception):

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from peers.ledger import ByteLedger
-from peers.probe import (
+from peers.dht.probe import (
     MAX_DOWNLOAD,
     MAX_ECHO,
     MAX_REQUEST,
@@ -20,6 +19,7 @@ from peers.probe import (
     encode_echo,
     parse_request,
 )
+from peers.wire.ledger import ByteLedger
 from swarmtrain.app.doctor.reachability import Seen, classify, is_public_maddr
 from swarmtrain.app.doctor.result import Check
 from swarmtrain.app.doctor.verdict import decide, format_report, report_dict

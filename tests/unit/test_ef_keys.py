@@ -1,6 +1,6 @@
 """Error-feedback memory is keyed by what it compresses, not by where it sits in a round (issue 16.2).
 
-The butterfly (``peers.butterfly.ReduceJob``) once keyed residuals ``reduce/{size}/{i}/{c}``: two
+The butterfly (``peers.rounds.butterfly.ReduceJob``) once keyed residuals ``reduce/{size}/{i}/{c}``: two
 Streaming DiLoCo fragments shared them (a shape error for unequal ones, swapped residuals for equal
 ones) and a new group size left the old ones behind. Now parts use one flat memory per tensor set
 (``ErrorFeedback.compress_span``), aggregates one per tensor set and partition; the simulation's
@@ -17,10 +17,10 @@ import torch
 import typer
 
 from compression import ErrorFeedback, Int8Compressor
-from peers.butterfly import Layout, ReduceJob
-from peers.messages import encode_packet_bytes
 from peers.reducers import MeanReducer
-from peers.round_io import RoundIO
+from peers.rounds.butterfly import Layout, ReduceJob
+from peers.rounds.round_io import RoundIO
+from peers.wire.messages import encode_packet_bytes
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
 

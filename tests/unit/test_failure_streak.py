@@ -1,4 +1,4 @@
-"""A volunteer's streak of failed rounds (``swarmtrain.app.peer_loop.FailureStreak``): pure logic."""
+"""A volunteer's streak of failed rounds (``swarmtrain.app.peer.loop.FailureStreak``): pure logic."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from swarmtrain.app.failure_streak import SAY_AFTER, FailureStreak, RoundsKeepFailing
+from swarmtrain.app.peer.failure_streak import SAY_AFTER, FailureStreak, RoundsKeepFailing
 
 
 def test_the_reason_is_said_after_a_few_failures_and_a_commit_resets(

@@ -1,4 +1,4 @@
-"""``peers.framereader``: a buffered-protocol reader that takes over a live asyncio stream.
+"""``peers.wire.framereader``: a buffered-protocol reader that takes over a live asyncio stream.
 
 Real unix socket pairs and asyncio transports: bytes the ``StreamReader`` already held are kept,
 frames come back whole and in order, reading pauses when far ahead, and a short stream raises the
@@ -13,9 +13,9 @@ import socket
 
 import pytest
 
-from peers.framereader import MAX_AHEAD, FrameReader, attach
-from peers.messages import encode_frame_length
-from peers.transport import read_envelope_or_eof, read_frame
+from peers.wire.framereader import MAX_AHEAD, FrameReader, attach
+from peers.wire.messages import encode_frame_length
+from peers.wire.transport import read_envelope_or_eof, read_frame
 
 
 async def _pair() -> tuple[socket.socket, asyncio.StreamReader, asyncio.StreamWriter]:
@@ -77,7 +77,7 @@ def test_pauses_when_far_ahead_and_short_stream_raises() -> None:
 def test_clocked_reads_and_skips_keep_step_with_data_arriving_meanwhile() -> None:
     """With a clock the reader wakes one loop iteration later; the socket keeps delivering into the
     side buffer meanwhile (an empty target buffer must never be handed out)."""
-    from peers.framereader import MessageClock
+    from peers.wire.framereader import MessageClock
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -101,7 +101,7 @@ def test_clocked_reads_and_skips_keep_step_with_data_arriving_meanwhile() -> Non
 def test_a_trickling_sender_is_cut_off_by_the_minimum_rate() -> None:
     import time
 
-    from peers.framereader import MessageClock
+    from peers.wire.framereader import MessageClock
     from swarmtrain.core.errors import PeerTimeoutError
 
     async def main() -> float:

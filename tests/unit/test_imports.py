@@ -1,6 +1,8 @@
-"""The dependency direction of DESIGN.md section 2, checked from the source (AST), so it stays true.
+"""The dependency direction of ``docs/architecture.md``, checked from the source (AST), so it stays true.
 
 - ``swarmtrain.core`` imports only third-party libraries and itself;
+- ``peers/`` and ``swarmtrain/app/`` are split by concern into subpackages whose imports run one way
+  (``PEERS_LAYERS``, ``APP_LAYERS``); no module sits directly in ``peers/`` but its package face;
 - the library packages (``compression``, ``optimizers``, ``peers``) import only the core and the
   packages below them, never the app (``swarmtrain.app``) or the simulation (``swarmtrain.simulation``);
 - nothing outside ``swarmtrain.simulation`` and the CLI's simulate command imports the simulation;
@@ -21,6 +23,36 @@ ALLOWED: dict[str, set[str]] = {
     "compression": {"swarmtrain.core", "compression"},
     "optimizers": {"swarmtrain.core", "compression", "optimizers"},
     "peers": {"swarmtrain.core", "compression", "peers"},
+}
+# peers/ by concern: subpackage -> the other peers subpackages it may import (a DAG: no cycle between them)
+PEERS_LAYERS: dict[str, set[str]] = {
+    "peers.keys": set(),  # identity and signatures
+    "peers.wire": set(),  # bytes on streams: transport, channels, messages, mailbox, ledger
+    "peers.reducers": set(),  # pure aggregation rules
+    "peers.trust": {"peers.keys"},  # admission, manifest, suspicion, the owner check's rules
+    "peers.dht": {"peers.keys", "peers.wire", "peers.trust"},  # node, records, probes, processes
+    "peers.rounds": {"peers.keys", "peers.wire", "peers.trust", "peers.dht", "peers.reducers"},
+    "peers.state": {"peers.keys", "peers.wire", "peers.trust", "peers.dht"},  # state transfer
+    "peers.swarm": {"peers.keys", "peers.wire", "peers.trust", "peers.dht", "peers.rounds", "peers.state"},
+}
+# swarmtrain/app/ by concern; a top-level app module (cli, logs, units, local_run) is its own unit
+APP_LAYERS: dict[str, set[str]] = {
+    "swarmtrain.app.units": set(),
+    "swarmtrain.app.local_run": set(),
+    "swarmtrain.app.logs": set(),
+    "swarmtrain.app.models": set(),
+    "swarmtrain.app.data": {"swarmtrain.app.units"},
+    "swarmtrain.app.train": {"swarmtrain.app.models", "swarmtrain.app.data", "swarmtrain.app.units"},
+    "swarmtrain.app.peer": {"swarmtrain.app.train", "swarmtrain.app.models", "swarmtrain.app.data"},
+    "swarmtrain.app.swarm": {
+        "swarmtrain.app.peer",
+        "swarmtrain.app.train",
+        "swarmtrain.app.models",
+        "swarmtrain.app.data",
+    },
+    "swarmtrain.app.bench": {"swarmtrain.app.peer", "swarmtrain.app.train", "swarmtrain.app.local_run"},
+    "swarmtrain.app.doctor": {"swarmtrain.app.train", "swarmtrain.app.models", "swarmtrain.app.units"},
+    "swarmtrain.app.dashboard": {"swarmtrain.app.units"},
 }
 # the only app modules that may reach the simulation package
 SIMULATION_ENTRY = {
@@ -184,10 +216,62 @@ def test_the_peer_layer_accepts_built_in_codecs_without_importing_compression_it
     import sys
 
     code = (
-        "from peers.messages import decode_packet_bytes, encode_packet_bytes\n"
+        "from peers.wire.messages import decode_packet_bytes, encode_packet_bytes\n"
         "from swarmtrain.core.packet import Packet\n"
         "p = Packet('none', (3,), 'float32', (bytes(12),), ())\n"
         "print(decode_packet_bytes(encode_packet_bytes(p)).codec)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "none", out.stderr[-2000:]
+
+
+def _unit(module: str, layers: dict[str, set[str]]) -> str | None:
+    return next((u for u in layers if _within(module, u)), None)
+
+
+def _layer_violations(prefix: str, layers: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, targets in sorted(GRAPH.items()):
+        if not _within(mod, prefix) or mod == prefix:
+            continue
+        src = _unit(mod, layers)
+        for t in sorted(targets):
+            dst = _unit(t, layers) if _within(t, prefix) else None
+            if src is None or dst is None or dst == src:
+                continue
+            if dst not in layers[src]:
+                bad.append(f"{mod} imports {t} ({src} may not import {dst})")
+    return bad
+
+
+def test_peers_subpackages_import_one_way() -> None:
+    assert not _layer_violations("peers", PEERS_LAYERS), "\n".join(_layer_violations("peers", PEERS_LAYERS))
+
+
+def test_app_subpackages_import_one_way() -> None:
+    bad = _layer_violations("swarmtrain.app", APP_LAYERS)
+    assert not bad, "\n".join(bad)
+
+
+def test_every_peers_module_sits_in_a_subpackage() -> None:
+    """``peers/`` holds only its package face; every module belongs to a subpackage of the rules."""
+    loose = sorted(p.name for p in (ROOT / "peers").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules directly in peers/: {loose}"
+    subpackages = {f"peers.{p.name}" for p in (ROOT / "peers").iterdir() if (p / "__init__.py").exists()}
+    assert subpackages == set(PEERS_LAYERS), subpackages ^ set(PEERS_LAYERS)
+
+
+def _rule_cycle(layers: dict[str, set[str]], u: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    if u in path:
+        return path + (u,)
+    for v in sorted(layers.get(u, set())):
+        found = _rule_cycle(layers, v, path + (u,))
+        if found:
+            return found
+    return None
+
+
+def test_the_layer_rules_have_no_cycle() -> None:
+    for layers in (PEERS_LAYERS, APP_LAYERS):
+        cycles = [c for u in layers if (c := _rule_cycle(layers, u, ()))]
+        assert not cycles, f"cycle in the rules: {cycles[0]}"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from peers.ledger import ByteLedger
+from peers.wire.ledger import ByteLedger
 from swarmtrain.core.errors import ConfigError
 
 

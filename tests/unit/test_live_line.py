@@ -1,4 +1,4 @@
-"""The volunteer's live line (``swarmtrain.app.live``): what it says, its width, how often it speaks
+"""The volunteer's live line (``swarmtrain.app.peer.live``): what it says, its width, how often it speaks
 when piped, and the sync clock behind "time to next sync"."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from swarmtrain.app import live as live_mod
-from swarmtrain.app.live import LiveLine, format_status
-from swarmtrain.app.peer_loop import PeerStatus, SyncClock
+from swarmtrain.app.peer import live as live_mod
+from swarmtrain.app.peer.live import LiveLine, format_status
+from swarmtrain.app.peer.loop import PeerStatus, SyncClock
 
 
 def _status(**kw: object) -> PeerStatus:

@@ -1,12 +1,12 @@
-"""``peers.mailbox`` quotas: bytes and entries per sender and in all, members only once the group is
+"""``peers.wire.mailbox`` quotas: bytes and entries per sender and in all, members only once the group is
 known, the pre-group allowance before it, the current and next round only, and the round budgets
-``peers.collective`` derives from the model."""
+``peers.rounds.collective`` derives from the model."""
 
 from __future__ import annotations
 
 import pytest
 
-from peers.mailbox import (
+from peers.wire.mailbox import (
     CONTROL_RESERVE,
     Delivery,
     Mailbox,
@@ -17,7 +17,7 @@ from peers.mailbox import (
     packet_bound,
     reduce_budget,
 )
-from peers.messages import Envelope
+from peers.wire.messages import Envelope
 
 A, B, Z = "A", "B", "Z"  # two members and an outsider
 BUDGET = RoundBudget(Quota(1000, 4), 400)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from peers.admission import RunKey
-from peers.manifest import (
+from peers.trust.admission import RunKey
+from peers.trust.manifest import (
     MAX_MANIFEST_BYTES,
     RunManifest,
     compatible_versions,
@@ -16,7 +16,7 @@ from peers.manifest import (
     parse_manifest,
     sign_manifest,
 )
-from swarmtrain.app.run_manifest import check_open_policy, config_from_manifest, make_manifest
+from swarmtrain.app.peer.run_manifest import check_open_policy, config_from_manifest, make_manifest
 from swarmtrain.core import __version__
 from swarmtrain.core.config import load_config
 from swarmtrain.core.errors import ConfigError, ProtocolError

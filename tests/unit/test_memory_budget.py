@@ -1,4 +1,5 @@
-"""The memory budget's arithmetic against figures computed by hand (``swarmtrain.app.memory_budget``)."""
+"""The memory budget's arithmetic against figures computed by hand
+(``swarmtrain.app.train.memory_budget``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from swarmtrain.app.memory_budget import (
+from swarmtrain.app.models import build_model
+from swarmtrain.app.models.presets import PRESETS, GPTSpec
+from swarmtrain.app.train.memory_budget import (
     BLOCK,
     activation_bytes,
     format_budget,
@@ -15,8 +18,6 @@ from swarmtrain.app.memory_budget import (
     memory_budget,
     param_shapes,
 )
-from swarmtrain.app.models import build_model
-from swarmtrain.app.models.presets import PRESETS, GPTSpec
 from swarmtrain.core.config import Config, load_config
 
 N_TINY = 842_496  # tiny preset: 256*128 + 128*128 + 4*(12*128^2 + 13*128) + 2*128

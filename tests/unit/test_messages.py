@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peers.messages import (
+from peers.dht.records import PeerRecord, decode_record, encode_record
+from peers.rounds.rounds import _decode_members, group_digest
+from peers.wire.messages import (
     MAX_FRAME,
     Envelope,
     decode_ack,
@@ -19,8 +21,6 @@ from peers.messages import (
     encode_frame_length,
     encode_packet_bytes,
 )
-from peers.records import PeerRecord, decode_record, encode_record
-from peers.rounds import _decode_members, group_digest
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.packet import Packet
 

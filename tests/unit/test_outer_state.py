@@ -33,7 +33,7 @@ from optimizers.outer_store import (
     momentum_step_bound,
     outer_state_bytes_per_param,
 )
-from swarmtrain.app.checkpoint import pack_state, unpack_state
+from swarmtrain.app.train.checkpoint import pack_state, unpack_state
 from swarmtrain.core.config import strategy_config
 from swarmtrain.core.errors import ConfigError
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from peers.transport import SEND_BUFFER, widen_send_buffer
+from peers.wire.transport import SEND_BUFFER, widen_send_buffer
 
 
 def test_widen_send_buffer_raises_so_sndbuf_of_the_stream_socket() -> None:
@@ -63,7 +63,7 @@ def test_retain_freed_buffers_keeps_a_freed_4mib_buffer_in_the_heap() -> None:
     every round faults all its pages again."""
     code = """
 import resource, sys
-from peers.memory import retain_freed_buffers
+from peers.wire.memory import retain_freed_buffers
 on = retain_freed_buffers()
 def round_():
     bufs = [bytearray(4 << 20) for _ in range(16)]
@@ -82,5 +82,5 @@ print(on, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
 
 def test_retain_freed_buffers_leaves_an_operators_malloc_settings_alone() -> None:
-    code = "from peers.memory import retain_freed_buffers; print(retain_freed_buffers())"
+    code = "from peers.wire.memory import retain_freed_buffers; print(retain_freed_buffers())"
     assert _run(code, MALLOC_TRIM_THRESHOLD_="131072") == "False"

@@ -1,4 +1,4 @@
-"""The pure decisions of the preemption hand-off (``swarmtrain.app.preemption``): when a peer told to
+"""The pure decisions of the preemption hand-off (``swarmtrain.app.peer.preemption``): when a peer told to
 leave trains on to its next sync, and when its committed state is safe with the peers that stay."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from swarmtrain.app.peer_state import vouchable
-from swarmtrain.app.preemption import LEAVE_RESERVE_S, Preemption, finish_sync, handoff_status
+from swarmtrain.app.peer.preemption import LEAVE_RESERVE_S, Preemption, finish_sync, handoff_status
+from swarmtrain.app.peer.state import vouchable
 
 
 def test_train_on_to_the_sync_only_when_it_and_its_round_fit() -> None:

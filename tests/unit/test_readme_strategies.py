@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.app.bench_strategies import markdown_table
+from swarmtrain.app.bench.strategies import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"

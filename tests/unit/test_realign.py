@@ -1,4 +1,4 @@
-"""Re-aligning a volunteer that keeps arriving late (``swarmtrain.app.realign``): the skip grows with
+"""Re-aligning a volunteer that keeps arriving late (``swarmtrain.app.peer.realign``): the skip grows with
 each late round up to half a period, shrinks after committed rounds, and DiLoCo's period really
 starts that many steps ahead."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from optimizers.diloco import DiLoCo
-from swarmtrain.app.realign import DECAY_AFTER, Realign, fast_forward
+from swarmtrain.app.peer.realign import DECAY_AFTER, Realign, fast_forward
 
 
 def test_the_skip_grows_with_late_rounds_up_to_half_a_period() -> None:
@@ -67,7 +67,7 @@ def test_diloco_syncs_after_the_rest_of_a_fast_forwarded_period() -> None:
 
 
 def test_steps_behind_from_the_state_age_at_own_or_the_donors_rate() -> None:
-    from swarmtrain.app.realign import steps_behind
+    from swarmtrain.app.peer.realign import steps_behind
 
     def rec(peer: str, tps: float, role: str = "trainer") -> SimpleNamespace:
         return SimpleNamespace(peer_id=peer, throughput=tps, role=role)

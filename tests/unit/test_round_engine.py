@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from peers.butterfly import ButterflyRound, NoCheck
-from peers.group import Group, group_digest
-from peers.mailbox import Delivery, Mailbox
-from peers.messages import Envelope
-from peers.owner_check import fit_reducer, honest_reducer
 from peers.reducers import build_reducer
-from peers.round_errors import QUIET, MemberAborted, MemberGone, RoundTimeout, SendFailed, WrongGroup
-from peers.round_io import PhaseClock, RoundIO, RoundLink
+from peers.rounds.butterfly import ButterflyRound, NoCheck
+from peers.rounds.group import Group, group_digest
+from peers.rounds.owner_check import fit_reducer, honest_reducer
+from peers.rounds.round_errors import QUIET, MemberAborted, MemberGone, RoundTimeout, SendFailed, WrongGroup
+from peers.rounds.round_io import PhaseClock, RoundIO, RoundLink
+from peers.wire.mailbox import Delivery, Mailbox
+from peers.wire.messages import Envelope
 from swarmtrain.simulation.attacks import MaliciousOwnerReducer
 
 ME, OTHER, STRANGER = "A", "B", "Z"
@@ -142,8 +142,8 @@ def test_malicious_owner_reducer_corrupts_and_its_verifier_sees_the_honest_reduc
 def test_a_chunk_its_codec_cannot_decode_is_a_protocol_error() -> None:
     """A codec's own ValueError/RuntimeError on a peer's packet must not escape ``all_reduce``."""
     from compression import Int8Compressor
-    from peers.messages import encode_packet_bytes
-    from peers.round_io import decode_chunk
+    from peers.rounds.round_io import decode_chunk
+    from peers.wire.messages import encode_packet_bytes
     from swarmtrain.core.errors import ProtocolError
 
     class Broken(Int8Compressor):

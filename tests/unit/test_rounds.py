@@ -1,4 +1,5 @@
-"""Round formation logic (``peers.rounds.Matchmaker``) with pushed joins and lists, on an in-memory DHT.
+"""Round formation logic (``peers.rounds.rounds.Matchmaker``) with pushed joins and lists, on an
+in-memory DHT.
 
 Pure logic: the real-peer path (hivemind DHT, libp2p pushes) is covered by the integration tests.
 """
@@ -14,9 +15,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from peers.node import dht_time
-from peers.round_errors import MemberGone, RoundLate, RoundTimeout
-from peers.rounds import Matchmaker, Pushes
+from peers.dht.node import dht_time
+from peers.rounds.round_errors import MemberGone, RoundLate, RoundTimeout
+from peers.rounds.rounds import Matchmaker, Pushes
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A volunteer's settings against the live trainers' records (``swarmtrain.app.run_agreement``)."""
+"""A volunteer's settings against the live trainers' records (``swarmtrain.app.peer.run_agreement``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from peers.records import PeerRecord
-from swarmtrain.app.run_agreement import check_agreement, run_settings
+from peers.dht.records import PeerRecord
+from swarmtrain.app.peer.run_agreement import check_agreement, run_settings
 from swarmtrain.core.config import load_config
 from swarmtrain.core.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""A volunteer's own saved state (``swarmtrain.app.saved_state``): written atomically as one file next to
+"""A volunteer's own saved state (``swarmtrain.app.peer.saved_state``): written atomically as one file next to
 its identity, read back bit-exactly, and ignored with one warning when it is corrupt, of another run or
 not ours; ``adopt_saved_state`` loads it only when it is the freshest state the donors vouch for.
 
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from swarmtrain.app.peer_state import adopt_saved_state, shared_digest, state_snapshot
-from swarmtrain.app.saved_state import read_saved_state, save_state, saved_state_path
-from swarmtrain.app.trainer import Trainer
+from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_state_path
+from swarmtrain.app.peer.state import adopt_saved_state, shared_digest, state_snapshot
+from swarmtrain.app.train.trainer import Trainer
 from swarmtrain.core.config import Config, load_config
 
 RUN = "saved-run"
@@ -84,7 +84,7 @@ def test_saved_state_reads_back_and_is_one_file(tmp_path: Path) -> None:
 def test_a_bad_saved_state_is_ignored_with_one_warning(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from peers.state_transfer import serialize_state
+    from peers.state.state_transfer import serialize_state
 
     donor, path = _saved(tmp_path)
     tensors, meta = state_snapshot(donor, 4)
@@ -101,7 +101,7 @@ def test_a_bad_saved_state_is_ignored_with_one_warning(
         path.write_bytes(serialize_state(tensors, meta))  # a donor's snapshot, not a saved state
     else:
         save_state(path, dict(tensors), meta, run_id=RUN, digest="zz" * 32)
-    with caplog.at_level(logging.WARNING, logger="swarmtrain.app.saved_state"):
+    with caplog.at_level(logging.WARNING, logger="swarmtrain.app.peer.saved_state"):
         assert read_saved_state(path, RUN) is None
     assert len(caplog.records) == 1 and "ignoring the saved state" in caplog.records[0].getMessage()
 
@@ -123,7 +123,7 @@ def test_an_unwritable_place_is_one_warning_not_an_error(
 
 
 def _fresh_vouch(monkeypatch: pytest.MonkeyPatch, answer: tuple[int, bytes] | None) -> None:
-    import peers.state_transfer as st
+    import peers.state.state_transfer as st
 
     monkeypatch.setattr(st, "freshest_vouched", lambda node, **kw: answer)
 

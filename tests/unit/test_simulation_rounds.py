@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 
 from test_simulation_wait import _outcome, _result
 
-from swarmtrain.app.peer_loop import PeerStatus
+from swarmtrain.app.peer.loop import PeerStatus
 from swarmtrain.core.config import load_config
 from swarmtrain.simulation.results import SimulationResult
 from swarmtrain.simulation.runner import _Supervisor

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from compression import Int4Compressor, Int8Compressor, TernaryCompressor, staging
-from peers.messages import FrameParts, decode_packet_bytes, encode_packet_bytes, frame_parts
-from peers.transport import write_frame_drained
+from peers.wire.messages import FrameParts, decode_packet_bytes, encode_packet_bytes, frame_parts
+from peers.wire.transport import write_frame_drained
 from swarmtrain.core.errors import UpdateRejected
 from swarmtrain.core.wire import encode_packet
 

@@ -10,8 +10,15 @@ import msgpack
 import pytest
 import torch
 
-from peers.state_chunks import MIN_CHUNK, ChunkProgress, Manifest, TokenBucket, build_manifest, chunk_plan
-from peers.state_transfer import serialize_state
+from peers.state.state_chunks import (
+    MIN_CHUNK,
+    ChunkProgress,
+    Manifest,
+    TokenBucket,
+    build_manifest,
+    chunk_plan,
+)
+from peers.state.state_transfer import serialize_state
 from swarmtrain.core.errors import ProtocolError
 
 
@@ -177,8 +184,8 @@ def _serve(server: Any, digest: bytes, index: int) -> bytes:
     """What ``server`` answers to one request; empty when it refused."""
     import asyncio
 
-    from peers.messages import Envelope, encode_envelope
-    from peers.transport import write_frame
+    from peers.wire.messages import Envelope, encode_envelope
+    from peers.wire.transport import write_frame
 
     req = _Writer()
     env = Envelope(type="state_req", run="r", kind="state", round=-1, digest=digest, index=index)
@@ -196,8 +203,8 @@ def _serve(server: Any, digest: bytes, index: int) -> bytes:
 
 
 def test_donor_charges_every_served_chunk_to_its_rate_limit_and_serves_only_what_it_holds() -> None:
-    from peers.ledger import ByteLedger
-    from peers.state_chunks import ChunkServer
+    from peers.state.state_chunks import ChunkServer
+    from peers.wire.ledger import ByteLedger
 
     data = _state(3, {"round": 2})
     server = ChunkServer(_Node(), "r", ByteLedger(), upload_rate=1000.0, chunk_bytes=MIN_CHUNK)
@@ -218,8 +225,8 @@ def test_donor_charges_every_served_chunk_to_its_rate_limit_and_serves_only_what
 
 def _payload(reply: bytes) -> bytes:
     """The data frames of a server's reply (header frame skipped)."""
-    from peers.messages import decode_envelope
-    from peers.transport import FRAME_PREFIX, decode_frame_length
+    from peers.wire.messages import decode_envelope
+    from peers.wire.transport import FRAME_PREFIX, decode_frame_length
 
     n = decode_frame_length(reply[:FRAME_PREFIX], 1 << 20)
     env = decode_envelope(reply[FRAME_PREFIX : FRAME_PREFIX + n])
@@ -264,7 +271,7 @@ def test_mutated_manifests_parse_or_raise_protocol_error_only() -> None:
 
 
 def test_announcement_carries_a_32_byte_manifest_hash_or_none() -> None:
-    from peers.state_transfer import parse_announcement
+    from peers.state.state_transfer import parse_announcement
 
     def ann(**extra: object) -> bytes:
         return bytes(msgpack.packb({"hash": b"h" * 32, "nbytes": 10, "round": 1, **extra}, use_bin_type=True))

@@ -8,8 +8,8 @@ import struct
 import pytest
 import torch
 
-from peers.state_transfer import META_KEY, parse_state, serialize_state
-from swarmtrain.app.checkpoint import CheckpointError, pack_state, unpack_state
+from peers.state.state_transfer import META_KEY, parse_state, serialize_state
+from swarmtrain.app.train.checkpoint import CheckpointError, pack_state, unpack_state
 from swarmtrain.core.errors import ProtocolError
 
 

@@ -1,4 +1,4 @@
-"""Which donors' states enough other donors vouch for (``peers.state_transfer._vouched``), and the
+"""Which donors' states enough other donors vouch for (``peers.state.state_transfer._vouched``), and the
 announcement's vouch list on the wire. The real-peer case (an admitted forger) is in
 ``tests/integration/test_state_transfer.py``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from peers.state_transfer import MAX_VOUCHES, _vouched, parse_announcement
+from peers.state.state_transfer import MAX_VOUCHES, _vouched, parse_announcement
 from swarmtrain.core.errors import ProtocolError
 
 D, E = b"\x01" * 32, b"\x02" * 32  # the honest digest, a forged one

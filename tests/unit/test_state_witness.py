@@ -1,4 +1,4 @@
-"""Which donors' announced rounds the other peers bear out (``peers.state_transfer._witnessed``).
+"""Which donors' announced rounds the other peers bear out (``peers.state.state_transfer._witnessed``).
 
 Pure logic on records and announcements; the real-peer case (a forged far-future round refused) is in
 ``tests/integration/test_state_transfer.py``.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from peers.records import PeerRecord
-from peers.state_transfer import ROUND_SLACK, _witnessed
+from peers.dht.records import PeerRecord
+from peers.state.state_transfer import ROUND_SLACK, _witnessed
 
 
 class _Node:

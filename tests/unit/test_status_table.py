@@ -3,8 +3,8 @@ figure; optional columns make room, in a fixed order."""
 
 from __future__ import annotations
 
-from peers.node import dht_time
-from peers.records import PeerRecord
+from peers.dht.node import dht_time
+from peers.dht.records import PeerRecord
 from swarmtrain.app.commands.peers import peer_table
 
 

@@ -8,11 +8,11 @@ import msgpack
 import pytest
 import torch
 
-from peers.owner_check import fit_reducer
+from peers.keys.signing import Signer, peer_id_from_public_der
 from peers.reducers import build_reducer
-from peers.signing import Signer, peer_id_from_public_der
-from peers.suspicion import AccusationTable, compute_bans, decode_signed, encode_signed
-from peers.verify import outlier_rows, verified_partition, verifier_index
+from peers.rounds.owner_check import fit_reducer
+from peers.trust.suspicion import AccusationTable, compute_bans, decode_signed, encode_signed
+from peers.trust.verify import outlier_rows, verified_partition, verifier_index
 from swarmtrain.core.errors import ConfigError, ProtocolError
 
 RUN = "t-susp"
@@ -20,7 +20,7 @@ RUN = "t-susp"
 
 @pytest.fixture(scope="module")
 def signers(tmp_path_factory: pytest.TempPathFactory) -> list[Signer]:
-    from peers.identity import ensure_identity
+    from peers.keys.identity import ensure_identity
 
     out = []
     for i in range(2):

@@ -155,7 +155,7 @@ class _LoneSync:
 def test_a_lone_leaver_starts_no_last_average_past_its_grace() -> None:
     import time
 
-    from swarmtrain.app.swarm_roles import final_sync
+    from swarmtrain.app.swarm.roles import final_sync
 
     s = _LoneSync()
     final_sync(None, s, 100, deadline=time.monotonic() - 1.0)  # the first round took the grace

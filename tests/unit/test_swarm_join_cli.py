@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from swarmtrain.app.cli import run
-from swarmtrain.app.swarm_join import check_role_flags, parse_stage, settings_from_config
-from swarmtrain.app.swarm_roles import SwarmSettings
+from swarmtrain.app.swarm.join import check_role_flags, parse_stage, settings_from_config
+from swarmtrain.app.swarm.roles import SwarmSettings
 from swarmtrain.core.config import load_config
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.swarm_config import SwarmConfig

@@ -84,8 +84,8 @@ def test_loss_note() -> None:
 def test_request_headers_checked_before_the_body() -> None:
     from dataclasses import replace
 
-    from peers.messages import Envelope
     from peers.swarm.server import check_request
+    from peers.wire.messages import Envelope
 
     first = StageLimits(stage=0, stages=2, width=8, vocab=50, max_len=16, max_batch=4)
     ok = Envelope(type="sw_fwd", run="r", kind="activations", round=3, index=0, frames=1, nbytes=100)

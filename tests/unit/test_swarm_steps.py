@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from peers.messages import Envelope
 from peers.swarm.protocol import (
     FORWARD,
     STEPS,
@@ -24,6 +23,7 @@ from peers.swarm.protocol import (
 )
 from peers.swarm.server import check_request
 from peers.swarm.steps import COUNT_KEY, StageSteps, StepSync
+from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ProtocolError
 
 

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from optimizers.base import StrategyContext
-from swarmtrain.app.checkpoint import (
+from swarmtrain.app.train.checkpoint import (
     CheckpointError,
     pack_state,
     read_checkpoint,
     unpack_state,
     write_checkpoint,
 )
-from swarmtrain.app.lr import lr_at
-from swarmtrain.app.trainer import StepInfo, Trainer
+from swarmtrain.app.train.lr import lr_at
+from swarmtrain.app.train.trainer import StepInfo, Trainer
 from swarmtrain.core.config import Config, TrainConfig, load_config
 from swarmtrain.core.protocols import StepReport
 
@@ -217,7 +217,7 @@ def test_peers_start_identical_and_read_disjoint_data(tmp_path: Path) -> None:
 def test_a_peer_state_round_trips_and_a_bad_one_changes_nothing(tmp_path: Path) -> None:
     """What a donor serves loads into a newcomer bit-exactly; a state of another model, another
     strategy or without a valid step is refused (``ProtocolError``) before anything changes."""
-    from swarmtrain.app.peer_state import apply_state, shared_digest, state_snapshot
+    from swarmtrain.app.peer.state import apply_state, shared_digest, state_snapshot
     from swarmtrain.core.errors import ProtocolError
 
     donor = Trainer(small_config(tmp_path, **{"train.steps": 3}))

@@ -3,7 +3,7 @@
 ``swarmtrain bench codecs [--size N] [--json PATH]`` measures every codec's compress and decompress
 throughput against a same-run tensor copy (``compression.benchmark``).
 ``swarmtrain bench strategies ...`` sweeps strategies and settings through the in-process harness
-against fp32 DataParallel (``swarmtrain.app.bench_strategies``).
+against fp32 DataParallel (``swarmtrain.app.bench.strategies``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fas
     from rich.table import Table
 
     from compression.benchmark import CodecResult
-    from swarmtrain.app.bench_strategies import Grid
+    from swarmtrain.app.bench.strategies import Grid
 
 __all__ = ["register", "bench_app", "codec_table", "last_level_cache_bytes", "cache_warning"]
 
@@ -210,7 +210,7 @@ def _grid_from_flags(
     sweep: Sequence[str] = (),
 ) -> Grid:
     """The comma-separated flags as a ``Grid`` (an empty flag: the config's value)."""
-    from swarmtrain.app.bench_strategies import Grid, parse_sweep
+    from swarmtrain.app.bench.strategies import Grid, parse_sweep
 
     return Grid(
         strategies=_words(strategy),
@@ -294,7 +294,7 @@ def strategies(
     """
     from rich.console import Console
 
-    from swarmtrain.app.bench_strategies import (
+    from swarmtrain.app.bench.strategies import (
         grid_points,
         load_point,
         run_grid,

@@ -43,11 +43,11 @@ def dashboard(
     """
     import time
 
-    from peers.guard import read_tables
-    from peers.monitor import RunReader
-    from peers.process import GracefulExit
-    from peers.records import PeerRecord
-    from peers.suspicion import compute_bans
+    from peers.dht.monitor import RunReader
+    from peers.dht.process import GracefulExit
+    from peers.dht.records import PeerRecord
+    from peers.rounds.guard import read_tables
+    from peers.trust.suspicion import compute_bans
     from swarmtrain.app.commands.peers import _peers_config, split_maddrs
     from swarmtrain.app.dashboard import DashboardServer, History, Poller
     from swarmtrain.core.errors import ConfigError

@@ -1,7 +1,7 @@
 """``swarmtrain doctor``: is this machine ready for a run, and which role suits it?
 
 Checks that the p2p daemon starts; with ``--initial-peers``, joins the run's DHT as a read-only
-monitor, measures RTT and bandwidth to a few live peers (their ``peers.probe`` handlers) and asks
+monitor, measures RTT and bandwidth to a few live peers (their ``peers.dht.probe`` handlers) and asks
 libp2p's AutoNAT whether others can dial this machine; then times a few training steps of the run's
 preset on CPU (and CUDA where present) and sets free memory against the model's budget. Prints a
 table and a verdict, or JSON with ``--json``. Exit status 1 when a check failed outright.
@@ -22,7 +22,7 @@ _NO_PEERS = "no --initial-peers"
 def _manifest_settings(maddrs: list[str], timeout: float) -> dict[str, object] | None:
     """The run-wide settings of the manifest the initial peer serves (its run ID and policy), or None
     when it serves none (a run made without ``run init``): the doctor then checks the default run."""
-    from peers.manifest_fetch import fetch_manifest
+    from peers.dht.manifest_fetch import fetch_manifest
     from swarmtrain.core.errors import SwarmError
 
     try:
@@ -47,7 +47,7 @@ def doctor(
     """Check this machine for a run (p2p, reachability, links, throughput, memory); print a verdict."""
     import torch
 
-    from peers.transport import LoopThread
+    from peers.wire.transport import LoopThread
     from swarmtrain.app.commands.peers import split_maddrs
     from swarmtrain.app.doctor.local import check_daemon, check_memory, check_throughput
     from swarmtrain.app.doctor.network import check_run

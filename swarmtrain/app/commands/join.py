@@ -69,7 +69,7 @@ def join(
     """
     from swarmtrain.app.commands.peers import split_maddrs
     from swarmtrain.app.commands.train import data_overrides
-    from swarmtrain.app.swarm_join import check_role_flags, run_swarm_join
+    from swarmtrain.app.swarm.join import check_role_flags, run_swarm_join
 
     overrides: dict[str, Any] = {
         "peers.initial_peers": split_maddrs(initial_peers) or None,
@@ -103,14 +103,14 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
         ConfigError: one line: no manifest served, a setting or release that differs from the
             manifest's, an open run without a robust reducer, or a token the run did not issue.
     """
-    from peers.admission import check_own_admission
-    from peers.manifest import read_manifest_file
-    from swarmtrain.app.run_manifest import check_open_policy, config_from_manifest, keep_manifest
+    from peers.trust.admission import check_own_admission
+    from peers.trust.manifest import read_manifest_file
+    from swarmtrain.app.peer.run_manifest import check_open_policy, config_from_manifest, keep_manifest
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError, SwarmError
 
     if by_manifest:
-        from peers.manifest_fetch import fetch_manifest
+        from peers.dht.manifest_fetch import fetch_manifest
 
         load_config(None, overrides)  # this peer's own flags and environment: their errors come first
 
@@ -128,7 +128,7 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
             cfg = config_from_manifest(read_manifest_file(cfg.peers.manifest), config, overrides)
     check_open_policy(cfg)
     if cfg.peers.admission != "open" and not cfg.peers.identity_path:
-        from peers.identity import default_identity_path
+        from peers.keys.identity import default_identity_path
 
         cfg.peers.identity_path = str(default_identity_path())  # what `swarmtrain identity` prints
     if cfg.peers.admission == "token" and cfg.peers.token and by_manifest:
@@ -140,7 +140,7 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
 def _check_token_signer(cfg: Any) -> None:
     """A token that the manifest's run key did not sign: the initial peer serves another run's manifest
     (an impostor, or the wrong address). One line instead of "not admitted" later."""
-    from peers.admission import decode_token, parse_token_text
+    from peers.trust.admission import decode_token, parse_token_text
     from swarmtrain.core.errors import ConfigError, ProtocolError
 
     try:
@@ -161,9 +161,9 @@ def run_join(
     by_manifest: bool = False,
 ) -> None:
     """Load the run's config, join it as a volunteer with a live status line, and print a summary."""
-    from swarmtrain.app.commands.peers import human_bytes
     from swarmtrain.app.data import describe_data
-    from swarmtrain.app.volunteer import run_volunteer
+    from swarmtrain.app.peer.volunteer import run_volunteer
+    from swarmtrain.app.units import human_bytes
     from swarmtrain.core.errors import ConfigError
 
     cfg = load_join_config(config, overrides, by_manifest=by_manifest)
@@ -172,9 +172,9 @@ def run_join(
     if cfg.peers.min_peers < 2:
         cfg.peers.min_peers = 2  # a round with only ourselves is no sync
     cfg.train.progress = False
-    from swarmtrain.app.live import LiveLine
-    from swarmtrain.app.memory_budget import budget_report
-    from swarmtrain.app.trainer import resolve_device
+    from swarmtrain.app.peer.live import LiveLine
+    from swarmtrain.app.train.memory_budget import budget_report
+    from swarmtrain.app.train.trainer import resolve_device
 
     print(budget_report(cfg, resolve_device(cfg.train.device)), file=sys.stderr, flush=True)
     print(describe_data(cfg.data), file=sys.stderr, flush=True)

@@ -3,7 +3,7 @@
 ``dht`` starts a hivemind DHT node, prints the multiaddrs other peers pass as ``--initial-peers``
 (one per line after a header, flushed at once so scripts can read them) and runs until Ctrl-C or
 SIGTERM, then deregisters. ``status`` reads the run's peer records through an in-process DHT client
-(``peers.monitor.RunReader``) and prints them as a plain table. Heavy imports (hivemind, torch)
+(``peers.dht.monitor.RunReader``) and prints them as a plain table. Heavy imports (hivemind, torch)
 happen inside the commands.
 """
 
@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:  # imported for real inside the commands, so --help stays fast
-    from peers.records import PeerRecord
+    from peers.dht.records import PeerRecord
 
-__all__ = ["register", "dht", "status", "split_maddrs", "human_bytes", "peer_rows", "peer_table"]
+from swarmtrain.app.units import human_bytes
+
+__all__ = ["register", "dht", "status", "split_maddrs", "peer_rows", "peer_table"]
 
 
 def split_maddrs(values: list[str] | None) -> list[str]:
@@ -29,15 +31,6 @@ def split_maddrs(values: list[str] | None) -> list[str]:
     return out
 
 
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
 def _peers_config(config: Path | None, overrides: dict[str, Any]) -> Any:
     """``[peers]`` of the run's config file (if any) under the command's flags (``None``: not given);
     with ``peers.manifest`` set, the manifest's settings are the lowest layer."""
@@ -46,7 +39,7 @@ def _peers_config(config: Path | None, overrides: dict[str, Any]) -> Any:
     cfg = load_config(config, overrides)
     if not cfg.peers.manifest:
         return cfg.peers
-    from peers.manifest import read_manifest_file
+    from peers.trust.manifest import read_manifest_file
     from swarmtrain.core.errors import ConfigError
 
     path = cfg.peers.manifest
@@ -95,8 +88,8 @@ def dht(
     With --manifest the node serves the run's signed manifest, so volunteers need only its address
     (and a token where the run asks for one): `swarmtrain join --initial-peers ADDR`.
     """
-    from peers.node import PeerNode
-    from peers.process import GracefulExit
+    from peers.dht.node import PeerNode
+    from peers.dht.process import GracefulExit
 
     cfg = _peers_config(
         config,
@@ -139,9 +132,9 @@ def status(
     import shutil
     from dataclasses import asdict
 
-    from peers.guard import read_tables
-    from peers.monitor import RunReader
-    from peers.suspicion import compute_bans
+    from peers.dht.monitor import RunReader
+    from peers.rounds.guard import read_tables
+    from peers.trust.suspicion import compute_bans
     from swarmtrain.core.jsonsafe import dumps
 
     cfg = _peers_config(config, {"peers.run_id": run_id, "peers.initial_peers": split_maddrs(initial_peers)})
@@ -212,7 +205,7 @@ def peer_table(run_id: str, records: list[PeerRecord], width: int = 80) -> list[
     went."""
     import textwrap
 
-    from peers.node import dht_time
+    from peers.dht.node import dht_time
 
     rows = peer_rows(records, dht_time())
     cols = [c for c in _COLUMNS]

@@ -14,11 +14,13 @@ import typer
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
-    from swarmtrain.app.peer_loop import PeerStatus
+    from swarmtrain.app.peer.loop import PeerStatus
     from swarmtrain.core.config import Config
     from swarmtrain.simulation.results import SimulationResult
 
-__all__ = ["register", "simulate", "run_simulate", "SimulateOptions", "SIMULATE_DEFAULTS"]
+from swarmtrain.app.local_run import SIMULATE_DEFAULTS
+
+__all__ = ["register", "simulate", "run_simulate", "SimulateOptions"]
 
 
 def _table(rows: list[Any]) -> Any:
@@ -26,7 +28,7 @@ def _table(rows: list[Any]) -> Any:
     reads at 80 columns, and a long run name wraps in its header instead of cutting a number."""
     from rich.table import Table
 
-    from swarmtrain.app.commands.peers import human_bytes
+    from swarmtrain.app.units import human_bytes
 
     t = Table(title="swarmtrain simulate")
     t.add_column("", no_wrap=True)
@@ -117,15 +119,6 @@ class SimulateOptions:
         from swarmtrain.core.config import load_config
 
         return load_config(self.config, self.overrides(), base=SIMULATE_DEFAULTS)
-
-
-# simulate's defaults: the README's tiny run
-SIMULATE_DEFAULTS: dict[str, Any] = {
-    "peers": {"admission": "token"},  # a run key and a token per peer, as `swarmtrain run init` makes
-    "strategy": {"name": "diloco", "inner_steps": 30},
-    "compression": {"codec": "int8"},
-    "train": {"steps": 300, "eval_interval": 10_000},
-}
 
 
 def simulate(
@@ -364,7 +357,7 @@ def _run_one(
     or redirected, that line with a timestamp every :data:`PLAIN_EVERY_S` seconds."""
     import time
 
-    from swarmtrain.app.live import combine, format_status
+    from swarmtrain.app.peer.live import combine, format_status
     from swarmtrain.simulation.regions import emulated_regions
     from swarmtrain.simulation.runner import run_simulation
 

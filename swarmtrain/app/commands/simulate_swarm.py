@@ -20,7 +20,7 @@ from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
-    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import Config
 
 __all__ = ["run_swarm_simulate", "swarm_settings", "SwarmFlags"]
@@ -101,7 +101,7 @@ def _refuse_other_flags(opts: SwarmFlags) -> None:
 
 
 def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple[Config, SwarmSettings]:
-    """The run's config and its :class:`swarmtrain.app.swarm_roles.SwarmSettings`, checked before any
+    """The run's config and its :class:`swarmtrain.app.swarm.roles.SwarmSettings`, checked before any
     process starts. ``load_config``: the run's config without the strategy and codec flags (they
     mean other things here).
 
@@ -111,7 +111,7 @@ def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple
     from compression import build_compressor
     from swarmtrain.app.models import resolve_spec
     from swarmtrain.app.models.stages import stage_blocks
-    from swarmtrain.app.swarm_roles import SwarmSettings
+    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.simulation.swarm import spread_servers
 
     _refuse_other_flags(opts)

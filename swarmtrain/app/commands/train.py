@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         overrides.update(data_overrides(list(data or [])))
         base = None
         if resume is not None:
-            from swarmtrain.app.checkpoint import read_meta
+            from swarmtrain.app.train.checkpoint import read_meta
 
             saved = read_meta(resume).get("config")
             if not isinstance(saved, dict):
@@ -97,7 +97,7 @@ def _run(cfg: Any, resume: str | None) -> None:
     from rich.console import Console
 
     from swarmtrain.app.data import describe_data
-    from swarmtrain.app.trainer import StepInfo, Trainer
+    from swarmtrain.app.train.trainer import StepInfo, Trainer
 
     out = Console(highlight=False, soft_wrap=True)
     trainer = Trainer(cfg)
@@ -110,7 +110,7 @@ def _run(cfg: Any, resume: str | None) -> None:
         f"steps {trainer.step}->{tc.steps}" + (f", max {tc.max_time:g} s" if tc.max_time else "")
     )
     out.print(describe_data(cfg.data), markup=False)
-    from swarmtrain.app.memory_budget import budget_report
+    from swarmtrain.app.train.memory_budget import budget_report
 
     out.print(budget_report(cfg, trainer.device), markup=False)
     bar_shown = tc.progress and Console(stderr=True).is_terminal

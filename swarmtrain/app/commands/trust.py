@@ -1,7 +1,7 @@
 """``swarmtrain run init``, ``swarmtrain token issue``, ``swarmtrain identity``: a run's root of trust.
 
 The run's creator makes the run key once (``run init``): it signs the run manifest (settings,
-admission policy, software version, initial-state hash; ``peers.manifest``) that the bootstrap node
+admission policy, software version, initial-state hash; ``peers.trust.manifest``) that the bootstrap node
 serves, so a volunteer needs only the bootstrap's address. The config it writes is for the run's
 own peers (it holds the run's public key, never the secret). The creator issues a join token per
 volunteer peer ID (``token issue``); a volunteer learns its peer ID with ``identity`` and passes the
@@ -40,10 +40,10 @@ def run_init(
 ) -> None:
     """Create a run: its key (secret), its signed manifest, a shared config, and the bootstrap node's
     identity and token. Volunteers then need only the bootstrap's address (and a token)."""
-    from peers.admission import POLICIES, RunKey, encode_token_text
-    from peers.identity import ensure_identity
-    from peers.node import RUN_ID_PATTERN
-    from swarmtrain.app.run_manifest import make_manifest
+    from peers.dht.node import RUN_ID_PATTERN
+    from peers.keys.identity import ensure_identity
+    from peers.trust.admission import POLICIES, RunKey, encode_token_text
+    from swarmtrain.app.peer.run_manifest import make_manifest
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
@@ -126,7 +126,7 @@ def token_issue(
     hours: float = typer.Option(24 * 30, "--hours", min=0.01, help="Hours the token stays valid."),
 ) -> None:
     """Print a join token admitting PEER_ID to the run (pass it to `swarmtrain join --token`)."""
-    from peers.admission import RunKey, encode_token_text
+    from peers.trust.admission import RunKey, encode_token_text
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
@@ -147,7 +147,7 @@ def identity(
 ) -> None:
     """Print the peer ID of an identity file (creating the file if it does not exist); without FILE,
     of this machine's default identity, which `join` uses when given no --identity."""
-    from peers.identity import default_identity_path, ensure_identity
+    from peers.keys.identity import default_identity_path, ensure_identity
 
     typer.echo(ensure_identity(path if path is not None else default_identity_path()))
 

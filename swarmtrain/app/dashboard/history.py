@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from peers.records import PeerRecord
+from peers.dht.records import PeerRecord
 
 __all__ = ["History", "OUTCOMES"]
 

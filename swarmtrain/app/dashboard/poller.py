@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from peers.records import PeerRecord
+from peers.dht.records import PeerRecord
 from swarmtrain.app.dashboard.history import History
 
 __all__ = ["Poller", "Reader"]

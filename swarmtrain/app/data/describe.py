@@ -42,7 +42,7 @@ def describe_data(cfg: DataConfig) -> str:
 
     Never raises for missing paths (the corpus builder reports those): they are listed instead.
     """
-    from swarmtrain.app.commands.peers import human_bytes
+    from swarmtrain.app.units import human_bytes
 
     val = f"val {cfg.val_fraction * 100:g}%"
     cap = f", first {human_bytes(cfg.max_bytes)}" if cfg.max_bytes is not None else ""

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from swarmtrain.app.doctor.result import Check
-from swarmtrain.app.memory_budget import memory_budget
+from swarmtrain.app.train.memory_budget import memory_budget
 from swarmtrain.core.config import Config
 
 __all__ = ["check_daemon", "check_throughput", "check_memory", "human_rate", "HEADROOM"]
@@ -52,7 +52,7 @@ def check_throughput(cfg: Config, device: str, *, steps: int = 5, max_s: float =
     """
     import torch
 
-    from swarmtrain.app.trainer import Trainer
+    from swarmtrain.app.train.trainer import Trainer
 
     name = f"throughput {device}"
     run_cfg = cfg.model_copy(

@@ -1,5 +1,5 @@
 """Doctor checks against a live run: join its DHT as a monitor, then measure RTT and bandwidth to a
-few of its live peers through their probe handlers (``peers.probe``)."""
+few of its live peers through their probe handlers (``peers.dht.probe``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class RunLinks:
 
 
 def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: float) -> Check:
-    from peers.probe import probe_peer
+    from peers.dht.probe import probe_peer
     from swarmtrain.core.errors import SwarmError
 
     name = f"peer {peer_id[-8:]}"
@@ -58,7 +58,7 @@ def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: flo
 def check_run(cfg: Any, *, n_peers: int, timeout: float, download: int = 1 << 20) -> RunLinks:
     """Join the run's DHT (``cfg``: ``PeersConfig``) as a read-only monitor and probe up to
     ``n_peers`` live peers (trainers first)."""
-    from peers.node import PeerNode
+    from peers.dht.node import PeerNode
     from swarmtrain.core.errors import SwarmError
 
     out = RunLinks()

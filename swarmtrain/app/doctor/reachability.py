@@ -109,7 +109,7 @@ class ReachabilityWatch:
 
     Args:
         initial_peers: the run's bootstrap multiaddrs.
-        loop: a ``peers.transport.LoopThread`` to run the daemon on.
+        loop: a ``peers.wire.transport.LoopThread`` to run the daemon on.
     """
 
     def __init__(self, initial_peers: list[str], loop: Any) -> None:

@@ -2,7 +2,7 @@
 
 ``MaliciousOwner`` holds the corruption (``corrupt_aggregate``); ``MaliciousOwnerReducer`` installs it
 in a real peer by wrapping the reducer the peer passes to ``all_reduce``, so the network collective
-runs no attack code of its own. The defence is the replicated-owner check (``peers.verify``); a robust
+runs no attack code of its own. The defence is the replicated-owner check (``peers.trust.verify``); a robust
 reducer cannot help, since the reducer runs on the owner.
 """
 
@@ -74,7 +74,7 @@ class MaliciousOwnerReducer:
 
     A peer reduces with it only as a *primary* owner (the aggregates it returns to the others). As a
     *verifier* of another owner's partition the owner check reduces with ``honest`` (the undecorated
-    reducer, see ``peers.owner_check.honest_reducer``), so this peer lies about its own partition
+    reducer, see ``peers.rounds.owner_check.honest_reducer``), so this peer lies about its own partition
     only, as a single Byzantine owner does.
 
     ``n_byzantine`` and every other attribute of ``inner`` read through, and ``n_byzantine`` writes

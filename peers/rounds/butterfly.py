@@ -1,0 +1,503 @@
+"""The data phase of ``P2PCollective.all_reduce``: a butterfly all-reduce pipelined at chunk level.
+
+Scheme (Moshpit SGD / hivemind's averager, Ryabinin et al. 2021, on our own wire; the module docstring
+of ``peers.rounds.collective`` states the guarantees): the flat fp32 vector is cut into one partition per
+member and each partition into chunks of ``chunk_elems``. Every peer encodes its slice of every other
+owner's partition and queues the chunks, round-robin over owners, on one persistent channel per owner
+(``peers.wire.channels``). Then one loop on the calling thread handles whatever has arrived, in any order:
+
+* all parts of one of *my* chunks are in: reduce that chunk, encode the aggregate once, queue it to
+  every other member and decode the same bytes into my result (the owner decodes what it sends);
+* an aggregate chunk of another owner is in: decode it straight into the result.
+
+So an owner returns each chunk's aggregate as soon as that chunk is complete, aggregates of early
+chunks flow while later parts are still arriving, and no phase waits for a whole partition.
+
+Copies are kept to what the codecs require: a single fp32 input tensor is used in place (no
+concatenation), every decoded aggregate is copied once into one preallocated output whose views are
+returned, and the weighted mean (``MeanReducer``, the default) accumulates rows in place instead of
+stacking them into an ``[n, m]`` matrix first. Any other reducer, or a round with a verification
+step that needs the stack, gets the stack through the ``Reducer`` interface.
+
+A verification step (:class:`ReduceCheck`; the replicated-owner check of ``peers.rounds.owner_check``) is
+called at fixed points of the round and is :class:`NoCheck` when none is configured; the data phase
+itself has no branch for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import torch
+
+from compression.staging import compress_many
+from peers.reducers import MeanReducer
+from peers.rounds.round_io import RoundIO, Slot
+from peers.wire.mailbox import Delivery, Key
+from peers.wire.messages import Envelope, encode_packet_bytes
+from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
+from swarmtrain.core.protocols import Compressor, Reducer
+
+__all__ = ["bounds", "Layout", "ReduceJob", "ReduceCheck", "NoCheck", "ButterflyRound", "reduce_round"]
+
+logger = logging.getLogger(__name__)
+
+Chunk = tuple[int, int]  # [a, b) in the flat vector
+
+
+def bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
+    """Contiguous near-equal ``[lo, hi)`` ranges; the first ``n_items % n_parts`` get one more."""
+    base, extra = divmod(n_items, n_parts)
+    out, lo = [], 0
+    for i in range(n_parts):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    """The flat fp32 input ``[N]``, on the tensors' device: a view of a single fp32 tensor (read only
+    here), else a copy."""
+    if len(names) == 1 and tensors[names[0]].dtype == torch.float32:
+        return tensors[names[0]].detach().reshape(-1)
+    if not names:
+        return torch.zeros(0)
+    return torch.cat([tensors[k].detach().reshape(-1).to(torch.float32) for k in names])
+
+
+#: a sender's weight counts at most this many times the median weight of the chunk's rows
+WEIGHT_CAP = 2.0
+
+
+def bound_weights(weights: list[float]) -> list[float]:
+    """``weights`` with each capped at :data:`WEIGHT_CAP` times the median of the positive ones.
+
+    A weight is what its sender claims (tokens processed since its last sync); uncapped, one member
+    claiming 1e30 makes the weighted mean its own row. Honest weights are equal under one run config
+    (up to a factor 2 after a failed round), so the cap leaves them as they are; a claimant's share
+    of the mean is bounded by ``WEIGHT_CAP / (n - 1 + WEIGHT_CAP)``. Bounding is not robustness:
+    that is the robust reducers' job (they ignore weights).
+    """
+    positive = sorted(w for w in weights if w > 0)
+    if not positive:
+        return weights
+    cap = WEIGHT_CAP * positive[(len(positive) - 1) // 2]  # the lower median: no average of two
+    return [min(w, cap) for w in weights]
+
+
+def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """Weighted mean of ``rows`` accumulated in place into ``acc`` (``MeanReducer``'s rule and errors)."""
+    total = float(sum(weights))
+    if not total > 0 or total == float("inf"):
+        raise ConfigError("reducer 'mean': weights must be finite and sum to a positive number")
+    torch.mul(rows[0], weights[0] / total, out=acc)
+    for row, w in zip(rows[1:], weights[1:], strict=True):
+        acc.add_(row, alpha=w / total)
+    return acc
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one all-reduce cuts its flat vector.
+
+    Attributes:
+        numel: elements of the flat vector.
+        chunks: ``chunks[i][c]`` is the ``[a, b)`` range of chunk ``c`` of partition ``i`` (owned by
+            member ``i``).
+        digest: the group digest followed by 8 bytes of the tensor names and shapes; every data message
+            of the round carries it, so a peer with another layout is refused.
+    """
+
+    numel: int
+    chunks: list[list[Chunk]]
+    digest: bytes
+
+    @property
+    def spec(self) -> str:
+        """16 hex digits naming the tensors reduced (their names and shapes, in order), whatever the
+        group: the identity of the flat vector, which error-feedback memory is keyed by."""
+        return self.digest[-8:].hex()
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, torch.Tensor], group_digest: bytes, n_parts: int, step: int) -> Layout:
+        """The layout of ``tensors`` cut into ``n_parts`` partitions of chunks of ``step`` elements."""
+        names = list(tensors)
+        numel = sum(t.numel() for t in tensors.values())
+        spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
+        chunks = [[(a, min(a + step, hi)) for a in range(lo, hi, step)] for lo, hi in bounds(numel, n_parts)]
+        return cls(numel, chunks, group_digest + spec)
+
+
+@dataclass(frozen=True)
+class ReduceJob:
+    """What one peer reduces in one round, as the butterfly and its verification step see it.
+
+    Attributes:
+        io: the round.
+        layout: partitions and chunks.
+        compressor: codec of the parts.
+        agg_codec: codec of the aggregates.
+        reducer: combines the rows of one chunk.
+        weight: this peer's weight.
+        device: where the reduction runs (the input's device); decoded rows are moved here once.
+    """
+
+    io: RoundIO
+    layout: Layout
+    compressor: Compressor
+    agg_codec: Compressor
+    reducer: Reducer
+    weight: float
+    device: torch.device = torch.device("cpu")
+
+    def decode_row(self, frames: tuple[bytes, ...] | list[bytes], length: int) -> torch.Tensor:
+        """One peer's encoded chunk decoded (on the codec's device, the host) and placed on
+        :attr:`device`, where it is reduced."""
+        return self.io.decode_chunk(self.compressor, frames, length).to(self.device)
+
+    def envelope(self, typ: str, index: int, chunk: int, frame: bytes, weight: float = 0.0) -> Envelope:
+        """The header of one data message (one frame) of partition ``index``, chunk ``chunk``."""
+        env = self.io.envelope(typ, digest=self.layout.digest, numel=self.layout.numel)
+        return replace(env, index=index, chunk=chunk, weight=weight, frames=1, nbytes=len(frame))
+
+    def encode_part(self, part: torch.Tensor, i: int, c: int) -> bytes:
+        """This peer's encoded contribution to chunk ``c`` of partition ``i``.
+
+        Error-feedback memory is keyed by what is sent, never by a chunk's position: the key is the
+        flat vector's identity (the round kind and :attr:`Layout.spec`, the tensors' names and
+        shapes), so two tensor sets (Streaming DiLoCo's fragments) never share memory. A codec with
+        ``compress_span`` (``compression.feedback``) keeps one flat memory per vector and reads and
+        writes only this chunk's elements: a new group size (another cut into partitions) finds each
+        element's residual where it left it. Any other codec gets ``key/a:b``, the chunk's range.
+        """
+        a, b = self.layout.chunks[i][c]
+        key = f"{self.io.kind}/{self.layout.spec}"
+        span = getattr(self.compressor, "compress_span", None)
+        if callable(span):
+            return encode_packet_bytes(span(part, key=key, lo=a, total=self.layout.numel))
+        return encode_packet_bytes(self.compressor.compress(part, key=f"{key}/{a}:{b}"))
+
+    def encode_parts(self, flat: torch.Tensor, order: list[tuple[int, int]]) -> Iterator[bytes]:
+        """This peer's encoded contributions to the chunks ``order`` (``(partition, chunk)`` pairs), in
+        that order.
+
+        A codec without span memory goes through ``compression.staging.compress_many``: on a GPU the
+        device encode of one chunk overlaps the copy of the previous one into a reused pinned host
+        buffer, and the frame is joined once from that buffer (the one host copy left: frames stay
+        ``bytes`` because the owner check keeps them and the mailbox's peers compare them). On the
+        host it is ``compress`` as before. Span (error-feedback) codecs encode chunk by chunk.
+        """
+        if callable(getattr(self.compressor, "compress_span", None)):
+            for i, c in order:
+                a, b = self.layout.chunks[i][c]
+                yield self.encode_part(flat[a:b], i, c)
+            return
+        key = f"{self.io.kind}/{self.layout.spec}"
+        items = []
+        for i, c in order:
+            a, b = self.layout.chunks[i][c]
+            items.append((flat[a:b], f"{key}/{a}:{b}"))
+        for staged in compress_many(self.compressor, items):
+            try:
+                yield b"".join(staged.wire_parts())
+            finally:
+                staged.release()
+
+    def encode_aggregate(self, agg: torch.Tensor, i: int, c: int) -> bytes:
+        """The encoded aggregate of chunk ``c`` of partition ``i`` (a primary and its verifier use the
+        same key, so honest ones encode the same bytes).
+
+        An owner's error-feedback memory of its aggregates is keyed by the vector and its partition's
+        range (``kind/agg/spec/lo:hi``), a flat memory of the partition's size; when the partition
+        changes (a new group), the memory of this vector's other partitions is dropped (``retain``):
+        the elements they held belong to other owners now, who never saw that rounding error.
+        """
+        a, b = self.layout.chunks[i][c]
+        lo, hi = self.layout.chunks[i][0][0], self.layout.chunks[i][-1][1]
+        prefix = f"{self.io.kind}/agg/{self.layout.spec}/"
+        key = f"{prefix}{lo}:{hi}"
+        span = getattr(self.agg_codec, "compress_span", None)
+        if not callable(span):
+            return encode_packet_bytes(self.agg_codec.compress(agg, key=f"{prefix}{a}:{b}"))
+        retain = getattr(self.agg_codec, "retain", None)
+        if callable(retain):
+            retain(prefix, key)
+        return encode_packet_bytes(span(agg, key=key, lo=a - lo, total=hi - lo))
+
+
+class ReduceCheck(Protocol):
+    """A verification step the butterfly calls at fixed points of a round (``peers.rounds.owner_check``).
+
+    Attributes:
+        stacks_rows: the step needs every chunk's ``[n, m]`` row stack (no in-place mean).
+        encodes_own_parts: this peer also encodes its parts of its *own* partition and hands them to
+            :meth:`part_encoded` (a verifier replicates the owner's reduce from those bytes).
+    """
+
+    stacks_rows: bool
+    encodes_own_parts: bool
+
+    def prepare(self, job: ReduceJob) -> ReduceJob:
+        """The job as the round runs it (e.g. the reducer fit to the group, another aggregate codec)."""
+        ...
+
+    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
+        """This peer encoded ``frame``, its part of chunk ``c`` of partition ``i``; returns sends."""
+        ...
+
+    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
+        """The row this peer reduces for chunk ``c`` of its own partition (``raw``: its input slice),
+        on ``raw``'s device."""
+        ...
+
+    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
+        """This peer reduced the rows ``stack`` (senders ``who``) of one of its chunks into ``agg``."""
+        ...
+
+    def partition_done(self) -> list[Future[None]]:
+        """Every chunk of this peer's partition is reduced and sent; returns sends."""
+        ...
+
+    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
+        """Every aggregate is in (``(partition, chunk) -> encoded bytes``) and the sends settled; may
+        raise to fail the round."""
+        ...
+
+
+class NoCheck:
+    """No verification: every hook does nothing."""
+
+    stacks_rows = False
+    encodes_own_parts = False
+
+    def prepare(self, job: ReduceJob) -> ReduceJob:
+        """The job unchanged."""
+        return job
+
+    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
+        """Nothing to send."""
+        return []
+
+    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
+        """The input slice itself."""
+        return raw
+
+    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
+        """Nothing to record."""
+
+    def partition_done(self) -> list[Future[None]]:
+        """Nothing to send."""
+        return []
+
+    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
+        """Nothing to check."""
+
+
+class ButterflyRound:
+    """One peer's data phase of one all-reduce round (see the module docstring).
+
+    Args:
+        io: the round.
+        tensors: name -> tensor; read only.
+        compressor: codec of parts and aggregates.
+        reducer: combines the rows of a chunk.
+        weight: this peer's weight.
+        check: the verification step (:class:`NoCheck` for none).
+        chunk_elems: elements per chunk (one packet, one stream frame).
+    """
+
+    def __init__(
+        self,
+        io: RoundIO,
+        tensors: Mapping[str, torch.Tensor],
+        compressor: Compressor,
+        reducer: Reducer,
+        weight: float,
+        check: ReduceCheck,
+        chunk_elems: int,
+    ) -> None:
+        self.io = io
+        self.tensors = tensors
+        self.check = check
+        self.flat = _flat(tensors, list(tensors))  # [N]
+        #: where the input lives and the reduction runs: decoded rows are moved here once
+        self.device = self.flat.device
+        layout = Layout.of(tensors, io.group.digest, io.group.size, chunk_elems)
+        job = ReduceJob(io, layout, compressor, compressor, reducer, weight, self.device)
+        self.job = check.prepare(job)
+        self.chunks = layout.chunks
+        self.me = io.group.index
+        self.fast_mean = not check.stacks_rows and type(self.job.reducer) is MeanReducer
+        self.sends: list[Future[None]] = []
+        # [N] fp32 on the input's device; every piece is decoded straight into it
+        self.result = torch.empty(layout.numel, device=self.device)
+        longest = max((b - a for a, b in self.chunks[self.me]), default=0)
+        self.acc = torch.empty(longest, device=self.device)  # mean scratch
+        self.excluded: set[str] = set()  # senders left out of my partition (every chunk of it)
+        #: my chunks still to reduce, and the aggregates still to receive -> (partition, chunk)
+        self.my_todo = list(range(len(self.chunks[self.me])))
+        self.agg_todo: dict[Key, tuple[int, int]] = {
+            ("agg", p, c): (i, c)
+            for i, p in enumerate(io.group.members)
+            if i != self.me
+            for c in range(len(self.chunks[i]))
+        }
+        self.agg_frames: dict[tuple[int, int], bytes] = {}  # every aggregate's bytes, mine included
+        self.partition_announced = False
+
+    def run(self) -> dict[str, torch.Tensor]:
+        """Send the parts, exchange, settle, finish the check; returns name -> reduced tensor."""
+        self.send_parts()
+        self.io.mark("encode_parts")
+        waits = self.exchange()
+        self.io.mark("exchange")
+        self.io.clock.phases.update(waits)
+        self.io.settle(self.sends)
+        self.io.mark("wait_sends")
+        self.check.finish(self.agg_frames)
+        return self.unflatten()
+
+    def send_parts(self) -> None:
+        """Encode my slice of every other owner's partition; queue the chunks round-robin over owners."""
+        members, me, job = self.io.group.members, self.me, self.job
+        order = [
+            (i, c)
+            for c in range(max((len(ch) for ch in self.chunks), default=0))
+            for i in range(len(members))
+            if c < len(self.chunks[i]) and (i != me or self.check.encodes_own_parts)
+        ]
+        for (i, c), frame in zip(order, job.encode_parts(self.flat, order), strict=True):
+            if i != me:
+                env = job.envelope("part", i, c, frame, job.weight)
+                self.sends.append(self.io.send(members[i], env, [frame]))
+            self.sends += self.check.part_encoded(i, c, frame)
+
+    def exchange(self) -> dict[str, float]:
+        """Handle whatever arrived until my chunks are reduced and every aggregate is in: my complete
+        chunks first (the others wait on them), then aggregates. Returns the seconds spent waiting,
+        reducing and decoding."""
+        t_reduce = t_decode = t_wait = 0.0
+        while self.my_todo or self.agg_todo:
+            t0 = time.perf_counter()
+            slot = self.io.wait(
+                self._ready, self._missing, timeout_text="timed out waiting for parts or aggregates"
+            )
+            t1 = time.perf_counter()
+            for c in [c for c in self.my_todo if self._chunk_in(slot, c)]:
+                self.reduce_chunk(slot, c)
+                self.my_todo.remove(c)
+            if not self.my_todo:
+                self._announce_partition_done()
+            t2 = time.perf_counter()
+            for k in [k for k in self.agg_todo if k in slot]:
+                self.take_aggregate(slot, k)
+            t_wait, t_reduce, t_decode = (
+                t_wait + t1 - t0,
+                t_reduce + t2 - t1,
+                t_decode + time.perf_counter() - t2,
+            )
+        self._announce_partition_done()  # my partition may have had no chunks
+        return {"wait_in_exchange": t_wait, "reduce_encode_agg": t_reduce, "decode_aggs": t_decode}
+
+    def _announce_partition_done(self) -> None:
+        if not self.partition_announced:
+            self.partition_announced = True
+            self.sends += self.check.partition_done()
+
+    def _chunk_in(self, slot: Slot, c: int) -> bool:
+        return all(("part", p, c) in slot for p in self.io.others)
+
+    def _ready(self, slot: Slot) -> bool:
+        return any(self._chunk_in(slot, c) for c in self.my_todo) or any(k in slot for k in self.agg_todo)
+
+    def _missing(self, slot: Slot) -> list[str]:
+        others = self.io.others
+        gone = {p for c in self.my_todo for p in others if ("part", p, c) not in slot}
+        return sorted(gone | {k[1] for k in self.agg_todo if k not in slot})
+
+    def rows(
+        self, slot: Slot, c: int, mine: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[float], list[str]]:
+        """The decoded rows of my chunk ``c`` (mine first, then the others in member order), their
+        weights and senders. A contribution that fails validation is left out of every chunk of my
+        partition, consistently."""
+        a, b = self.chunks[self.me][c]
+        rows, weights, who = [mine], [self.job.weight], [self.io.peer_id]
+        for p in self.io.others:
+            d = self.io.checked(slot, ("part", p, c), self.job.layout.digest)
+            if p in self.excluded:
+                continue
+            try:
+                if d.env.index != self.me or d.env.numel != self.job.layout.numel:
+                    raise ProtocolError("part for another partition or layout")
+                rows.append(self.job.decode_row(d.frames, b - a))
+                weights.append(d.env.weight)
+                who.append(p)
+            except (ProtocolError, ValueError, RuntimeError) as e:
+                self.excluded.add(p)
+                logger.warning("round %d: contribution of %s left out: %s", self.io.round_id, p[:12], e)
+        return rows, bound_weights(weights), who
+
+    def reduce_chunk(self, slot: Slot, c: int) -> None:
+        """Reduce my chunk ``c``, send its encoded aggregate to every other member, decode it into my
+        result."""
+        a, b = self.chunks[self.me][c]
+        mine = self.check.own_row(c, self.flat[a:b])  # on self.device
+        rows, weights, who = self.rows(slot, c, mine)
+        if self.fast_mean:
+            if not bool(torch.isfinite(mine).all()):
+                raise UpdateRejected("reducer 'mean': this peer's own row holds NaN/Inf")
+            agg = _mean_into(self.acc[: b - a], rows, weights)
+        else:
+            stack = torch.stack(rows)  # [n, b - a]
+            w = torch.tensor(weights, dtype=torch.float32, device=self.device)
+            agg = self.job.reducer.reduce(stack, w)
+            if tuple(agg.shape) != (b - a,):
+                raise ProtocolError(f"reducer returned shape {tuple(agg.shape)}")
+            self.check.chunk_reduced(stack, agg, who)
+        frame = self.job.encode_aggregate(agg, self.me, c)
+        self.agg_frames[(self.me, c)] = frame
+        env = self.job.envelope("agg", self.me, c, frame)
+        self.sends += self.io.send_to_others(env, [frame])
+        self.result[a:b].copy_(self.io.decode_chunk(self.job.compressor, (frame,), b - a))
+
+    def take_aggregate(self, slot: Slot, k: Key) -> None:
+        """Decode the aggregate under ``k`` (another owner's chunk) into my result."""
+        i, c = self.agg_todo.pop(k)
+        d: Delivery = self.io.checked(slot, k, self.job.layout.digest)
+        if d.env.index != i or d.env.numel != self.job.layout.numel:
+            raise ProtocolError(f"aggregate from {k[1][:12]} is for another partition or layout")
+        a, b = self.chunks[i][c]
+        self.result[a:b].copy_(self.io.decode_chunk(self.job.compressor, d.frames, b - a))
+        self.agg_frames[(i, c)] = d.frames[0]
+
+    def unflatten(self) -> dict[str, torch.Tensor]:
+        """Views of the one fresh result buffer per name: no further copy for fp32 tensors."""
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, t in self.tensors.items():
+            piece = self.result[offset : offset + t.numel()].view(t.shape)
+            out[name] = piece if t.dtype == torch.float32 else piece.to(t.dtype)
+            offset += t.numel()
+        return out
+
+
+def reduce_round(
+    io: RoundIO,
+    tensors: Mapping[str, torch.Tensor],
+    compressor: Compressor,
+    reducer: Reducer,
+    weight: float,
+    *,
+    chunk_elems: int,
+    check: ReduceCheck | None = None,
+) -> dict[str, torch.Tensor]:
+    """Run the data phase of one all-reduce round (see the module docstring); returns the result."""
+    return ButterflyRound(io, tensors, compressor, reducer, weight, check or NoCheck(), chunk_elems).run()

@@ -1,0 +1,600 @@
+"""``P2PCollective``: butterfly all-reduce and all-gather over hivemind P2P streams.
+
+Butterfly all-reduce (as in Moshpit SGD / hivemind's averager, Ryabinin et al. 2021, but with our own
+wire): the flat fp32 concatenation of the tensors is cut into one contiguous partition per member of
+the round. Each peer compresses the parts it does not own and pushes them to their owners; an owner
+reduces the rows it received plus its own with a ``Reducer`` (token-weighted mean by default),
+compresses the aggregate *once* and pushes those bytes to every other member. Every member, the owner
+included, decodes the same bytes, so all members end bit-identical. Membership comes from
+``peers.rounds.rounds.Matchmaker`` (members push their joins to the likely leader, which pushes the list
+back; join windows and round timeouts are measured, ``peers.rounds.deadlines``); every message carries the
+group digest. Messages travel on persistent per-peer channels (``peers.wire.channels``), each acknowledged.
+
+Receive budgets (DESIGN.md section 4): only admitted senders (``peers.trust.admission``); capped streams
+per peer; a whole-message deadline and minimum rate (``peers.wire.framereader``); a body read only after
+its bytes were reserved in the mailbox (``peers.wire.mailbox``): members within the round's budget, others
+within a small pre-group allowance until the group is known. Refusals are ``ProtocolError`` acks.
+
+Structure: this class owns the wire (the stream handler filling a ``peers.wire.mailbox.Mailbox``, the
+channels, the matchmaker) and one ``peers.rounds.round_io.RoundIO`` per round, which it hands to the round's
+steps: the data phase (``peers.rounds.butterfly``, pipelined per chunk, with the guard's
+``peers.rounds.owner_check`` step when a guard is set) and the commit agreement (``peers.rounds.agreement``).
+Failure kinds are the exception types of ``peers.rounds.round_errors``.
+
+Failure semantics: a missing, refused or late message, a member's abort or the deadline fails the round
+*for this peer* (``committed=False``, no tensors), and it tells the others to abort. A peer commits only
+once every member said it holds the full result (``peers.rounds.agreement``; its docstring states the residual
+window). A contribution that fails validation is left out of the owner's reduce, for every member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from peers.dht.node import PeerNode
+from peers.rounds.agreement import HAVE, agree
+from peers.rounds.butterfly import NoCheck, ReduceCheck, reduce_round
+from peers.rounds.deadlines import Deadlines
+from peers.rounds.group import Group
+from peers.rounds.owner_check import GuardedReduce, OwnerCheck
+from peers.rounds.round_errors import QUIET, ListsBannedPeer, RoundLate
+from peers.rounds.round_io import PhaseClock, RoundIO, RoundLink
+from peers.rounds.rounds import Matchmaker, Pushes
+from peers.wire.channels import IDLE_CLOSE, ChannelPool
+from peers.wire.framereader import MessageClock
+from peers.wire.framereader import attach as attach_frame_reader
+from peers.wire.ledger import ByteLedger
+from peers.wire.mailbox import (
+    PRE_GROUP,
+    Delivery,
+    Key,
+    Mailbox,
+    Quota,
+    Refused,
+    RoundBudget,
+    Ticket,
+    gather_budget,
+    reduce_budget,
+)
+from peers.wire.memory import HeapReturn
+from peers.wire.messages import Envelope, decode_envelope, encode_ack
+from peers.wire.refusals import RefusalLog
+from peers.wire.transport import (
+    PART_BYTES,
+    read_data_frames,
+    read_header,
+    send_message,
+    skip_data_frames,
+    split_bytes,
+    write_frame,
+)
+from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundResult
+
+if TYPE_CHECKING:
+    from peers.rounds.guard import ByzantineGuard
+
+__all__ = ["P2PCollective", "MAX_STREAMS_PER_PEER"]
+
+logger = logging.getLogger(__name__)
+_FRAME_TIMEOUT = 30.0
+_GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds.rounds allows 1024 IDs)
+_MESSAGE_TYPES = ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join")
+#: concurrent incoming streams per peer (a channel uses three lanes, aborts one-shot streams)
+MAX_STREAMS_PER_PEER = 8
+_MAX_STREAMS = 256  # concurrent incoming streams from all peers together (raised for large groups)
+_TYPE_CAPS = {"grp": _GROUP_BYTES, "join": 0, HAVE: 0, "abort": 0}  # join/have/abort carry no frames
+_GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
+_PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
+
+
+class P2PCollective:
+    """Group communication among the peers of one run, over a :class:`PeerNode`'s P2P streams.
+
+    Implements ``swarmtrain.core.protocols.Collective``. Calls are synchronous and one at a time; every
+    call uses the next round number (``round_id``), whether it commits or not, so all peers that make
+    the same sequence of calls meet in the same rounds.
+
+    Args:
+        node: the started peer node.
+        run_id: rounds namespace (default: the node's run ID).
+        min_peers: a round is not closed with fewer members.
+        expected_peers: close a round as soon as this many joined (else wait ``join_window``).
+        ledger: where bytes are counted (default: ``node.ledger``).
+        join_window: a leader's wait for joiners: first guess and ceiling of the measured one.
+        chunk_elems: elements per packet, one stream frame each (<= 2**21).
+        max_message_bytes: ceiling on one incoming message (``None``: only each round's own cap, one
+            chunk's packet bound; see ``peers.wire.mailbox.reduce_budget``).
+        max_gather_bytes: cap on one incoming all-gather payload.
+        max_buffer_bytes: ceiling on all buffered incoming bytes (``None``: only the quotas, derived
+            per round from the model and the group size, bound them).
+        max_streams_per_peer: concurrent incoming streams one peer may hold open.
+        guard: owner checks, suspicion records and bans (``peers.rounds.guard``), or ``None``.
+    """
+
+    def __init__(
+        self,
+        node: PeerNode,
+        *,
+        run_id: str | None = None,
+        min_peers: int = 1,
+        expected_peers: int | None = None,
+        ledger: ByteLedger | None = None,
+        join_window: float = 3.0,
+        chunk_elems: int = 1 << 20,
+        max_message_bytes: int | None = None,
+        max_gather_bytes: int = 256 << 20,
+        max_buffer_bytes: int | None = None,
+        max_streams_per_peer: int = MAX_STREAMS_PER_PEER,
+        guard: ByzantineGuard | None = None,
+    ) -> None:
+        if min_peers < 1 or (expected_peers is not None and expected_peers < min_peers):
+            raise ConfigError("need 1 <= min_peers <= expected_peers")
+        if not 1 <= chunk_elems <= 1 << 21:
+            raise ConfigError("chunk_elems must be in [1, 2**21]")
+        if join_window <= 0:
+            raise ConfigError("join_window must be > 0")
+        self.node = node
+        self.run_id = run_id or node.run_id
+        self.ledger = ledger if ledger is not None else node.ledger
+        self.round_id = 0
+        self.chunk_elems = chunk_elems
+        self.max_message_bytes = max_message_bytes
+        self.max_gather_bytes = max_gather_bytes
+        self.max_streams_per_peer = max_streams_per_peer
+        self.guard, self._timeout, self._deadline = guard, 0.0, 0.0
+        self.deadlines = Deadlines(join_window)  # measured join windows and timeouts (peers.rounds.deadlines)
+        self._mailbox = Mailbox(max_buffer_bytes)
+        self._mailbox.add_listener(self._wake_waiting)
+        self._room: asyncio.Future[None] | None = None  # resolved when the mailbox may take more
+        self._streams: dict[str, int] = {}  # open incoming streams per peer (event loop only)
+        self._max_streams = _MAX_STREAMS  # all incoming streams; grows with the group (3 lanes each)
+        self._refusals = RefusalLog()  # (sender, round) refusals are logged once
+        self.heap = HeapReturn()  # gives the heap back after a flood's data was dropped
+        self._matchmaker = Matchmaker(
+            node.dht,
+            node.peer_id,
+            self.run_id,
+            Pushes(self._group_inbox, self._push_group, self._push_join, self._connected),
+            min_peers=min_peers,
+            expected_peers=expected_peers,
+            join_window=join_window,
+            deadlines=self.deadlines,
+        )
+        # what every round's RoundIO uses; ``self._send`` is looked up here, so a subclass's wins
+        self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
+        self._call_lock = threading.Lock()
+        self.last_timings: dict[str, float] = {}  # seconds per phase of the last round (diagnostics)
+        self._handler_name = f"swarmtrain.{self.run_id}.collective"
+        self._closed = False
+        self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only
+        node.loop.run(node.p2p.add_binary_stream_handler(self._handler_name, self._handle), 15.0)
+
+    @property
+    def peer_id(self) -> str:
+        """This peer's ID."""
+        return self.node.peer_id
+
+    @property
+    def banned(self) -> frozenset[str]:
+        """The peers this peer currently leaves out of its rounds (the guard's bans)."""
+        return self._matchmaker.banned
+
+    def close(self) -> None:
+        """Stop accepting collective messages (the node stays up)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.node.loop.run(self._close_channels(), 5.0)
+            self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler_name), 5.0)
+        except Exception:
+            logger.debug("removing the collective handler failed", exc_info=True)
+
+    async def _close_channels(self) -> None:  # on the event loop, which owns the channels
+        self._channels.close()
+
+    def __enter__(self) -> P2PCollective:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- receive side (event loop) --------------------------------------------------------------------
+
+    async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        """Read messages from one stream until the sender ends it (a ``peers.wire.channels`` channel, or a
+        single message); store each in the mailbox and acknowledge it. A peer over its cap of
+        concurrent streams gets this one closed at once."""
+        sender = str(info.peer_id.to_base58())
+        if not await self.node.admitted.acheck(sender):  # the run's admission policy (peers.trust.admission)
+            self._refusals.log(sender, -1, ProtocolError("not admitted to the run"))
+            writer.close()
+            return
+        open_now = self._streams.get(sender, 0)
+        if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= self._max_streams:
+            self._refusals.log(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
+            writer.close()
+            return
+        self._streams[sender] = open_now + 1
+        reader = attach_frame_reader(reader, writer)  # frames land in their final buffer (one copy)
+        try:
+            while True:
+                got = await read_header(reader, IDLE_CLOSE + 50.0)
+                if got is None:
+                    return  # the sender closed the stream after its last ack
+                if not await self._handle_one(sender, got, reader, writer):
+                    return
+        except SwarmError as e:
+            logger.debug("stream from %s ended: %s", sender[:16], e)
+        except Exception:
+            logger.debug("stream from %s broke", sender[:16], exc_info=True)
+        finally:
+            writer.close()
+            self._streams[sender] -= 1
+            if not self._streams[sender]:
+                del self._streams[sender]
+
+    async def _handle_one(
+        self, sender: str, got: tuple[bytes, int, MessageClock], reader: Any, writer: Any
+    ) -> bool:
+        """One message; returns whether the stream is still in step (framing intact) to go on.
+
+        Its bytes are reserved in the mailbox before its body is read; a refused body is drained
+        (no allocation) when the sender may keep the stream, else the stream is closed after the ack.
+        """
+        body, nread, clock = got
+        ok, err, in_step, body_read = True, "", True, False
+        env: Envelope | None = None
+        try:
+            env = decode_envelope(body)
+            if env.run != self.run_id:
+                raise ProtocolError("message for another run")
+            if env.type not in _MESSAGE_TYPES:
+                raise ProtocolError(f"unexpected message type {env.type}")
+            clock.expect(env.nbytes + 4 * env.frames)
+            ticket = await self._admit(sender, env, reader, clock)
+            if ticket is None:
+                in_step = False
+                raise ProtocolError("no room for the message before its round's group is known")
+            try:
+                frames, n = await read_data_frames(
+                    reader, env, max_total=env.nbytes, timeout=0.0, clock=clock
+                )
+            except BaseException:
+                self._mailbox.release(ticket)
+                raise
+            self.ledger.add_received(env.kind, env.round, nread + n)
+            body_read = True
+            self._mailbox.commit(ticket, Delivery(sender, env, tuple(frames)))
+        except Refused as e:
+            ok, err = False, str(e)
+            in_step = e.keep_stream and (body_read or await self._drain(env, reader, clock, nread))
+        except SwarmError as e:
+            ok, err, in_step = False, str(e), False
+        if not ok:
+            self._refusals.log(sender, -1 if env is None else env.round, err)
+        n_ack = write_frame(writer, encode_ack(ok, err[:200]))
+        try:
+            await asyncio.wait_for(writer.drain(), _FRAME_TIMEOUT)  # a sender that stopped reading
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError("the sender does not read its acks") from None
+        if env is not None:
+            self.ledger.add_sent(env.kind, env.round, n_ack)
+        return in_step
+
+    def _type_cap(self, env: Envelope) -> int:
+        """The most bytes a message of this type may carry, whatever its round's budget says."""
+        if env.type == "gather":  # an all-gather payload has its own setting
+            return self.max_gather_bytes
+        cap = _TYPE_CAPS.get(env.type, 1 << 40)
+        return min(cap, self.max_message_bytes) if self.max_message_bytes is not None else cap
+
+    async def _admit(self, sender: str, env: Envelope, reader: Any, clock: MessageClock) -> Ticket | None:
+        """Reserve the message's bytes in the mailbox, waiting (at most :data:`_GROUP_WAIT` s) while
+        its round's group is unknown and the pre-group allowance is full; ``None`` if it never fit.
+
+        Raises:
+            Refused: the mailbox refuses it (window, duplicate, non-member, quota, size).
+        """
+        if env.nbytes > self._type_cap(env):
+            raise Refused(f"{env.type} message of {env.nbytes} bytes over its cap", keep_stream=False)
+        end = time.monotonic() + _GROUP_WAIT
+        waited = False
+        while True:
+            ticket = self._mailbox.reserve(sender, env)
+            if ticket is not None:
+                if waited:  # the time this peer made it wait does not count against the sender
+                    clock.restart(getattr(reader, "received", 0))
+                return ticket
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            waited = True
+            if self._room is None or self._room.done():
+                self._room = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._room], timeout=min(left, 1.0))
+
+    def _wake_waiting(self) -> None:
+        """Mailbox listener (any thread): wake the handlers waiting for room."""
+
+        def wake() -> None:
+            if self._room is not None and not self._room.done():
+                self._room.set_result(None)
+
+        try:
+            self.node.loop.loop.call_soon_threadsafe(wake)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    async def _drain(self, env: Envelope | None, reader: Any, clock: MessageClock, nread: int) -> bool:
+        """Read and discard a refused message's body so the stream stays in step; whether it did."""
+        if env is None or env.nbytes > self._type_cap(env):
+            return False
+        try:
+            n = await skip_data_frames(reader, env, clock)
+        except SwarmError:
+            return False
+        self.ledger.add_received(env.kind, env.round, nread + n)
+        return True
+
+    # --- send side ------------------------------------------------------------------------------------
+
+    def _send(self, peer: str, env: Envelope, frames: list[Any], deadline: float) -> Future[None]:
+        """Send one message to ``peer`` on its persistent channel (``peers.wire.channels``); the future
+        resolves once the peer acknowledged it. Aborts go on a fresh stream so they never queue
+        behind bulk data."""
+        from hivemind.p2p import PeerID
+
+        if env.type == "abort":
+            coro: Any = send_message(
+                self.node.p2p,
+                PeerID.from_base58(peer),
+                self._handler_name,
+                env,
+                frames,
+                ledger=self.ledger,
+                timeout=max(deadline - time.monotonic(), 0.1),
+            )
+        else:
+            coro = self._channels.send(peer, env, frames, deadline)
+        fut = self.node.loop.submit(coro)
+        if env.type in ("part", "agg", "gather", "vpart", "vdig"):
+            fut.add_done_callback(lambda f: self._on_send_done(f, env))
+        return fut
+
+    def _push_group(self, kind: str, round_id: int, members: tuple[str, ...], value: bytes) -> None:
+        """Leader: send the round's published member list straight to the members (``peers.rounds.rounds``,
+        step 4); fire and forget, the DHT record stays the fallback."""
+        env = Envelope(type="grp", run=self.run_id, kind=kind, round=round_id, frames=1, nbytes=len(value))
+        deadline = time.monotonic() + 5.0
+        for m in members:
+            if m != self.peer_id:
+                self._send(m, env, [value], deadline)
+
+    def _push_join(self, kind: str, round_id: int, peer: str) -> None:
+        """Send this peer's join of a round straight to its likely leader (``peers.rounds.rounds``, step 5);
+        fire and forget, the DHT join record stays the fallback."""
+        env = Envelope(type="join", run=self.run_id, kind=kind, round=round_id)
+        self._send(peer, env, [], time.monotonic() + 5.0)
+
+    def _group_inbox(
+        self, kind: str, round_id: int, wait_s: float, n_joins: int
+    ) -> tuple[dict[str, object], frozenset[str]]:
+        """The group lists and the joins pushed to us for this round so far; waits up to ``wait_s``
+        for a list or for more than ``n_joins`` joins."""
+
+        def news(slot: dict[Key, Delivery]) -> bool:
+            return any(k[0] == "grp" for k in slot) or sum(k[0] == "join" for k in slot) > n_joins
+
+        if wait_s > 0:
+            self._mailbox.wait(kind, round_id, news, time.monotonic() + wait_s)
+        slot = self._mailbox.snapshot(kind, round_id)
+        lists: dict[str, object] = {
+            k[1]: bytes(d.frames[0]) for k, d in slot.items() if k[0] == "grp" and len(d.frames) == 1
+        }
+        return lists, frozenset(k[1] for k in slot if k[0] == "join")
+
+    def _on_send_done(self, fut: Future[None], env: Envelope) -> None:
+        """A failed send wakes up our own waits at once with a local abort marker."""
+        if fut.cancelled() or fut.exception() is None:
+            return
+        marker = Envelope(
+            type="abort",
+            run=self.run_id,
+            kind=env.kind,
+            round=env.round,
+            digest=env.digest[:16],
+            note=str(fut.exception())[:200],
+        )
+        try:
+            self._mailbox.put(Delivery(self.peer_id, marker, ()))
+        except ProtocolError:
+            pass  # round already over, or a marker is already there
+
+    def _connected(self) -> set[str] | None:
+        """The peers with a connection to this one (``None`` when the daemon does not answer)."""
+        try:
+            infos = self.node.loop.run(self.node.p2p.list_peers(), 5.0)
+        except SwarmError:
+            return None
+        return {str(i.peer_id.to_base58()) for i in infos}
+
+    # --- one round ------------------------------------------------------------------------------------
+
+    def _begin(self, kind: str, timeout: float, budget: Callable[[int], RoundBudget]) -> RoundIO:
+        """Take the next round number and form its group; returns the round's I/O.
+
+        Once the group is known, the mailbox drops what non-members sent for the round and holds each
+        member to ``budget(group size)``; the next round's pre-group allowance follows that budget."""
+        if self._closed:
+            raise SwarmError("collective is closed")
+        if timeout <= 0:
+            raise ConfigError("timeout must be > 0")
+        r = self.round_id
+        self.round_id = r + 1
+        self._mailbox.set_floor(r)
+        self._refusals.reset()  # refusals are logged once per sender and round
+        self._timeout = timeout = self.deadlines.round_timeout(timeout)  # the caller's is the ceiling
+        self._deadline = deadline = time.monotonic() + timeout
+        clock = PhaseClock()
+        self.last_timings = clock.phases
+        group = self._form_group(kind, r, deadline, clock)
+        self.node.admitted.note(group.members)  # listed by an admitted leader
+        b = budget(group.size)
+        self._max_streams = max(_MAX_STREAMS, 4 * group.size + 16)
+        self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
+        pre = min(max(b.message_bytes, PRE_GROUP.nbytes), _PRE_GROUP_MAX)
+        n = max(8, 2 * group.size)
+        self._mailbox.set_pre_group(Quota(pre, PRE_GROUP.entries), Quota(n * pre, n * PRE_GROUP.entries))
+        clock.mark("group")
+        return RoundIO(self._link, group, kind, deadline, clock)
+
+    def _form_group(self, kind: str, round_id: int, deadline: float, clock: PhaseClock) -> Group:
+        """Refresh the guard's bans (if any) into the matchmaker, then form the round's group.
+
+        A member that refuses a list holding a banned peer tells the list's members to abort at once.
+        """
+        if self.guard is not None:
+            left = max(deadline - time.monotonic(), 0.5)
+            self._matchmaker.banned = frozenset(self.guard.refresh(min(5.0, left / 4)))
+        try:
+            return self._matchmaker.form_group(kind, round_id, deadline)
+        except ListsBannedPeer as e:
+            RoundIO(self._link, e.group, kind, deadline, clock).abort(str(e))
+            raise
+
+    def _failed(self, io: RoundIO | None, kind: str, round_id: int, e: Exception) -> None:
+        """This peer failed the round: tell the others to abort unless they learn of it anyway."""
+        if io is not None and not isinstance(e, QUIET):
+            io.abort(str(e))
+        logger.info("round %d (%s) failed: %s", round_id, kind, e)
+
+    def _finish(self, r: int) -> None:
+        if "agree" in self.last_timings:  # committed: formation to commit is a sample of its duration
+            self.deadlines.observe_round(sum(self.last_timings.values()))
+        elif time.monotonic() >= self._deadline:  # ran out of time: a sample of its whole timeout
+            self.deadlines.observe_round(self._timeout)
+        self._mailbox.set_floor(r + 1)
+        self.heap.maybe_trim()
+        if self.guard is not None:
+            self.guard.publish()
+        try:
+            self.node.publish(round=self.round_id)
+        except SwarmError:
+            logger.debug("publishing the round failed", exc_info=True)
+
+    # --- all-reduce ---------------------------------------------------------------------------------
+
+    def all_reduce(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        compressor: Compressor,
+        reducer: Reducer | None = None,
+        weight: float = 1.0,
+        timeout: float = 60.0,
+        kind: str = "reduce",
+    ) -> RoundResult:
+        """Reduce ``tensors`` across the members of the next round (butterfly; see module docstring).
+
+        Args:
+            tensors: name -> floating tensor; every peer must pass the same names and shapes. They
+                must not change during the call (a single fp32 tensor is read in place, not copied).
+            compressor: codec for both the parts sent and the aggregates returned.
+            reducer: combines the rows of a partition (``None``: weighted mean, ``MeanReducer``).
+            weight: this peer's weight (e.g. tokens processed in the last round), finite, >= 0.
+            timeout: seconds for the whole round, group formation included.
+            kind: ledger kind.
+
+        Returns:
+            ``RoundResult``; when ``committed``, ``tensors`` holds the reduced tensors (same names,
+            shapes and dtypes), bit-identical on every member. Otherwise nothing changed locally.
+        """
+        from peers.reducers import MeanReducer
+
+        if not math.isfinite(weight) or weight < 0:
+            raise ConfigError("weight must be finite and >= 0")
+        for name, t in tensors.items():
+            if not t.is_floating_point():
+                raise ConfigError(f"all_reduce: tensor {name!r} is not floating point")
+        red: Reducer = reducer if reducer is not None else MeanReducer()
+        with self._call_lock:
+            r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
+            try:
+                numel = sum(t.numel() for t in tensors.values())
+                io = self._begin(
+                    kind, timeout, lambda n: reduce_budget(numel, n, self.chunk_elems, compressor)
+                )
+                r = io.round_id
+                check = self._reduce_check(io.group)
+                out = reduce_round(
+                    io, tensors, compressor, red, float(weight), chunk_elems=self.chunk_elems, check=check
+                )
+                agree(io)  # commit only if every member holds its result
+                io.mark("agree")
+                sent, recv = self.ledger.round_bytes(kind, r)
+                return RoundResult(r, io.group.members, sent, recv, True, out)
+            except (SwarmError, TimeoutError) as e:
+                self._failed(io, kind, r, e)
+                sent, recv = self.ledger.round_bytes(kind, r)
+                members = io.group.members if io is not None else ()
+                late = isinstance(e, RoundLate)
+                return RoundResult(r, members, sent, recv, False, {}, reason=str(e), late=late)
+            finally:
+                if io is not None:
+                    self._finish(r)
+
+    def _reduce_check(self, group: Group) -> ReduceCheck:
+        """The guard's step for this round's reduce: owner check (2+ members), outlier flags, or none."""
+        if self.guard is None:
+            return NoCheck()
+        if self.guard.owner_check and group.size >= 2:
+            return OwnerCheck(self.guard)
+        return GuardedReduce(self.guard)
+
+    # --- all-gather ---------------------------------------------------------------------------------
+
+    def all_gather(self, payload: bytes, *, timeout: float = 60.0, kind: str = "gather") -> GatherResult:
+        """Give ``payload`` to every member of the next round and receive theirs.
+
+        Returns:
+            ``GatherResult`` whose ``payloads`` maps every member (this peer included) to its bytes
+            when ``committed``.
+        """
+        if len(payload) > self.max_gather_bytes:
+            raise ConfigError(f"payload of {len(payload)} bytes exceeds max_gather_bytes")
+        with self._call_lock:
+            r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
+            try:
+                io = self._begin(kind, timeout, lambda n: gather_budget(self.max_gather_bytes))
+                r = io.round_id
+                frames = split_bytes(payload, PART_BYTES)
+                env = io.envelope("gather", index=io.group.index, frames=len(frames), nbytes=len(payload))
+                sends = io.send_to_others(env, frames)
+                got = io.collect("gather", io.group.digest)
+                io.settle(sends)
+                agree(io)
+                io.mark("agree")
+                payloads = {p: b"".join(d.frames) for p, d in got.items()}
+                payloads[self.peer_id] = bytes(payload)
+                sent, recv = self.ledger.round_bytes(kind, r)
+                return GatherResult(r, io.group.members, payloads, sent, recv, True)
+            except (SwarmError, TimeoutError) as e:
+                self._failed(io, kind, r, e)
+                sent, recv = self.ledger.round_bytes(kind, r)
+                members = io.group.members if io is not None else ()
+                late = isinstance(e, RoundLate)
+                return GatherResult(r, members, {}, sent, recv, False, reason=str(e), late=late)
+            finally:
+                if io is not None:
+                    self._finish(r)

@@ -1,0 +1,1 @@
+"""Benchmark harnesses the ``bench`` command drives: the in-process strategy harness and grid."""

@@ -1,0 +1,193 @@
+"""The in-process strategy harness: N workers of one strategy in one process, no network.
+
+Each worker is a real ``Trainer`` (the same model, data shard, inner optimizer, strategy and codec
+code as a real peer, built from the same ``Config``), driven by its own thread and talking to the
+others through ``optimizers.InProcessGroup`` instead of libp2p. What differs from real peers is only
+the transport: no DHT, no late peers, no framing, and bytes are codec payload bytes (a real peer's
+ledger adds framing and the butterfly's share). That makes a 4-worker, 300-step comparison a matter
+of a minute or two, so strategies and settings can be swept (``swarmtrain bench strategies``) and
+the chosen points re-run over real peers to check that both paths agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from swarmtrain.core.config import Config
+from swarmtrain.core.errors import ConfigError
+
+__all__ = ["HarnessResult", "run_in_process"]
+
+
+@dataclass(frozen=True)
+class HarnessResult:
+    """One in-process run: the same measures ``simulate`` reports for real peers.
+
+    Attributes:
+        workers: workers that trained together.
+        steps: local steps per worker.
+        tokens: tokens trained on, all workers together.
+        final_val_loss: mean over workers of the final validation loss.
+        val_losses: each worker's final validation loss.
+        bytes_sent_per_peer: codec payload bytes one worker sent (mean over workers).
+        peak_sync_bytes: the most bytes one worker sent in a single sync.
+        rounds_committed / rounds_failed: per worker, the mean.
+        params_identical: all workers ended with bit-identical shared parameters.
+        wall_s: wall time of the training, all workers at once.
+    """
+
+    workers: int
+    steps: int
+    tokens: int
+    final_val_loss: float
+    val_losses: tuple[float, ...]
+    bytes_sent_per_peer: float
+    peak_sync_bytes: int
+    rounds_committed: float
+    rounds_failed: float
+    params_identical: bool
+    wall_s: float
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes one worker sent per token it trained on."""
+        return self.bytes_sent_per_peer / max(self.tokens / self.workers, 1)
+
+
+@dataclass
+class _Tally:
+    committed: int = 0
+    failed: int = 0
+    peak: int = 0
+    val_loss: float = float("nan")
+    errors: list[BaseException] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """One torch thread per worker thread: the workers are the parallelism (as peers on one machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _quiet(cfg: Config, out_dir: str) -> Config:
+    """``cfg`` without the progress bar, with metrics in a scratch folder."""
+    train = cfg.train.model_copy(update={"progress": False, "out_dir": out_dir, "checkpoint_interval": 0})
+    return cfg.model_copy(update={"train": train})
+
+
+def _identical(trainers: list[Any]) -> bool:
+    """The parameters the workers must agree on (all of them; Streaming DiLoCo's global copy) are
+    bit-identical, by the digest real peers compare."""
+    from swarmtrain.app.peer.state import shared_digest
+
+    return len({shared_digest(t) for t in trainers}) == 1
+
+
+def _train(trainer: Any, tally: _Tally) -> None:
+    """One worker's thread: train to the end, counting its syncs; an exception is kept for the caller."""
+
+    def on_step(info: Any) -> None:
+        report = info.report
+        if report.synced:
+            tally.peak = max(tally.peak, report.bytes_sent)
+            if report.committed:
+                tally.committed += 1
+            else:
+                tally.failed += 1
+
+    try:
+        val = trainer.fit(on_step).final_val_loss
+        tally.val_loss = float("nan") if val is None else val
+    except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+        tally.errors.append(e)
+
+
+def _run_threads(trainers: list[Any], tallies: list[_Tally], timeout: float) -> float:
+    """Train every worker in its own thread; the wall time. Raises a worker's error or a hang."""
+    t0 = time.perf_counter()
+    threads = [
+        threading.Thread(target=_train, args=(t, tally), daemon=True)
+        for t, tally in zip(trainers, tallies, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(timeout - (time.perf_counter() - t0), 1.0))
+        if t.is_alive():
+            raise RuntimeError(f"the in-process run hung for more than {timeout:.0f} s")
+    for tally in tallies:
+        if tally.errors:
+            raise RuntimeError(f"a worker failed: {tally.errors[0]}") from tally.errors[0]
+    return time.perf_counter() - t0
+
+
+def _summarise(cfg: Config, trainers: list[Any], tallies: list[_Tally], wall: float) -> HarnessResult:
+    n = len(trainers)
+    val_losses = tuple(t.val_loss for t in tallies)
+    return HarnessResult(
+        workers=n,
+        steps=cfg.train.steps,
+        tokens=sum(t.tokens for t in trainers),
+        final_val_loss=sum(val_losses) / n,
+        val_losses=val_losses,
+        bytes_sent_per_peer=sum(t.bytes_sent for t in trainers) / n,
+        peak_sync_bytes=max(t.peak for t in tallies),
+        rounds_committed=sum(t.committed for t in tallies) / n,
+        rounds_failed=sum(t.failed for t in tallies) / n,
+        params_identical=_identical(trainers),
+        wall_s=wall,
+    )
+
+
+def run_in_process(cfg: Config, workers: int, *, timeout: float = 1800.0) -> HarnessResult:
+    """Train ``workers`` replicas of ``cfg``'s run in this process, each on its own data shard.
+
+    Args:
+        cfg: the run's configuration (strategy, codec, reducer, model, data, steps), as a peer's.
+        workers: how many workers train together (>= 1).
+        timeout: hang guard for one collective operation and for the whole run, in seconds.
+
+    Raises:
+        ConfigError: ``workers`` < 1.
+        RuntimeError: a worker raised (re-raised with its message) or the run hung.
+    """
+    from optimizers import InProcessGroup
+    from peers.reducers import build_reducer
+    from swarmtrain.app.train.trainer import Trainer
+
+    if workers < 1:
+        raise ConfigError(f"the harness needs at least one worker, got {workers}")
+    group = InProcessGroup(workers, timeout=timeout)
+    tallies = [_Tally() for _ in range(workers)]
+    with tempfile.TemporaryDirectory(prefix="swarmtrain-harness-") as scratch, _torch_threads(1):
+        run_cfg = _quiet(cfg, scratch)
+        # built one after another: model init and the per-peer seeds use torch's global generator
+        trainers = [
+            Trainer(
+                run_cfg,
+                collective=group[i],
+                peer_index=i,
+                num_peers=workers,
+                reducer=build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options),
+            )
+            for i in range(workers)
+        ]
+        try:
+            result = _summarise(cfg, trainers, tallies, _run_threads(trainers, tallies, timeout))
+        finally:
+            for trainer in trainers:
+                trainer.close()
+    return result

@@ -1,0 +1,593 @@
+"""The loop of one training peer, shared by ``swarmtrain join`` volunteers and ``swarmtrain simulate`` peers.
+
+One place builds the peer: its DHT node, the Byzantine guard (when ``peers.owner_check`` is on), the
+``P2PCollective``, the robust reducer, and the ``Trainer`` with its strategy. The peer serves its state
+to newcomers (``peers.StateServer``) after every committed sync and adopts the swarm's state when it
+fell behind (``swarmtrain.app.peer.state``); it counts committed, late and failed rounds and the
+parameter digest after each committed one, so every peer of a run can be checked for agreement.
+
+What differs between a volunteer and a simulated peer is data, ``Membership``: a fixed rank among a
+known number of peers, or open membership with a download at start. Everything a caller adds is a
+hook, ``PeerHooks``: wrap the collective, the reducer or the batches (the simulation's attacks do),
+and report status and the final result. The loop knows nothing of attacks.
+
+If a round formed without this peer (it arrived late), the others committed an outer step it did not
+take: it downloads the state that round committed before training on, so it never drifts from the
+swarm. A volunteer with an identity file keeps the state of its last committed round next to it
+(``swarmtrain.app.peer.saved_state``); restarted, it loads that state instead of downloading one when the
+donors still vouch for it as their freshest. SIGTERM or Ctrl-C starts a preemption hand-off within
+``peers.preempt_grace`` (``swarmtrain.app.peer.preemption``): finish the step, train on to the next sync if
+it fits, wait until peers that stay hold the committed state, withdraw the records and leave; a
+second signal aborts at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from swarmtrain.app.peer.failure_streak import FailureStreak
+from swarmtrain.app.peer.preemption import Preemption, finish_sync, withdraw_announcement
+from swarmtrain.app.peer.realign import Realign, fast_forward, state_age, steps_behind
+from swarmtrain.app.peer.run_agreement import check_agreement, run_settings
+from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_state_path
+from swarmtrain.app.peer.state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
+from swarmtrain.core.config import Config, PeersConfig
+from swarmtrain.core.errors import SwarmError
+
+if TYPE_CHECKING:
+    from swarmtrain.app.data import BatchSampler
+    from swarmtrain.app.train.trainer import StepInfo
+    from swarmtrain.core.protocols import Collective, Reducer, StepReport
+
+__all__ = ["Membership", "PeerHooks", "PeerStatus", "PeerRun", "SyncClock", "run_peer"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """How a peer takes part in its run.
+
+    Attributes:
+        rank: this peer's rank among ``n_peers`` (its data shard), or ``None`` for open membership:
+            the data stream is then seeded from the peer ID and rounds wait for no fixed count.
+        n_peers: peers of a fixed-size run (``None``: open).
+        catch_up_on_join: download the swarm's state before the first step (a volunteer joining a
+            run in progress; when nobody answers, this peer starts the run).
+        catch_up_after_failure: after a round that failed for other reasons than lateness, adopt the
+            freshest state announced.
+        catch_up_timeout: seconds for one state download.
+        linger_s: seconds to stay reachable after the last step, so that a peer finishing its last
+            round can still sync with this one.
+        give_up_after: seconds of failed rounds, none committed, after which the peer stops with the
+            streak's most common reason (``RoundsKeepFailing``); 0: never.
+    """
+
+    rank: int | None
+    n_peers: int | None
+    catch_up_on_join: bool
+    catch_up_after_failure: bool
+    catch_up_timeout: float
+    linger_s: float
+    give_up_after: float = 0.0
+
+    @classmethod
+    def fixed(cls, rank: int, n_peers: int, peers: PeersConfig) -> Membership:
+        """Rank ``rank`` of ``n_peers`` started together (``simulate``): all present from the start,
+        a late peer waits up to a round's timeout for the state the others committed; it lingers a
+        round's timeout, until the parent has every peer's outcome; it never gives up (attackers'
+        rounds fail by design, and simulate has its own timeout)."""
+        return cls(rank, n_peers, False, False, 2 * peers.round_timeout, peers.round_timeout)
+
+    @classmethod
+    def open(cls, peers: PeersConfig, download_timeout: float) -> Membership:
+        """A volunteer (``join``): downloads the state at start and after any failed round."""
+        return cls(None, None, True, True, download_timeout, min(peers.join_window, 5.0), peers.give_up_after)
+
+
+@dataclass
+class PeerStatus:
+    """The live status of a peer: after every sync, every ``log_interval`` steps, and otherwise after
+    any step that ends :data:`STATUS_EVERY_S` or more after the last status (a live line that moves
+    with the steps, without a device sync to read the loss on every one of them)."""
+
+    step: int
+    round_id: int
+    loss: float
+    peers: int  # participants of the last sync
+    bytes_up: int
+    bytes_down: int
+    tokens_per_s: float
+    note: str = ""
+    synced: bool = False  # this step ended a sync
+    next_sync_s: float | None = None  # estimated seconds to the next sync (None: not known yet)
+    committed: int = 0  # rounds committed so far
+    failed: int = 0  # rounds late or failed so far
+    committed_round: int | None = None  # the round this status's sync committed (None: none did)
+
+
+#: seconds between two live statuses when neither a sync nor ``log_interval`` calls for one
+STATUS_EVERY_S = 0.25
+
+
+class SyncClock:
+    """Estimates the time to the next sync from the ones seen: the steps between the last two syncs
+    (or, before that, the strategy's ``inner_steps`` when it has one) at the current step rate."""
+
+    def __init__(self, period_hint: int | None) -> None:
+        self.period = period_hint if period_hint and period_hint > 0 else None
+        self.last_sync_step: int | None = None
+
+    def synced(self, step: int) -> None:
+        if self.last_sync_step is not None and step > self.last_sync_step:
+            self.period = step - self.last_sync_step
+        self.last_sync_step = step
+
+    def seconds_left(self, step: int, steps_per_s: float) -> float | None:
+        if self.period is None or steps_per_s <= 0:
+            return None
+        since = step - (self.last_sync_step or 0)
+        return max(self.period - since, 0) / steps_per_s
+
+
+@dataclass
+class PeerRun:
+    """What one peer did, as the loop counted it."""
+
+    peer_id: str
+    steps: int = 0
+    tokens: int = 0
+    final_train_loss: float = float("nan")
+    final_val_loss: float | None = None
+    final_digest: str = ""
+    sync_digests: dict[int, str] = field(default_factory=dict)  # round id -> digest after that commit
+    # states adopted: round, step, digest, donor
+    downloads: list[dict[str, Any]] = field(default_factory=list)
+    committed_rounds: int = 0
+    late_rounds: int = 0  # rounds formed without this peer
+    late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
+    failed_rounds: int = 0  # rounds that failed for other reasons
+    # Streaming DiLoCo: fragment -> {"committed", "late", "failed"} round counts (StepReport extra)
+    fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
+    peak_sync_bytes_sent: int = 0  # the most bytes sent in any single sync
+    comm_wait_s: float = 0.0  # time the training loop waited on communication (StepReport.extra)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    ledger: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0  # wall time of training (the download at start excluded)
+    banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
+    stopped_by_signal: bool = False
+    device: str = ""  # where the model trained (``str(torch.device)``, e.g. ``cuda:0``)
+
+
+@dataclass(frozen=True)
+class PeerHooks:
+    """Optional callables the loop calls at fixed points; ``None`` keeps the honest default.
+
+    Attributes:
+        wrap_collective: ``(node, collective) -> collective`` the strategy talks through.
+        wrap_reducer: ``(reducer) -> reducer`` the strategy hands to ``all_reduce``.
+        wrap_batches: ``(sampler, vocab_size) -> sampler`` the trainer draws batches from (same
+            interface as ``BatchSampler``).
+        on_status: called with the live status (see :class:`PeerStatus` for how often).
+        on_finished: called with the result right after the last step, before the peer lingers.
+    """
+
+    wrap_collective: Callable[[Any, Collective], Collective] | None = None
+    wrap_reducer: Callable[[Reducer], Reducer] | None = None
+    wrap_batches: Callable[[BatchSampler, int], BatchSampler] | None = None
+    on_status: Callable[[PeerStatus], None] | None = None
+    on_finished: Callable[[PeerRun], None] | None = None
+
+
+def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None) -> PeerRun:
+    """Run one peer of the run named by ``cfg.peers`` until ``cfg.train.steps`` or a stop signal.
+
+    Raises:
+        SwarmError: the node could not start, or a configuration problem.
+    """
+    from peers import GracefulExit, PeerNode
+
+    hooks = hooks or PeerHooks()
+    preemption = Preemption(cfg.peers.preempt_grace)
+    with GracefulExit(on_signal=preemption.on_signal) as stop, PeerNode(cfg.peers, role="trainer") as node:
+        preemption.arm()
+        peer = _Peer(cfg, node, membership, hooks, stop, preemption)
+        try:
+            return peer.run()
+        finally:
+            peer.close()
+
+
+class _Stop(Exception):
+    """Raised from the step callback when a stop signal arrived (caught in ``_Peer.run``)."""
+
+
+class _Peer:
+    """One peer's parts and counters while the loop runs."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        node: Any,
+        membership: Membership,
+        hooks: PeerHooks,
+        stop: Any,
+        preemption: Preemption,
+    ) -> None:
+        from peers import P2PCollective, StateServer
+        from peers.reducers import build_reducer
+        from peers.trust.admission import OwnAdmission
+        from swarmtrain.app.train.trainer import Trainer
+
+        self.cfg, self.node, self.membership, self.hooks, self.stop = cfg, node, membership, hooks, stop
+        self.guard = self._build_guard()
+        # p2p keeps the round number and bans; the trainer may talk through a wrapper of it
+        self.p2p = P2PCollective(
+            node,
+            min_peers=cfg.peers.min_peers,
+            expected_peers=membership.n_peers,
+            join_window=cfg.peers.join_window,
+            guard=self.guard,
+        )
+        self.collective: Collective = self.p2p
+        if hooks.wrap_collective is not None:
+            self.collective = hooks.wrap_collective(node, self.p2p)
+        reducer: Reducer = build_reducer(
+            cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options
+        )
+        #: rows a round needs for the reducer's breakdown point (``byzantine_f`` tolerated)
+        need = getattr(reducer, "min_peers", None)
+        self.round_needs = int(need(getattr(reducer, "n_byzantine", 0))) if callable(need) else 1
+        if hooks.wrap_reducer is not None:
+            reducer = hooks.wrap_reducer(reducer)
+        if membership.rank is None:
+            self.trainer = Trainer(
+                cfg, collective=self.collective, reducer=reducer, data_seed=_data_seed(node.peer_id, cfg)
+            )
+        else:
+            rank, n = membership.rank, membership.n_peers or 1
+            self.trainer = Trainer(
+                cfg, collective=self.collective, peer_index=rank, num_peers=n, reducer=reducer
+            )
+        if hooks.wrap_batches is not None:
+            self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
+        rate = cfg.peers.state_upload_mib_s * 2**20  # donors keep training while newcomers pull
+        self.server = StateServer(
+            node, lambda: state_snapshot(self.trainer, self.p2p.round_id), upload_rate=rate
+        )
+        self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
+        self.streak = FailureStreak(membership.give_up_after)
+        self.result = PeerRun(peer_id=node.peer_id)
+        self._peers_seen = 1
+        self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
+        # a volunteer that keeps arriving late starts its periods a few steps ahead (0: fixed members)
+        self._realign = Realign(self._clock.period if membership.rank is None else None)
+        self._last_status = 0.0
+        self.preemption = preemption  # the grace clock the stop signal starts
+        self._leaving = False  # a stop signal was seen at a step (its record says so)
+        self._sync_s = cfg.peers.join_window + 5.0  # a sync step's seconds (first guess, then measured)
+        self._step_t, self._steps_per_s, self._state_age = time.monotonic(), 0.0, 0.0
+        self._vouch: str | None = None  # the digest of the last state downloaded, when it may vouch for it
+        #: where a volunteer keeps its last committed state, to resume from on restart (no identity
+        #: file: a restart is a new peer, nothing kept)
+        self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
+        node.publish(**run_settings(cfg))  # what a newcomer checks its own settings against
+
+    def _build_guard(self) -> Any:
+        if not self.cfg.peers.owner_check:
+            return None
+        from peers.rounds.guard import build_guard
+
+        return build_guard(self.node, self.cfg.peers)
+
+    def run(self) -> PeerRun:
+        """Catch up if asked, train, fill in the result, report it, then linger as a donor."""
+        res, trainer = self.result, self.trainer
+        if self.membership.catch_up_on_join:
+            self.check_settings()
+            # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
+            # start the run)
+            window = self.cfg.peers.join_window
+            resumed = self.resume_saved_state()
+            if not resumed and not self.catch_up(wait_for_donor=window) and self._run_started():
+                self._wait_for_the_runs_state()
+            if self.result.downloads or resumed:  # behind its donors: start its first period ahead
+                behind = steps_behind(self.node, self._state_age, None, self.trainer.tokens_per_step)
+                fast_forward(self.trainer, self._realign.joined(behind))
+            # its own saved state is one it committed itself; a downloaded one, when enough vouched
+            self.server.refresh(vouch=resumed or self._vouch)
+            self.check_breakdown_point()
+        logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
+        t0 = time.perf_counter()
+        try:
+            fit = trainer.fit(self.on_step)
+            res.steps, res.final_train_loss, res.final_val_loss = (
+                fit.steps,
+                fit.final_train_loss,
+                fit.final_val_loss,
+            )
+        except _Stop:
+            res.stopped_by_signal = True
+            res.steps = trainer.step
+        res.wall_s = time.perf_counter() - t0
+        res.tokens = trainer.tokens
+        res.final_digest = shared_digest(trainer)
+        res.device = str(next(trainer.model.parameters()).device)
+        ledger = self.node.ledger
+        res.bytes_sent, res.bytes_received, res.ledger = ledger.sent, ledger.received, ledger.totals()
+        res.banned = dict(self.guard.refresh()) if self.guard is not None else {}
+        if self.hooks.on_finished is not None:
+            self.hooks.on_finished(res)
+        if self.stop.requested:  # preempted: stay a donor until peers that stay hold our state
+            self.preemption.hand_off(self.node, self.server.announced_round, self.cfg.peers.state_vouchers)
+        else:
+            self.stop.wait(self.membership.linger_s)
+        return res
+
+    def _live_peers(self) -> list[Any] | None:
+        """The run's live peer records for an up-front check, or None when the DHT did not answer
+        (the check is then skipped: the rounds will say what is wrong)."""
+        try:
+            return list(self.node.live_peers(timeout=10.0))
+        except SwarmError:
+            return None
+
+    def check_settings(self) -> None:
+        """Refuse to join (``ConfigError``, one line) when every live trainer of the run uses another
+        strategy, sync period, codec or reducer than this peer (``swarmtrain.app.peer.run_agreement``)."""
+        live = self._live_peers()
+        if live is not None:
+            check_agreement(run_settings(self.cfg), live, self.node.peer_id)
+
+    def check_breakdown_point(self) -> None:
+        """Say at once, at normal verbosity, when the run has fewer trainers than a round of the
+        configured reducer needs: its rounds fail until more peers join (and the peer gives up after
+        ``give_up_after`` seconds), which would otherwise show only as failed rounds."""
+        live = self._live_peers() if self.round_needs > 2 else None
+        if live is None:
+            return
+        n = len({r.peer_id for r in live if r.role == "trainer"} | {self.node.peer_id})
+        if n < self.round_needs:
+            p = self.cfg.peers
+            logger.warning(
+                "reducer %r tolerating f=%d needs n >= %d peers per round; the run has %d trainer(s) "
+                "with this one: rounds fail until more join",
+                p.reducer,
+                p.byzantine_f,
+                self.round_needs,
+                n,
+            )
+
+    def _run_started(self) -> int:
+        """The highest round of another live peer that has committed a round (0: nobody has, so there
+        is no state to wait for: rounds that only failed leave everyone at the initial parameters)."""
+        try:
+            peers = self.node.live_peers()
+        except SwarmError:
+            return 0
+        rounds = [
+            p.round
+            for p in peers
+            if p.peer_id != self.node.peer_id
+            and isinstance(committed := p.extra.get("committed"), int)
+            and committed > 0
+        ]
+        return max(rounds, default=0)
+
+    def _wait_for_the_runs_state(self) -> None:
+        """The run is past its first round but no donor served a state yet (donors busy, a restarted
+        peer slow to start, not yet two donors vouching): training from this peer's own initial
+        parameters would give it a model nobody else has, so it waits for the state instead.
+
+        Raises:
+            SwarmError: no donor served the run's state within ``catch_up_timeout``.
+        """
+        rnd = self._run_started()
+        timeout = self.membership.catch_up_timeout
+        logger.warning("the run is at round %d: waiting up to %.0f s for a donor's state", rnd, timeout)
+        if not self.catch_up(wait_for_donor=timeout):
+            raise SwarmError(
+                f"the run is at round {rnd} but no donor served its state within {timeout:.0f} s; "
+                "this peer will not train from its own initial parameters"
+            )
+
+    def resume_saved_state(self) -> str | None:
+        """A restarted volunteer: load its own state saved at its last committed round when the run's
+        donors vouch for that very state as their freshest (no download). Returns its shared digest,
+        or None (nothing loaded)."""
+        saved = read_saved_state(self.saved_path, self.cfg.peers.run_id)
+        if saved is None:
+            return None
+        wait = self.cfg.peers.join_window
+        if not adopt_saved_state(self.node, self.trainer, self.p2p, saved, wait_for_donor=wait):
+            return None
+        self._state_age = state_age(saved.meta)
+        logger.info(
+            "resumed from its own saved state of round %d (step %d): no download",
+            saved.round,
+            self.trainer.step,
+        )
+        return saved.digest
+
+    def save_committed_state(self, digest: str) -> None:
+        """Keep the state this peer just committed on disk (one file, replaced atomically)."""
+        if self.saved_path is None:
+            return
+        tensors, meta = state_snapshot(self.trainer, self.p2p.round_id)
+        save_state(self.saved_path, tensors, meta, run_id=self.cfg.peers.run_id, digest=digest)
+
+    def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
+        """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
+        fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
+        got = adopt_swarm_state(
+            self.node,
+            self.trainer,
+            self.p2p,
+            self.membership.catch_up_timeout,
+            wait_for_donor=wait_for_donor,
+            min_round=min_round,
+            fresh_wait=fresh_wait,
+        )
+        if got is None:
+            return False
+        (donor, self._state_age, self._vouch), step, rnd = got, self.trainer.step, self.p2p.round_id
+        digest = shared_digest(self.trainer)
+        self.result.downloads.append({"round": rnd, "step": step, "digest": digest, "donor": donor})
+        logger.info("adopted the swarm's state: step %d, round %d", step, rnd)
+        return True
+
+    def on_step(self, info: StepInfo) -> None:
+        """The trainer's step callback: count the sync, catch up when behind, report, obey a stop."""
+        r = info.report
+        self.result.comm_wait_s += float(r.extra.get("comm_wait_s", 0.0))
+        now = time.monotonic()
+        if r.synced:
+            self._sync_s = now - self._step_t
+        self._step_t, self._steps_per_s = now, info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
+        note = ""
+        if r.synced:
+            note = self._after_sync(r)
+            res = self.result
+            self.node.publish(
+                step=self.trainer.step,
+                round=self.p2p.round_id,
+                throughput=info.tokens_per_s,
+                loss=info.loss,
+                # round outcomes for `status` and the dashboard: counts and the last one
+                committed=res.committed_rounds,
+                late=res.late_rounds,
+                failed=res.failed_rounds,
+                outcome="committed" if r.committed else "late" if r.late else "failed",
+            )
+            self._clock.synced(self.trainer.step)
+        now = time.monotonic()
+        due = (
+            r.synced
+            or info.step % self.cfg.train.log_interval == 0
+            or now - self._last_status >= STATUS_EVERY_S
+        )
+        if self.hooks.on_status is not None and due:
+            self._last_status = now
+            ledger, res = self.node.ledger, self.result
+            steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
+            self.hooks.on_status(
+                PeerStatus(
+                    step=self.trainer.step,
+                    round_id=self.p2p.round_id,
+                    loss=info.loss,
+                    peers=self._peers_seen,
+                    bytes_up=ledger.sent,
+                    bytes_down=ledger.received,
+                    tokens_per_s=info.tokens_per_s,
+                    note=note,
+                    synced=r.synced,
+                    next_sync_s=self._clock.seconds_left(self.trainer.step, steps_per_s),
+                    committed=res.committed_rounds,
+                    failed=res.failed_rounds + res.late_rounds,
+                    committed_round=r.round_id if r.synced and r.committed else None,
+                )
+            )
+        if self.stop.requested and self._leave_now(info):
+            raise _Stop
+        self.own_admission.check()  # an expired token: one line and out, not failing rounds
+
+    def _leave_now(self, info: StepInfo) -> bool:
+        """A stop signal arrived: leave after this step, or (the first time, when the next sync and
+        its round fit in the grace) train on to that sync so this peer's work since the last one counts."""
+        left = self.preemption.left()
+        if self._leaving:  # training on to the sync: leave once it happened or time is short
+            return info.report.synced or left <= self._sync_s
+        self._leaving = True
+        self.node.publish(leaving=1)  # no other leaving peer counts on this one to keep the state
+        self.server.announce_leaving()
+        steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
+        to_sync = None if info.report.synced else self._clock.seconds_left(self.trainer.step, steps_per_s)
+        if self._peers_seen > 1 and finish_sync(to_sync, self._sync_s, left):  # a round it can join
+            logger.warning("training on to the next sync (~%.0f s) before leaving", to_sync or 0.0)
+            self.p2p.deadlines.end_by = time.monotonic() + left  # that round ends within the grace
+            return False
+        return True
+
+    def _after_sync(self, r: StepReport) -> str:
+        """Count one sync and adopt the swarm's state when this peer missed a step; returns a note."""
+        res = self.result
+        self._peers_seen = r.participants
+        res.peak_sync_bytes_sent = max(res.peak_sync_bytes_sent, r.bytes_sent)
+        if "fragment" in r.extra:  # a strategy that syncs one fragment per round says which
+            counts = res.fragment_rounds.setdefault(int(r.extra["fragment"]), dict.fromkeys(_OUTCOMES, 0))
+            counts["committed" if r.committed else "late" if r.late else "failed"] += 1
+        if r.committed:
+            self.streak.committed()
+            res.committed_rounds += 1
+            res.sync_digests[r.round_id] = shared_digest(self.trainer)
+            self.server.refresh(vouch=res.sync_digests[r.round_id])  # a state it committed itself
+            self.save_committed_state(res.sync_digests[r.round_id])
+            fast_forward(self.trainer, self._realign.committed())
+            window = self.p2p.deadlines.join_window()  # measured (peers.rounds.deadlines)
+            logger.info(
+                "round %d committed (%d peers; join window %.1f s; step %d, digest %s)",
+                r.round_id,
+                r.participants,
+                window,
+                self.trainer.step,
+                res.sync_digests[r.round_id][:12],
+            )
+            return ""
+        if r.late:
+            # the others commit the round we missed: wait for the state it produces (the donors
+            # announce it as round ``p2p.round_id``), not the one before it
+            res.late_rounds += 1
+            # the round that formed without it took the number before ``round_id`` (r.round_id is -1)
+            logger.info("round %d went on without this peer", self.p2p.round_id - 1)
+            if self.catch_up(min_round=self.p2p.round_id):
+                res.late_caught_up += 1
+                self.server.refresh(vouch=self._vouch)
+                behind = steps_behind(self.node, self._state_age, self._steps_per_s)
+                if skipped := fast_forward(self.trainer, self._realign.late(behind)):
+                    logger.info("late: its sync periods now start %d steps ahead", skipped)
+            return "round went on without us: catching up"
+        res.failed_rounds += 1
+        self.streak.failed(r.reason)
+        note = f"round failed: {r.reason[:60]}" if r.reason else "round failed"
+        if not self.membership.catch_up_after_failure or self._holds_the_freshest_state():
+            return note
+        if self.catch_up():
+            self.server.refresh(vouch=self._vouch)
+        return f"{note}; catching up"
+
+    def _holds_the_freshest_state(self) -> bool:
+        """Whether the freshest state the donors vouch for has this peer's own shared parameters: no
+        round committed since it got them, so a download would only throw away its steps since then
+        (and set its step count back: a restarted peer that did so after every failed round ended the
+        run steps behind the others, which finished first while it committed rounds without them)."""
+        from peers.state.state_transfer import freshest_vouched
+
+        try:
+            best = freshest_vouched(
+                self.node, exclude=self.p2p.banned, vouchers=self.cfg.peers.state_vouchers
+            )
+        except SwarmError:
+            return False
+        return best is not None and best[1].hex() == shared_digest(self.trainer)
+
+    def close(self) -> None:
+        self.server.close()
+        withdraw_announcement(self.node)  # newcomers must not ask a peer that left
+        close = getattr(self.collective, "close", None)  # a wrapper closes what it wraps
+        if callable(close):
+            close()
+        self.trainer.close()
+
+
+_OUTCOMES = ("committed", "late", "failed")
+
+
+def _data_seed(peer_id: str, cfg: Config) -> int:
+    """A volunteer's data seed: it knows no rank, so its stream is seeded from its peer ID."""
+    return int.from_bytes(hashlib.sha256(f"{cfg.train.seed}:{peer_id}".encode()).digest()[:4], "little")

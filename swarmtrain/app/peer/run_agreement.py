@@ -1,0 +1,82 @@
+"""Settings every trainer of a run must share, checked by a volunteer before it downloads or trains.
+
+Each training peer publishes, in its signed peer record, the settings its rounds depend on: strategy,
+its sync period (``inner_steps``, where it has one), codec, reducer and the ``f`` it tolerates. A
+volunteer whose own differ would otherwise fail every round (or, for a reducer, reduce differently
+from the others) and say so only after minutes. Before anything else it compares its settings with
+the live trainers' records:
+
+* every trainer that published a setting agrees on a value this volunteer does not have: one line,
+  ``ConfigError`` (exit 2), naming the run's value and the flag that sets it;
+* trainers disagree among themselves (a run being changed, or records written to confuse): a
+  warning naming the values, and the volunteer goes on (its rounds then say the rest).
+
+Refusing only on unanimity keeps a stranger's records from turning honest volunteers away: one honest
+trainer that shares this volunteer's settings is enough to let it in. A run manifest signed by the
+run key (issue 13) will replace this majority of records as the source of truth where one exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from swarmtrain.core.config import Config
+from swarmtrain.core.errors import ConfigError
+
+__all__ = ["run_settings", "check_agreement", "SETTING_FLAGS"]
+
+logger = logging.getLogger(__name__)
+
+#: setting name in the record -> how a volunteer sets it
+SETTING_FLAGS = {
+    "strategy": "--strategy",
+    "inner_steps": "--inner-steps",
+    "codec": "--compressor",
+    "reducer": "[peers] reducer",
+    "byzantine_f": "[peers] byzantine_f",
+}
+
+
+def run_settings(cfg: Config) -> dict[str, str | int]:
+    """The settings a peer publishes in its record (``extra``) for others to check against."""
+    out: dict[str, str | int] = {
+        "strategy": cfg.strategy.name,
+        "codec": cfg.compression.codec,
+        "reducer": cfg.peers.reducer,
+        "byzantine_f": cfg.peers.byzantine_f,
+    }
+    h = getattr(cfg.strategy, "inner_steps", None)
+    if isinstance(h, int) and cfg.strategy.name in ("diloco", "streaming_diloco"):
+        out["inner_steps"] = h
+    return out
+
+
+def check_agreement(ours: dict[str, str | int], records: list[Any], own_id: str) -> None:
+    """Compare ``ours`` with the live trainers' published settings (see the module docstring).
+
+    Args:
+        ours: this peer's :func:`run_settings`.
+        records: the run's live peer records (``peers.dht.records.PeerRecord``).
+        own_id: this peer's ID (its own record is skipped).
+
+    Raises:
+        ConfigError: every trainer that published a setting agrees on another value than ours.
+    """
+    others = [r for r in records if r.role == "trainer" and r.peer_id != own_id]
+    for key, flag in SETTING_FLAGS.items():
+        seen = Counter(r.extra[key] for r in others if key in r.extra)
+        if not seen:
+            continue
+        mine = ours.get(key)
+        if len(seen) == 1:
+            ((theirs, n),) = seen.items()
+            if theirs != mine:
+                raise ConfigError(
+                    f"this run's trainers use {key} {theirs!r} ({n} of {n}); this peer is set to "
+                    f"{mine!r}: join with {flag} {theirs} (or the run's config file)"
+                )
+            continue
+        values = ", ".join(f"{v!r} ({c})" for v, c in seen.most_common())
+        logger.warning("the run's trainers disagree on %s: %s; this peer uses %r", key, values, mine)
