@@ -10,7 +10,7 @@ The finite check runs on the host after the event, so an encode costs no device 
 ``compress_many`` keeps ``depth`` chunks in flight: chunk ``k + 1`` is quantised on the compute
 stream while chunk ``k``'s payload crosses the bus, and the caller sends chunk ``k - 1`` meanwhile.
 ``StagedPacket.wire_parts`` gives the packet's wire bytes as segments (a small msgpack head and
-memoryviews of the pinned buffer), which ``peers.messages.FrameParts`` sends without joining them.
+memoryviews of the pinned buffer), which ``peers.wire.messages.FrameParts`` sends without joining them.
 
 Decoding goes the same way back: :func:`to_device` copies a peer's bytes into a pinned buffer and
 from there to the device with ``non_blocking=True`` (the buffer returns to the pool with an event).

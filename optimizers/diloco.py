@@ -90,7 +90,7 @@ class DiLoCo(AnchoredStrategy):
 
     def fast_forward(self, steps: int) -> int:
         """Start the current period ``steps`` inner steps ahead (at most to its last step): a peer that
-        keeps arriving late syncs with the others after fewer steps (``swarmtrain.app.realign``).
+        keeps arriving late syncs with the others after fewer steps (``swarmtrain.app.peer.realign``).
         Returns the steps skipped."""
         k = max(0, min(int(steps), self.inner_steps - 1 - self.steps % self.inner_steps))
         self.steps += k

@@ -18,7 +18,7 @@ The anchor and outer momentum are kept per piece (a piece is a whole parameter u
 cut); ``state_dict()["anchor"]`` and ``global_parameters()`` are per parameter. What is exchanged
 goes through the configured codec; error-feedback residuals live in the codec, keyed by what they
 compress, never by position: the in-process collective keys them by piece key, the peers' butterfly
-(``peers.butterfly``) by the fragment's pieces (names and shapes) and element range, so two
+(``peers.rounds.butterfly``) by the fragment's pieces (names and shapes) and element range, so two
 fragments never share memory, even of equal size. Every sync's ``StepReport.extra["fragment"]``
 says which fragment the round was (the peer loop counts outcomes per fragment from it).
 
