@@ -18,38 +18,14 @@ import numpy as np
 import torch
 
 from compression import staging
-from compression.base import (
-    CODECS,
-    Codec,
-    buffer_tensor,
-    check_absmax_top,
-    check_finite_absmax,
-    check_packet,
-    check_scales,
-    dtype_name,
-    int_param,
-    tensor_bytes,
-)
-from compression.kernels import Kernel
+from compression.base import CODECS, check_absmax_top, check_finite_absmax, dtype_name, tensor_bytes
+from compression.blocks import MAX_BLOCK, MIN_BLOCK, BlockScaledCodec, Decoder, check_block, kernel
 from compression.native import encode_blockwise
-from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.packet import Packet
 
 __all__ = ["BlockwiseCodec", "Int8Compressor", "Int4Compressor", "MIN_BLOCK", "MAX_BLOCK", "tiny_rescale"]
 
-MIN_BLOCK = 8
-MAX_BLOCK = 1 << 20
-
 Encoder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-Decoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_KERNELS: dict[tuple[str, int], Kernel] = {}
-
-
-def _kernel(kind: str, block: int, make: Callable[[int], Callable[..., object]]) -> Kernel:
-    k = _KERNELS.get((kind, block))
-    if k is None:
-        k = _KERNELS[(kind, block)] = Kernel(make(block), f"{kind}[block={block}]")
-    return k
 
 
 # Blocks whose absmax is below 2**-64 are scaled up by 2**64 (exact) before quantising: otherwise
@@ -120,7 +96,7 @@ def _scales(am: torch.Tensor, qmax: int) -> torch.Tensor:
     return am * (1.0 / qmax)
 
 
-class BlockwiseCodec(Codec):
+class BlockwiseCodec(BlockScaledCodec):
     """Blockwise absmax quantiser with ``bits`` bits per code; subclasses fix ``bits``.
 
     Args:
@@ -131,28 +107,15 @@ class BlockwiseCodec(Codec):
 
     bits = 8
     qmax = 127
+    code_dtype = torch.int8  # int4's nibbles are unsigned bytes
     value_codec = True
 
     def __init__(self, block: int = 256, device: str | torch.device | None = None) -> None:
         super().__init__(device)
-        if type(block) is not int or block % 8 or not MIN_BLOCK <= block <= MAX_BLOCK:
-            raise ConfigError(
-                f"codec {self.name!r}: block must be a multiple of 8 in [8, 2**20], not {block}"
-            )
-        self.block = block
-
-    def _codes_nbytes(self, numel: int) -> int:
-        return (numel * self.bits + 7) // 8
-
-    def payload_nbytes(self, numel: int, dtype: str = "float32") -> int:
-        """``ceil(numel * bits / 8)`` code bytes plus 4 bytes per block."""
-        return self._codes_nbytes(numel) + 4 * (-(-numel // self.block))
+        self.block = check_block(block, self.name)
 
     def _encoder(self, block: int) -> Encoder:  # pragma: no cover - abstract
         raise NotImplementedError
-
-    def _decoder(self, block: int, dtype: torch.dtype) -> Decoder:
-        raise NotImplementedError  # pragma: no cover - abstract
 
     def compress(self, t: torch.Tensor, *, key: str = "") -> Packet:
         """Quantise ``t`` blockwise (see the class docstring for the error bound)."""
@@ -190,7 +153,7 @@ class BlockwiseCodec(Codec):
         full = n - n % self.block
         codes, absmax = [], []
         if full:
-            kern = _kernel(f"{self.name}-enc", self.block, self._encoder)
+            kern = kernel(f"{self.name}-enc", self.block, self._encoder)
             # A [nblocks, block] view: with a flat input Inductor's dynamic-shape loops for the
             # absmax and the quantisation get different bounds and are not fused into one pass.
             c, a = kern(x[:full].view(-1, self.block), numel=full)
@@ -207,50 +170,6 @@ class BlockwiseCodec(Codec):
             absmax.append(a)
         am = torch.cat(absmax) if len(absmax) > 1 else (absmax[0] if absmax else torch.zeros(0))
         return codes, am
-
-    def _packet(self, t: torch.Tensor, dtype: str, codes: bytes, scales: bytes) -> Packet:
-        return Packet(
-            codec=self.name,
-            shape=tuple(t.shape),
-            dtype=dtype,
-            buffers=(codes, scales),
-            params=(("block", self.block),),
-        )
-
-    def decompress(self, p: Packet) -> torch.Tensor:
-        """Decode ``p``; ``ProtocolError`` if it is inconsistent (lengths, block, scales)."""
-        dtype = check_packet(p, self.name, 2)
-        block = int_param(p, "block", MIN_BLOCK, MAX_BLOCK)
-        if block % 8:
-            raise ProtocolError(f"codec {self.name!r}: block {block} is not a multiple of 8")
-        n = p.numel
-        nblocks = -(-n // block)
-        codes_t = buffer_tensor(p.buffers[0], self._code_dtype, self._codes_nbytes(n), f"{self.name} codes")
-        scales = buffer_tensor(p.buffers[1], torch.float32, nblocks, f"{self.name} scales")
-        check_scales(scales, p.dtype, self.qmax, self.name)
-        codes_t = staging.to_device(codes_t, self.device)  # through a pinned buffer to a GPU
-        scales = staging.to_device(scales, self.device)
-        full = n - n % block
-        nfb = full // block
-        parts = []
-        if full:
-            kern = _kernel(f"{self.name}-dec-{p.dtype}", block, lambda b: self._decoder(b, dtype))
-            per_block = self._codes_nbytes(block)  # 2D views: one loop bound shared by both inputs
-            q2 = codes_t[: self._codes_nbytes(full)].view(nfb, per_block)
-            parts.append(kern(q2, scales[:nfb].view(nfb, 1), numel=full))
-        if n > full:
-            width = (n - full) + (-(n - full)) % (8 // self.bits)
-            tail_codes = codes_t[self._codes_nbytes(full) :]
-            pad = self._codes_nbytes(width) - tail_codes.numel()
-            if pad:
-                tail_codes = torch.cat([tail_codes, tail_codes.new_zeros(pad)])
-            parts.append(self._decoder(width, dtype)(tail_codes, scales[nfb:])[: n - full])
-        flat = torch.cat(parts) if len(parts) > 1 else (parts[0] if parts else torch.zeros(0, dtype=dtype))
-        return self._out(flat, p)
-
-    @property
-    def _code_dtype(self) -> torch.dtype:
-        return torch.int8 if self.bits == 8 else torch.uint8
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(block={self.block})"
@@ -290,6 +209,7 @@ class Int4Compressor(BlockwiseCodec):
     name = "int4"
     bits = 4
     qmax = 7
+    code_dtype = torch.uint8
 
     def _encoder(self, block: int) -> Encoder:
         return _int4_encoder(block)

@@ -35,29 +35,16 @@ from typing import Any
 import torch
 
 from compression import staging
-from compression.base import (
-    CODECS,
-    Codec,
-    buffer_tensor,
-    check_absmax_top,
-    check_finite_absmax,
-    check_packet,
-    check_scales,
-    dtype_name,
-    int_param,
-    tensor_bytes,
-)
-from compression.blockwise import MAX_BLOCK, MIN_BLOCK, tiny_rescale
-from compression.kernels import Kernel
+from compression.base import CODECS, check_absmax_top, check_finite_absmax, dtype_name, tensor_bytes
+from compression.blocks import BlockScaledCodec, Decoder, check_block, kernel
+from compression.blockwise import tiny_rescale
 from compression.native import encode_ternary
-from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.packet import Packet
 
 __all__ = ["TernaryCompressor", "hash_uniform"]
 
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**27, so the products below stay far from int64 overflow
-_KERNELS: dict[tuple[str, int], Kernel] = {}
 
 
 def hash_uniform(idx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -154,15 +141,8 @@ def _contractive_scales(x: torch.Tensor, block: int) -> torch.Tensor:
     return s.float()
 
 
-def _kernel(kind: str, block: int, make: Callable[[int], Callable[..., Any]]) -> Kernel:
-    k = _KERNELS.get((kind, block))
-    if k is None:
-        k = _KERNELS[(kind, block)] = Kernel(make(block), f"{kind}[block={block}]")
-    return k
-
-
 @CODECS.register("ternary")
-class TernaryCompressor(Codec):
+class TernaryCompressor(BlockScaledCodec):
     """TernGrad ternarisation: ``0.25 + 4 / block`` bytes per element, unbiased.
 
     Error bound: each decoded element is ``0`` or ``sign(x) * absmax`` of its block, so it is within
@@ -179,6 +159,8 @@ class TernaryCompressor(Codec):
     """
 
     name = "ternary"
+    bits = 2
+    qmax = 1  # a decoded element is at most its block's scale
     value_codec = True
 
     def __init__(
@@ -191,15 +173,9 @@ class TernaryCompressor(Codec):
     ) -> None:
         super().__init__(device)
         self.contractive = bool(contractive)
-        if type(block) is not int or block % 8 or not MIN_BLOCK <= block <= MAX_BLOCK:
-            raise ConfigError(f"codec 'ternary': block must be a multiple of 8 in [8, 2**20], got {block}")
-        self.block = block
+        self.block = check_block(block, self.name)
         self.seed = int(seed)
         self._calls: dict[str, int] = {}
-
-    def payload_nbytes(self, numel: int, dtype: str = "float32") -> int:
-        """``ceil(numel / 4)`` code bytes plus 4 bytes per block."""
-        return (numel + 3) // 4 + 4 * (-(-numel // self.block))
 
     def _base(self, key: str) -> int:
         n = self._calls.get(key, 0)
@@ -246,7 +222,7 @@ class TernaryCompressor(Codec):
         if full:
             b = _base_tensor(base, full, x.device)
             xb = x[:full].view(-1, self.block)  # 2D so Inductor fuses absmax and packing in one pass
-            c, a = _kernel("ternary-enc", self.block, _encoder)(xb, b, numel=full)
+            c, a = kernel("ternary-enc", self.block, _encoder)(xb, b, numel=full)
             codes.append(c)
             absmax.append(a)
         if n > full:
@@ -268,43 +244,8 @@ class TernaryCompressor(Codec):
         twin._calls = dict(self._calls)
         return twin
 
-    def _packet(self, t: torch.Tensor, dtype: str, codes: bytes, scales: bytes) -> Packet:
-        return Packet(
-            codec=self.name,
-            shape=tuple(t.shape),
-            dtype=dtype,
-            buffers=(codes, scales),
-            params=(("block", self.block),),
-        )
-
-    def decompress(self, p: Packet) -> torch.Tensor:
-        """Decode ``p``; ``ProtocolError`` if it is inconsistent (lengths, block, scales)."""
-        dtype = check_packet(p, self.name, 2)
-        block = int_param(p, "block", MIN_BLOCK, MAX_BLOCK)
-        if block % 8:
-            raise ProtocolError(f"codec 'ternary': block {block} is not a multiple of 8")
-        n = p.numel
-        nblocks = -(-n // block)
-        codes = buffer_tensor(p.buffers[0], torch.uint8, (n + 3) // 4, "ternary codes")
-        codes = staging.to_device(codes, self.device)  # through a pinned buffer to a GPU
-        scales = buffer_tensor(p.buffers[1], torch.float32, nblocks, "ternary scales")
-        check_scales(scales, p.dtype, 1, self.name)
-        scales = staging.to_device(scales, self.device)
-        full = n - n % block
-        parts = []
-        if full:
-            kern = _kernel(f"ternary-dec-{p.dtype}", block, lambda b: _decoder(b, dtype))
-            nfb = full // block
-            q2 = codes[: full // 4].view(nfb, block // 4)  # 2D views share one loop bound
-            parts.append(kern(q2, scales[:nfb].view(nfb, 1), numel=full))
-        if n > full:
-            width = (n - full) + (-(n - full)) % 4
-            tail = codes[full // 4 :]
-            if width // 4 > tail.numel():
-                tail = torch.cat([tail, tail.new_zeros(width // 4 - tail.numel())])
-            parts.append(_decoder(width, dtype)(tail, scales[full // block :])[: n - full])
-        flat = torch.cat(parts) if len(parts) > 1 else (parts[0] if parts else torch.zeros(0, dtype=dtype))
-        return self._out(flat, p)
+    def _decoder(self, block: int, dtype: torch.dtype) -> Decoder:
+        return _decoder(block, dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """The seed and per-key call counters (restoring them reproduces the next packets)."""
