@@ -11,7 +11,6 @@ after the other in this process, with ``train.optimizer`` the only difference: `
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import finite, recorded  # noqa: E402
+from runlog import recorded, write_report  # noqa: E402
 
 from swarmtrain.app.train.trainer import Trainer  # noqa: E402
 from swarmtrain.core.config import load_config  # noqa: E402
@@ -95,16 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         "state_bytes_ratio": eight["optimizer_state_bytes"] / base["optimizer_state_bytes"],
         "tokens_per_s_ratio": (eight["tokens_per_s"] or 0) / (base["tokens_per_s"] or 1),
     }
-    print(f"{'optimizer':<10}{'val loss':>10}{'train (last 5)':>16}{'state MB':>10}{'tok/s':>9}")
-    for r in rows:
-        print(
-            f"{r['optimizer']:<10}{r['final_val_loss']:>10.4f}{r['last_train_window_mean']:>16.4f}"
-            f"{r['optimizer_state_bytes'] / 1e6:>10.2f}{r['tokens_per_s']:>9.0f}"
-        )
-    print(
-        f"adamw8bit vs adamw: val loss {rel:+.2f} %, state x{summary['state_bytes_ratio']:.2f}, "
-        f"tokens/s x{summary['tokens_per_s_ratio']:.2f}"
-    )
     payload = {
         "benchmark": "adamw8bit",
         "recorded": recorded(argv if argv is not None else sys.argv),
@@ -114,10 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     device = args.device.split(":")[0]
     out = Path(args.json) if args.json else RESULTS / f"adamw8bit_{device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(finite(payload), indent=1))
-    print(f"wrote {out}")
+    write_report(out, payload, _table(rows, summary), indent=1)
     return 0
+
+
+def _table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    """One line per optimizer and the 8-bit one against the fp32 one."""
+    lines = [f"{'optimizer':<10}{'val loss':>10}{'train (last 5)':>16}{'state MB':>10}{'tok/s':>9}"]
+    for r in rows:
+        lines.append(
+            f"{r['optimizer']:<10}{r['final_val_loss']:>10.4f}{r['last_train_window_mean']:>16.4f}"
+            f"{r['optimizer_state_bytes'] / 1e6:>10.2f}{r['tokens_per_s']:>9.0f}"
+        )
+    lines.append(
+        f"adamw8bit vs adamw: val loss {summary['val_loss_diff_percent']:+.2f} %, "
+        f"state x{summary['state_bytes_ratio']:.2f}, tokens/s x{summary['tokens_per_s_ratio']:.2f}"
+    )
+    return lines
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ runs that the README quotes); ``--summarize`` only rewrites and prints that summ
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -46,7 +45,7 @@ import torch
 from peers.dht.process import find_orphans, spawn_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runlog import append_run, load_runs  # noqa: E402
+from runlog import append_run, load_runs, write_json, write_report  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -354,25 +353,6 @@ def main(argv: list[str] | None = None) -> int:
         r["ratio_vs_hivemind_fp32"] = r["round_s_median"] / hm if hm else None
         r["data_ratio_vs_hivemind_fp32"] = r["data_phase_s_median"] / hm if hm else None
     rows.sort(key=lambda r: (r["numel"], r["impl"] != "hivemind", r["codec"]))
-    print(
-        f"{'impl':<11} {'codec':<6} {'elements':>9} {'median s':>9} {'min s':>7} {'max s':>7} "
-        f"{'data s':>7} {'cpu s':>6} {'MiB sent/peer':>13} {'x hivemind':>10} {'data x hm':>9} "
-        f"{'max|err|':>9} {'failed':>6}"
-    )
-    for r in rows:
-        mib = f"{r['bytes_sent_per_peer'] / 2**20:.1f}" if r["bytes_sent_per_peer"] else "-"
-        print(
-            f"{r['impl']:<11} {r['codec']:<6} {r['numel'] / 2**20:>8.0f}M {r['round_s_median']:>9.3f} "
-            f"{r['round_s_min']:>7.3f} {r['round_s_max']:>7.3f} {r['data_phase_s_median']:>7.3f} "
-            f"{r['cpu_s_all_peers_median']:>6.2f} {mib:>13} "
-            f"{r['ratio_vs_hivemind_fp32'] or float('nan'):>10.2f} "
-            f"{r['data_ratio_vs_hivemind_fp32'] or float('nan'):>9.2f} "
-            f"{r['max_abs_err']:>9.2e} {r['failed_rounds']:>6}"
-        )
-    for r in rows:
-        if r.get("phase_s_median"):
-            ph = " ".join(f"{k}={v:.3f}" for k, v in r["phase_s_median"].items())
-            print(f"  phases {r['codec']:<5} {r['numel'] / 2**20:.0f}M: {ph}")
     out = {
         "benchmark": "allreduce",
         "peers": args.peers,
@@ -384,16 +364,41 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "rows": rows,
     }
-    print(f"load average (1/5/15 min) before {out['loadavg_before']}, after {out['loadavg_after']}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.json}")
+    table = [
+        *_table(rows),
+        f"load average (1/5/15 min) before {out['loadavg_before']}, after {out['loadavg_after']}",
+    ]
+    write_report(Path(args.json), out, table)
     if args.append:
         entry = append_run(Path(args.runs_json), "allreduce", out, note=RUNS_NOTE)
         summary = write_summary(Path(args.runs_json))
         print(f"appended run {entry['run']} to {args.runs_json}")
         print(format_summary(summary))
     return 0
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per implementation, codec and size, then each row's phase medians."""
+    lines = [
+        f"{'impl':<11} {'codec':<6} {'elements':>9} {'median s':>9} {'min s':>7} {'max s':>7} "
+        f"{'data s':>7} {'cpu s':>6} {'MiB sent/peer':>13} {'x hivemind':>10} {'data x hm':>9} "
+        f"{'max|err|':>9} {'failed':>6}"
+    ]
+    for r in rows:
+        mib = f"{r['bytes_sent_per_peer'] / 2**20:.1f}" if r["bytes_sent_per_peer"] else "-"
+        lines.append(
+            f"{r['impl']:<11} {r['codec']:<6} {r['numel'] / 2**20:>8.0f}M {r['round_s_median']:>9.3f} "
+            f"{r['round_s_min']:>7.3f} {r['round_s_max']:>7.3f} {r['data_phase_s_median']:>7.3f} "
+            f"{r['cpu_s_all_peers_median']:>6.2f} {mib:>13} "
+            f"{r['ratio_vs_hivemind_fp32'] or float('nan'):>10.2f} "
+            f"{r['data_ratio_vs_hivemind_fp32'] or float('nan'):>9.2f} "
+            f"{r['max_abs_err']:>9.2e} {r['failed_rounds']:>6}"
+        )
+    for r in rows:
+        if r.get("phase_s_median"):
+            ph = " ".join(f"{k}={v:.3f}" for k, v in r["phase_s_median"].items())
+            lines.append(f"  phases {r['codec']:<5} {r['numel'] / 2**20:.0f}M: {ph}")
+    return lines
 
 
 def _span(values: list[float]) -> list[float] | None:
@@ -431,7 +436,7 @@ def write_summary(path: Path) -> dict[str, Any]:
     """Recompute the summary of the series at ``path`` from its runs and store it in the file."""
     data = load_runs(path, "allreduce", RUNS_NOTE)
     data["summary"] = series_summary(data["runs"])
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_json(path, data, indent=1)
     summary: dict[str, Any] = data["summary"]
     return summary
 

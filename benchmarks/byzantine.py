@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from byzantine_sim import SimConfig, load_corpus, run_sim  # noqa: E402
-from runlog import finite, recorded  # noqa: E402
+from runlog import pyplot, recorded, save_figure, write_report  # noqa: E402
 
 from peers.reducers import build_reducer  # noqa: E402
 from swarmtrain.core.errors import ConfigError  # noqa: E402
@@ -247,10 +247,7 @@ def readme_table(saved: dict[str, Any], n: int = 16) -> str:
 
 
 def _plot(grid: list[dict[str, Any]], goal: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     strategies = list(STRATEGIES)
@@ -302,7 +299,7 @@ def _plot(grid: list[dict[str, Any]], goal: list[dict[str, Any]], path: Path) ->
         ax.set_ylabel("final loss / clean loss")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,16 +377,6 @@ def main(argv: list[str] | None = None) -> int:
     _with_ratios(grid)
     _with_ratios(goal)
     summary = _goal_summary(goal)
-    print(_table(grid, "== main grid =="))
-    print(_table(goal, "\n== goal grid =="))
-    print("\n== goal: centered_clip within 5% of clean, mean ratio > 1.2 ==")
-    for strategy, per in summary.items():
-        for attack, s in per.items():
-            print(
-                f"{strategy:<14}{attack:<18} centered_clip x{s['centered_clip_ratio']:.3f} "
-                f"({'OK' if s['centered_clip_within_5pct'] else 'MISSED'})   mean x{s['mean_ratio']:.3g} "
-                f"({'fails' if s['mean_fails'] else 'does not fail'})"
-            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "byzantine_quick" if args.quick else "byzantine"
@@ -418,10 +405,30 @@ def main(argv: list[str] | None = None) -> int:
         "mean_fails_above": MEAN_FAILS,
     }
     payload = {"meta": meta, "grid": grid, "goal": goal, "goal_summary": summary}
-    (out / f"{stem}.json").write_text(json.dumps(finite(payload), indent=1, default=str))
-    _plot(grid, goal, out / f"{stem}.png")
-    print(f"\nwrote {out / (stem + '.json')} and .png in {meta['seconds']} s")
+    table = [_table(grid, "== main grid =="), _table(goal, "\n== goal grid =="), *_goal_lines(summary)]
+    write_report(
+        out / f"{stem}.json",
+        payload,
+        table,
+        plot=lambda d, png: _plot(d["grid"], d["goal"], png),
+        indent=1,
+        default=str,
+    )
+    print(f"in {meta['seconds']} s")
     return 0
+
+
+def _goal_lines(summary: dict[str, Any]) -> list[str]:
+    """Whether centered_clip kept within 5 % of the clean loss and the mean failed, by strategy, attack."""
+    lines = ["\n== goal: centered_clip within 5% of clean, mean ratio > 1.2 =="]
+    for strategy, per in summary.items():
+        for attack, s in per.items():
+            lines.append(
+                f"{strategy:<14}{attack:<18} centered_clip x{s['centered_clip_ratio']:.3f} "
+                f"({'OK' if s['centered_clip_within_5pct'] else 'MISSED'})   mean x{s['mean_ratio']:.3g} "
+                f"({'fails' if s['mean_fails'] else 'does not fail'})"
+            )
+    return lines
 
 
 if __name__ == "__main__":

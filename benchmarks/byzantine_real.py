@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runlog import finite
+from runlog import write_json
 
 REAL_ATTACKS = [
     "sign_flip",
@@ -145,7 +145,7 @@ def real_peers(out: Path, steps: int, groups: list[str]) -> int:
                 flush=True,
             )
             out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
-            path.write_text(json.dumps(finite({**saved, "rows": rows, "partial": True}), indent=1))
+            write_json(path, {**saved, "rows": rows, "partial": True}, indent=1)
     _real_ratios(rows)
     print(_real_table(rows))
     meta = dict(saved.get("meta", {}))
@@ -173,7 +173,8 @@ def real_peers(out: Path, steps: int, groups: list[str]) -> int:
     if check:
         meta["owner_check_bytes_ratio"] = check[-1]["bytes_vs_no_check"]
     meta[f"seconds_{'+'.join(groups)}"] = round(time.perf_counter() - t0, 1)
-    path.write_text(json.dumps(finite({"meta": meta, "rows": rows}), indent=1))
+    write_json(path, {"meta": meta, "rows": rows}, indent=1)
     path.with_suffix(".txt").write_text(_real_table(rows).lstrip() + "\n")
-    print(f"wrote {path} and {path.with_suffix('.txt').name}")
+    print(f"wrote {path}")
+    print(f"wrote {path.with_suffix('.txt')}")
     return 0

@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, cell, finite, number, recorded, strategy_list  # noqa: E402
+from runlog import RESULTS, cell, number, pyplot, recorded, save_figure, strategy_list, write_report  # noqa: E402
 
 __all__ = [
     "STRATEGIES",
@@ -178,10 +178,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = doc["rows"]
     xs = list(range(len(rows)))
@@ -211,8 +208,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _error_line(stderr: str) -> str | None:
@@ -294,13 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "commands": commands,
         "rows": rows,
     }
-    out.write_text(json.dumps(finite(doc_out), indent=2, allow_nan=False) + "\n")
-    png = out.with_suffix(".png")
-    _plot(finite(doc_out), png)
-    for line in table_lines(rows):
-        print(line)
-    print(f"wrote {out}")
-    print(f"wrote {png}")
+    write_report(out, doc_out, table_lines(rows), plot=_plot)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import append_run, load_runs  # noqa: E402
+from runlog import append_run, load_runs, write_json, write_report  # noqa: E402
 
 from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, format_table, report  # noqa: E402
 
@@ -99,7 +99,7 @@ def write_summaries(path: Path, ranges: list[str]) -> dict[str, Any]:
         a, b = _parse_range(text)
         summaries[f"{a}-{b}"] = summarize(data["runs"], a, b)
     data["summaries"] = summaries
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_json(path, data, indent=1)
     return summaries
 
 
@@ -146,12 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{min(r.copy_rw_gbps for r in results):.1f}-{max(r.copy_rw_gbps for r in results):.1f} GB/s; "
         f"headline columns: {'steady state (reused pages)' if steady else 'fresh pages'}"
     )
-    print(format_table(results))
     doc = report(results, args.device)
-    out = Path(args.json or RESULTS / f"codecs_{device}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {out}")
+    write_report(Path(args.json or RESULTS / f"codecs_{device}.json"), doc, format_table(results))
     if args.append:
         entry = append_run(
             runs_path, "codecs", run_entry(doc, args.reps, load_before, load_after), note=RUNS_NOTE

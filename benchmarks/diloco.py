@@ -30,13 +30,17 @@ import argparse
 import json
 import logging
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 __all__ = ["RunSpec", "grid", "shared_settings", "select", "add_comparisons", "format_table", "main"]
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runlog import RESULTS, pyplot, save_figure, write_json, write_report  # noqa: E402
+
 CODECS = ("none", "int8", "ternary")
 HS = (10, 50, 100)
 
@@ -177,10 +181,7 @@ def format_table(doc: dict[str, Any]) -> str:
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     colors = {"none": "tab:blue", "int8": "tab:orange", "ternary": "tab:green"}
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
@@ -211,17 +212,15 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title(f"tiny GPT, {doc['peers']} peers, {s['train.steps']} steps each, equal tokens", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _write(doc: dict[str, Any], out: Path) -> None:
     add_comparisons(doc["rows"])
     done = {r["key"] for r in doc["rows"]}
     doc["not_run"] = [s.key for s in grid() if s.key not in done]
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(tmp, doc)
     tmp.replace(out)
 
 
@@ -291,9 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         add_comparisons(doc["rows"])
     else:
         doc = _run(args, out)
-    print(format_table(doc))
-    _plot(doc, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_report(out, doc, format_table(doc), plot=_plot)
     return 0
 
 

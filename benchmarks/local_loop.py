@@ -19,7 +19,6 @@ the phase's starting RSS, sampled every 2 ms by a thread (psutil).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -234,7 +233,6 @@ def main() -> None:
         print(f"trainer / minimal, {label}: {r_all:.3f}  (rounds: {per})")
     print(f"load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     out = Path(args.out) if args.out else RESULTS / f"local_loop_{device.type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": "local_loop",
         "swarmtrain": __version__,
@@ -256,8 +254,9 @@ def main() -> None:
         "note": "tok/cpu-s uses the main thread's CPU time (time.thread_time): with --threads 1 on CPU it "
         "is the loop's own compute, insensitive to other processes sharing the cores",
     }
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
+    from runlog import write_report  # type: ignore[import-not-found]  # benchmarks/ is sys.path[0]
+
+    write_report(out, record, indent=1)
 
 
 if __name__ == "__main__":

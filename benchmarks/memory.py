@@ -254,7 +254,7 @@ def main() -> None:
     if args.worker is not None:
         print(json.dumps(measure_one(json.loads(args.worker))), flush=True)
         return
-    from runlog import finite, recorded  # type: ignore[import-not-found]
+    from runlog import recorded, write_report  # type: ignore[import-not-found]
 
     keys = args.configs.split(",") if args.configs else None
     rows = run_configs(args.device, args.preset, args.batch_size, args.steps, keys)
@@ -263,7 +263,6 @@ def main() -> None:
     print(format_table(rows, vol))
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
     out = Path(args.out) if args.out else RESULTS / f"memory_{kind}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": "memory",
         "recorded": recorded(),
@@ -272,8 +271,7 @@ def main() -> None:
         "rows": rows,
         "volunteer_16gb": vol,
     }
-    out.write_text(json.dumps(finite(record), indent=1) + "\n")
-    print(f"wrote {out}")
+    write_report(out, record, indent=1)
 
 
 if __name__ == "__main__":

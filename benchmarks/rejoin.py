@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, finite, recorded  # noqa: E402
+from runlog import RESULTS, recorded, write_report  # noqa: E402
 
 from peers import PeerProcess, find_orphans, spawn_command  # noqa: E402
 
@@ -256,9 +256,7 @@ def main() -> None:
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     runs = old.get("runs", {}) if old.get("benchmark") == "rejoin" else {}
     result = {"benchmark": "rejoin", "runs": {**runs, args.label: entry}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite(result), indent=2, allow_nan=False) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ calls ``append_run``, which adds one entry to ``<name>_runs.json``::
 
 ``run`` numbers count up from the last entry. The file is rewritten whole (read, append, write to a
 temporary file, rename), so an interrupted append leaves the old file intact.
+
+Every benchmark ends the same way, through ``write_report``: print its table, write its JSON (strict:
+non-finite floats as ``null``), draw its PNG next to it (``pyplot`` + ``save_figure``), and say
+``wrote <path>`` for each file.
 """
 
 from __future__ import annotations
@@ -23,13 +27,25 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from swarmtrain.core.jsonsafe import finite
 
-__all__ = ["finite", "RESULTS", "recorded", "git_commit", "loadavg", "append_run", "load_runs"]
+__all__ = [
+    "finite",
+    "RESULTS",
+    "recorded",
+    "git_commit",
+    "loadavg",
+    "append_run",
+    "load_runs",
+    "write_json",
+    "write_report",
+    "pyplot",
+    "save_figure",
+]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -145,3 +161,54 @@ def strategy_list(text: str, known: tuple[str, ...]) -> list[str]:
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(bad)} (use {', '.join(known)})")
     return names
+
+
+def write_json(path: Path, doc: Any, *, indent: int = 2, default: Callable[[Any], Any] | None = None) -> None:
+    """``doc`` as strict JSON at ``path`` (non-finite floats as ``null``, a final newline)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(finite(doc), indent=indent, allow_nan=False, default=default)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only ``Agg`` backend (the benchmarks draw PNGs, no windows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Write ``fig`` to ``path`` and release it."""
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def write_report(
+    path: Path,
+    doc: Any,
+    table: str | Iterable[str] | None = None,
+    *,
+    plot: Callable[[Any, Path], None] | None = None,
+    indent: int = 2,
+    default: Callable[[Any], Any] | None = None,
+) -> Path | None:
+    """A benchmark's tail: print ``table``, write ``doc`` as JSON at ``path``, draw ``plot(doc, png)``
+    next to it, and print ``wrote <path>`` for each file.
+
+    Returns:
+        The PNG's path, or ``None`` without ``plot``.
+    """
+    if table is not None:
+        print(table if isinstance(table, str) else "\n".join(table))
+    write_json(path, doc, indent=indent, default=default)
+    png = None
+    if plot is not None:
+        png = path.with_suffix(".png")
+        plot(doc, png)
+    for written in (path, png):
+        if written is not None:
+            print(f"wrote {written}")
+    return png

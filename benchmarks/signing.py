@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, finite, recorded  # noqa: E402
+from runlog import RESULTS, recorded, write_report  # noqa: E402
 
 RUN = "signing-bench"
 
@@ -133,9 +132,7 @@ def main() -> None:
         "policies": rows,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite(result), indent=2, allow_nan=False) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

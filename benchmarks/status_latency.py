@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, finite, recorded  # noqa: E402
+from runlog import RESULTS, recorded, write_report  # noqa: E402
 
 from peers import find_orphans, spawn_command  # noqa: E402
 
@@ -142,9 +142,7 @@ def main() -> None:
         "ratio_child_dht_over_status": ratio,
         "orphans": len(left),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite(result), indent=2, allow_nan=False) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

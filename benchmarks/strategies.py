@@ -21,9 +21,9 @@ Writes ``benchmarks/results/strategies.json`` and ``strategies.png`` (loss vs by
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,9 @@ from swarmtrain.simulation.runner import SimulationResult, run_simulation
 
 __all__ = ["RunSpec", "settings", "run_all", "check_goals", "main"]
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runlog import RESULTS, pyplot, save_figure, write_report  # noqa: E402
 
 
 class RunSpec:
@@ -183,10 +185,7 @@ def _table(doc: dict[str, Any]) -> str:
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for r in doc["rows"]:
@@ -205,8 +204,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title(f"tiny GPT, {doc['peers']} peers, {steps} steps each, equal tokens")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,12 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     doc = run_all(args.quick, args.timeout)
-    print(_table(doc))
     out = args.out or RESULTS / ("strategies_quick.json" if args.quick else "strategies.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(doc, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_report(out, doc, _table(doc), plot=_plot)
     return 0
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, finite, recorded  # noqa: E402
+from runlog import RESULTS, pyplot, recorded, save_figure, write_report  # noqa: E402
 
 from swarmtrain.app.swarm.roles import SwarmSettings, train_baseline  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
@@ -173,10 +173,7 @@ def markdown_table(entry: dict[str, Any]) -> str:
 
 
 def _plot(entry: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = entry["rows"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -213,7 +210,7 @@ def _plot(entry: dict[str, Any], path: Path) -> None:
         f"SWARM, {entry['stages']} stages, {entry['trainers']} trainers x {entry['steps']} micro-batches"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def _args() -> argparse.Namespace:
@@ -271,16 +268,13 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     args = _args()
     entry = run_all(args)
-    print(markdown_table(entry))
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     labelled = old.get("runs", {}) if old.get("benchmark") == "swarm" else {}
     labelled = {k: v for k, v in labelled.items() if "rows" in v}  # entries of this script's layout
     result = {"benchmark": "swarm", "runs": {**labelled, args.label: entry}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite(result), indent=2, allow_nan=False) + "\n")
-    png = args.out.with_suffix(".png")
-    _plot(entry, png)
-    print(f"wrote {args.out} and {png}")
+    write_report(
+        args.out, result, markdown_table(entry), plot=lambda d, png: _plot(d["runs"][args.label], png)
+    )
 
 
 if __name__ == "__main__":

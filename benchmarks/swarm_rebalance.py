@@ -23,7 +23,6 @@ Prints an 80-column table and writes ``benchmarks/results/swarm_rebalance.json``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, finite, loadavg, recorded  # noqa: E402
+from runlog import RESULTS, loadavg, pyplot, recorded, save_figure, write_report  # noqa: E402
 
 from swarmtrain.app.swarm.roles import SwarmSettings, train_baseline  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
@@ -115,10 +114,7 @@ def table_lines(entry: dict[str, Any]) -> list[str]:
 
 
 def _plot(entry: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = entry["rows"]
     fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -136,7 +132,7 @@ def _plot(entry: dict[str, Any], path: Path) -> None:
     ax.set_title(f"SWARM rebalancing, {entry['device_s']} s emulated device time per stage")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def _args() -> argparse.Namespace:
@@ -171,12 +167,7 @@ def main() -> None:
         "baseline_val_loss": base,
         "rows": rows,
     }
-    print("\n".join(table_lines(entry)))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(finite(entry), indent=2, allow_nan=False) + "\n")
-    png = args.out.with_suffix(".png")
-    _plot(entry, png)
-    print(f"wrote {args.out} and {png}")
+    write_report(args.out, entry, table_lines(entry), plot=_plot)
 
 
 if __name__ == "__main__":

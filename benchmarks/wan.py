@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -44,7 +43,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from allreduce import next_report  # noqa: E402
-from runlog import loadavg, recorded  # noqa: E402
+from runlog import loadavg, pyplot, recorded, save_figure, write_report  # noqa: E402
 
 from peers.dht.process import find_orphans, spawn_function  # noqa: E402
 from swarmtrain.simulation.netns import in_namespace  # noqa: E402
@@ -238,10 +237,7 @@ def _table(doc: dict[str, Any]) -> str:
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     control = {r["rate_mbit"]: r for r in doc["rows"] if not r["delay"]}
     rows = [r for r in doc["rows"] if r["delay"]]
@@ -270,8 +266,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title(f"fp32 all-reduce, {n} peers in 3 regions (RTT 80-150 ms)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,13 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "rows": rows,
     }
-    print(_table(doc))
-    print(_phase_lines(doc))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    png = args.out.with_suffix(".png")
-    _plot(doc, png)
-    print(f"wrote {args.out} and {png}")
+    write_report(args.out, doc, [_table(doc), _phase_lines(doc)], plot=_plot)
     return 0
 
 

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
     sys.path.insert(0, str(HERE))
 
-from runlog import append_run, load_runs  # noqa: E402
+from runlog import append_run, load_runs, write_json, write_report  # noqa: E402
 
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.core.errors import SwarmError  # noqa: E402
@@ -85,7 +85,7 @@ def write_summary(path: Path) -> dict[str, Any]:
     """Recompute the series' summary from its runs and store it in the file."""
     data = load_runs(path, "wan_overlap", RUNS_NOTE)
     data["summary"] = series_summary(data["runs"])
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_json(path, data, indent=1)
     summary: dict[str, Any] = data["summary"]
     return summary
 
@@ -311,11 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.append and args.quick:
         ap.error("--append keeps full runs only (drop --quick)")
     doc = run_benchmark(args.quick, args.timeout)
-    print(_table(doc))
     out = args.out or RESULTS / ("wan_overlap_quick.json" if args.quick else "wan_overlap.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, doc, _table(doc))
     if args.append:
         entry = append_run(RUNS, "wan_overlap", doc, note=RUNS_NOTE)
         print(f"appended run {entry['run']} to {RUNS}")

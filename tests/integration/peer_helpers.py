@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import re
+import subprocess
+import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from peers.dht.process import PeerProcess, find_orphans, spawn_function
+from peers.dht.process import PeerProcess, find_orphans, spawn_command, spawn_function
 from swarmtrain.core.config import PeersConfig
 from swarmtrain.core.packet import Packet
 
@@ -45,6 +50,12 @@ __all__ = [
     "Fp32Identity",
     "tensor_bytes",
     "tensor_from_bytes",
+    "SWARMTRAIN",
+    "LOOP",
+    "cli_env",
+    "start_cli_dht",
+    "spawn_join",
+    "wait_exit",
 ]
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -216,3 +227,60 @@ class PeerGroup:
         deadline = time.monotonic() + timeout
         want = list(range(self.n)) if ranks is None else list(ranks)
         return {r: self.wait_for(tag, r, max(deadline - time.monotonic(), 0.1)) for r in want}
+
+
+# --- the ``swarmtrain`` CLI as real processes (``swarmtrain dht`` + ``swarmtrain join``) ---
+
+SWARMTRAIN = [sys.executable, "-m", "swarmtrain"]
+LOOP = ["--host-maddrs", LOOPBACK]
+
+
+def cli_env(settings: Mapping[str, str] | None = None, *, keep_settings: bool = True) -> dict[str, str]:
+    """The environment of a ``swarmtrain`` child: this one's, unbuffered, plus ``settings``
+    (``SWARMTRAIN_*`` variables); ``keep_settings=False`` drops the caller's own ``SWARMTRAIN_*`` first."""
+    env = {k: v for k, v in os.environ.items() if keep_settings or not k.startswith("SWARMTRAIN_")}
+    env.update(settings or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start_cli_dht(
+    tmp: Path, run: str, env: Mapping[str, str], timeout: float = 120.0
+) -> tuple[PeerProcess, str]:
+    """``swarmtrain dht`` for ``run`` on loopback (output in ``tmp/dht.out``) and the multiaddr it prints."""
+    out = tmp / "dht.out"
+    proc = spawn_command(
+        [*SWARMTRAIN, "dht", *LOOP, "--run-id", run],
+        env=dict(env),
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", out.read_text())
+        if m:
+            return proc, m.group(1)
+        assert proc.alive, out.read_text()
+        time.sleep(0.2)
+    raise AssertionError("the bootstrap node printed no multiaddr")
+
+
+def spawn_join(
+    tmp: Path, name: str, maddr: str, run: str, *args: str, env: Mapping[str, str], config: Path | None = None
+) -> PeerProcess:
+    """``swarmtrain join`` of ``run`` through ``maddr`` on loopback as peer ``name``: its report in
+    ``tmp/<name>.json``, stdout and stderr in ``tmp/<name>.out`` and ``.err``."""
+    head = [*SWARMTRAIN, "join", *(["-c", str(config)] if config else [])]
+    return spawn_command(
+        [*head, "--initial-peers", maddr, "--run-id", run, *LOOP, "--json", str(tmp / f"{name}.json"), *args],
+        env=dict(env),
+        stdout=(tmp / f"{name}.out").open("w"),
+        stderr=(tmp / f"{name}.err").open("w"),
+    )
+
+
+def wait_exit(p: PeerProcess, timeout: float, name: str, tmp: Path) -> None:
+    """Assert that peer ``name`` ends within ``timeout`` with exit code 0 (else show its stderr tail)."""
+    tail = lambda: (tmp / f"{name}.err").read_text()[-2000:]  # noqa: E731
+    assert p.join(timeout), f"{name} did not finish; stderr tail: {tail()}"
+    assert p.exitcode == 0, f"{name} exited {p.exitcode}: {tail()}"

@@ -7,68 +7,35 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from peer_helpers import SWARMTRAIN, cli_env, spawn_join, start_cli_dht, wait_exit
 
-from peers import PeerProcess, find_orphans, spawn_command
+from peers import PeerProcess, find_orphans
 
-SW = [sys.executable, "-m", "swarmtrain"]
-LOOP = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
+# these runs are open with the mean on loopback (a trusted network); join refuses that pairing
+# elsewhere (test_manifest_join, test_open_policy)
+SETTINGS = {
+    "SWARMTRAIN_TRAIN__THREADS": "1",
+    "SWARMTRAIN_PEERS__OPEN_UNPROTECTED": "true",
+    "SWARMTRAIN_TRAIN__EVAL_INTERVAL": "100000",
+    "SWARMTRAIN_TRAIN__BATCH_SIZE": "8",
+    "SWARMTRAIN_TRAIN__EVAL_BATCHES": "4",
+}
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "SWARMTRAIN_TRAIN__THREADS": "1",
-            # these runs are open with the mean on loopback (a trusted network); join refuses that
-            # pairing elsewhere (test_manifest_join, test_open_policy)
-            "SWARMTRAIN_PEERS__OPEN_UNPROTECTED": "true",
-            "SWARMTRAIN_TRAIN__EVAL_INTERVAL": "100000",
-            "SWARMTRAIN_TRAIN__BATCH_SIZE": "8",
-            "SWARMTRAIN_TRAIN__EVAL_BATCHES": "4",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return env
+    return cli_env(SETTINGS)
 
 
 def _start_dht(tmp: Path, run: str) -> tuple[PeerProcess, str]:
-    out = tmp / "dht.out"
-    proc = spawn_command(
-        [*SW, "dht", *LOOP, "--run-id", run], env=_env(), stdout=out.open("w"), stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = re.search(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", out.read_text())
-        if m:
-            return proc, m.group(1)
-        assert proc.alive, out.read_text()
-        time.sleep(0.2)
-    raise AssertionError("the bootstrap node printed no multiaddr")
+    return start_cli_dht(tmp, run, _env())
 
 
 def _join(tmp: Path, name: str, maddr: str, run: str, *args: str) -> PeerProcess:
-    return spawn_command(
-        [
-            *SW,
-            "join",
-            "--initial-peers",
-            maddr,
-            "--run-id",
-            run,
-            *LOOP,
-            "--json",
-            str(tmp / f"{name}.json"),
-            *args,
-        ],
-        env=_env(),
-        stdout=(tmp / f"{name}.out").open("w"),
-        stderr=(tmp / f"{name}.err").open("w"),
-    )
+    return spawn_join(tmp, name, maddr, run, *args, env=_env())
 
 
 def _wait_log(tmp: Path, name: str, procs: list[PeerProcess], pattern: str, timeout: float) -> None:
@@ -78,11 +45,6 @@ def _wait_log(tmp: Path, name: str, procs: list[PeerProcess], pattern: str, time
     while not re.search(pattern, log.read_text()):
         assert all(p.alive for p in procs) and time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.3)
-
-
-def _wait_exit(p: PeerProcess, timeout: float, what: str, tmp: Path) -> None:
-    assert p.join(timeout), f"{what} did not finish; stderr tail: {(tmp / f'{what}.err').read_text()[-2000:]}"
-    assert p.exitcode == 0, f"{what} exited {p.exitcode}: {(tmp / f'{what}.err').read_text()[-2000:]}"
 
 
 def _identities(tmp: Path, newcomer_smallest: bool) -> dict[str, str]:
@@ -118,7 +80,7 @@ def test_newcomer_downloads_state_and_ends_identical(tmp_path: Path, newcomer_sm
         c = _join(tmp_path, "c", maddr, run, *common, "--identity", keys["c"])
         procs.append(c)
         for p, name in ((a, "a"), (b, "b"), (c, "c")):
-            _wait_exit(p, 900, name, tmp_path)
+            wait_exit(p, 900, name, tmp_path)
         res = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "abc"}
         first = res["c"]["downloads"][0]
         # the newcomer's downloaded global parameters equal the donors' after that round, bit for bit
@@ -154,11 +116,11 @@ def test_sigterm_leaves_cleanly(tmp_path: Path) -> None:
         procs.append(a)
         _wait_log(tmp_path, "a", [a], "step ", 300)
         a.signal(signal.SIGTERM)
-        _wait_exit(a, 120, "a", tmp_path)
+        wait_exit(a, 120, "a", tmp_path)
         assert "stopped by signal" in (tmp_path / "a.out").read_text()
         assert json.loads((tmp_path / "a.json").read_text())["stopped_by_signal"] is True
         status = subprocess.run(
-            [*SW, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
+            [*SWARMTRAIN, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
             capture_output=True,
             text=True,
             timeout=120,

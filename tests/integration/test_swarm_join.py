@@ -6,20 +6,17 @@ the run-wide settings from the config's ``[swarm]`` section."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from peer_helpers import SWARMTRAIN, cli_env, spawn_join, start_cli_dht, wait_exit
 
-from peers import PeerProcess, find_orphans, spawn_command
+from peers import PeerProcess, find_orphans
 
-SW = [sys.executable, "-m", "swarmtrain"]
-LOOP = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
 MICROBATCHES, ACCUMULATE, BATCH = 12, 2, 8
 
 CONFIG = f"""
@@ -40,34 +37,15 @@ accumulate = {ACCUMULATE}
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARMTRAIN_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return cli_env(keep_settings=False)
 
 
 def _start_dht(tmp: Path, run: str) -> tuple[PeerProcess, str]:
-    out = tmp / "dht.out"
-    proc = spawn_command(
-        [*SW, "dht", *LOOP, "--run-id", run], env=_env(), stdout=out.open("w"), stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = re.search(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", out.read_text())
-        if m:
-            return proc, m.group(1)
-        assert proc.alive, out.read_text()
-        time.sleep(0.2)
-    raise AssertionError("the bootstrap node printed no multiaddr")
+    return start_cli_dht(tmp, run, _env())
 
 
 def _join(tmp: Path, name: str, maddr: str, run: str, *args: str) -> PeerProcess:
-    argv = [*SW, "join", "-c", str(tmp / "run.toml"), "--initial-peers", maddr, "--run-id", run, *LOOP]
-    return spawn_command(
-        [*argv, "--json", str(tmp / f"{name}.json"), *args],
-        env=_env(),
-        stdout=(tmp / f"{name}.out").open("w"),
-        stderr=(tmp / f"{name}.err").open("w"),
-    )
+    return spawn_join(tmp, name, maddr, run, *args, env=_env(), config=tmp / "run.toml")
 
 
 def _wait_out(tmp: Path, name: str, procs: list[PeerProcess], pattern: str, timeout: float) -> str:
@@ -88,7 +66,7 @@ def _wait_server_record(maddr: str, run: str, stage: int, timeout: float = 120.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = subprocess.run(
-            [*SW, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
+            [*SWARMTRAIN, "status", "--initial-peers", maddr, "--run-id", run, "--json"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -100,12 +78,6 @@ def _wait_server_record(maddr: str, run: str, stage: int, timeout: float = 120.0
                 return
         time.sleep(1.0)
     raise AssertionError(f"no server record of stage {stage} in the DHT")
-
-
-def _wait_exit(p: PeerProcess, timeout: float, name: str, tmp: Path) -> None:
-    tail = lambda: (tmp / f"{name}.err").read_text()[-2000:]  # noqa: E731
-    assert p.join(timeout), f"{name} did not finish; stderr tail: {tail()}"
-    assert p.exitcode == 0, f"{name} exited {p.exitcode}: {tail()}"
 
 
 @pytest.mark.timeout(900)
@@ -125,7 +97,7 @@ def test_server_and_trainer_roles_train_a_two_stage_pipeline(tmp_path: Path) -> 
         _wait_out(tmp_path, "b", procs, r"server: serving stage 1 of 2 \(auto: the bottleneck stage\)", 300)
         t = _join(tmp_path, "t", maddr, run, "--role", "trainer")
         procs.append(t)
-        _wait_exit(t, 600, "t", tmp_path)
+        wait_exit(t, 600, "t", tmp_path)
         trainer = json.loads((tmp_path / "t.json").read_text())
         assert trainer["role"] == "trainer" and trainer["index"] == 0
         assert trainer["completed"] == MICROBATCHES and trainer["lost"] == 0
@@ -137,7 +109,7 @@ def test_server_and_trainer_roles_train_a_two_stage_pipeline(tmp_path: Path) -> 
         for p in (a, b):
             p.signal(signal.SIGTERM)
         for p, name in ((a, "a"), (b, "b")):
-            _wait_exit(p, 180, name, tmp_path)
+            wait_exit(p, 180, name, tmp_path)
         srv = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab"}
         assert (srv["a"]["stage"], srv["a"]["stage_auto"]) == (0, False), line
         assert (srv["b"]["stage"], srv["b"]["stage_auto"]) == (1, True)
