@@ -13,7 +13,7 @@ from test_simulation_wait import _outcome, _result
 from swarmtrain.app.peer.loop import PeerStatus
 from swarmtrain.core.config import load_config
 from swarmtrain.simulation.results import SimulationResult
-from swarmtrain.simulation.runner import _Supervisor
+from swarmtrain.simulation.supervisor import Supervisor
 
 
 def _status(step: int, committed_round: int | None, failed: int) -> tuple[str, int, dict]:
@@ -22,7 +22,7 @@ def _status(step: int, committed_round: int | None, failed: int) -> tuple[str, i
 
 
 def test_the_supervisor_keeps_what_a_killed_incarnation_reported() -> None:
-    sup = _Supervisor(load_config(None, {}, env={}), ["{}", "{}"], None, [], logging.ERROR, None)
+    sup = Supervisor(load_config(None, {}, env={}), ["{}", "{}"], None, [], logging.ERROR, None)
     slot = sup.slots[0]
     slot.new_incarnation(rejoin=False)
     for msg in (_status(1, 0, 0), _status(2, None, 1), _status(3, 2, 1)):
