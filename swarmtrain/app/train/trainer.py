@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,19 +24,11 @@ import optimizers  # noqa: F401  (registers every strategy)
 from optimizers.base import StrategyContext, build_strategy
 from swarmtrain.app.data import BatchSampler, build_corpus, eval_batches
 from swarmtrain.app.models import GPT, build_model
-from swarmtrain.app.train.checkpoint import (
-    CheckpointError,
-    read_checkpoint,
-    rng_state,
-    set_rng_state,
-    write_checkpoint,
-)
-from swarmtrain.app.train.inner_optim import build_optimizer, check_optimizer_state
+from swarmtrain.app.train import trainer_state
+from swarmtrain.app.train.inner_optim import build_optimizer
 from swarmtrain.app.train.lr import lr_at
 from swarmtrain.app.train.metrics import MetricsWriter
 from swarmtrain.app.train.progress import TrainProgress
-from swarmtrain.app.train.state_checks import check_finite_state, check_fits
-from swarmtrain.core import __version__
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.protocols import Collective, Reducer, StepReport
@@ -126,6 +118,15 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def _autocast_dtype(device: torch.device, bf16: str) -> torch.dtype | None:
+    """bf16 autocast on CUDA when supported (``auto`` or ``on``), on CPU only when asked (``on``)."""
+    if device.type == "cuda" and bf16 in ("auto", "on") and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    if device.type == "cpu" and bf16 == "on":
+        return torch.bfloat16
+    return None
+
+
 class Trainer:
     """Trains one peer's replica of the model.
 
@@ -167,25 +168,7 @@ class Trainer:
             torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed * 1_000_003 + peer_index)  # dropout streams differ per peer
 
-        self.corpus = build_corpus(config.data, vocab_size=config.model.vocab_size)
-        data_vocab = self.corpus.vocab_size if config.data.source == "bin" else None
-        self.model: GPT = build_model(config.model, seed=tc.seed, vocab_size=data_vocab).to(self.device)
-        self.sampler = BatchSampler(
-            self.corpus.train,
-            batch_size=tc.batch_size,
-            block_size=self.model.block_size,
-            seed=tc.seed if data_seed is None else data_seed,
-            peer_index=peer_index,
-            num_peers=num_peers,
-            grad_accum=tc.grad_accum,
-            vocab_size=self.model.vocab_size if data_vocab is not None else None,
-        )
-        self._val = eval_batches(
-            self.corpus.val,
-            n_batches=tc.eval_batches,
-            batch_size=tc.batch_size,
-            block_size=self.model.block_size,
-        )
+        self._build_model_and_data(data_seed)
         self.optimizer = build_optimizer(self.model, config, self.device)
         self.strategy = build_strategy(
             StrategyContext(
@@ -200,11 +183,7 @@ class Trainer:
         self._forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = self.model
         if tc.compile:
             self._forward = torch.compile(self.model)  # type: ignore[assignment]
-        self._amp_dtype: torch.dtype | None = None
-        if self.device.type == "cuda" and tc.bf16 in ("auto", "on") and torch.cuda.is_bf16_supported():
-            self._amp_dtype = torch.bfloat16
-        elif self.device.type == "cpu" and tc.bf16 == "on":
-            self._amp_dtype = torch.bfloat16
+        self._amp_dtype = _autocast_dtype(self.device, tc.bf16)
         self.step = 0
         self.tokens = 0
         self.wall_s = 0.0  # training wall time of earlier fit() calls and runs resumed from
@@ -224,6 +203,29 @@ class Trainer:
             self.corpus.name,
             len(self.corpus.train),
             len(self.corpus.val),
+        )
+
+    def _build_model_and_data(self, data_seed: int | None) -> None:
+        """The corpus, the model on its device, this peer's batch stream and the fixed held-out batches."""
+        config, tc = self.config, self.config.train
+        self.corpus = build_corpus(config.data, vocab_size=config.model.vocab_size)
+        data_vocab = self.corpus.vocab_size if config.data.source == "bin" else None
+        self.model: GPT = build_model(config.model, seed=tc.seed, vocab_size=data_vocab).to(self.device)
+        self.sampler = BatchSampler(
+            self.corpus.train,
+            batch_size=tc.batch_size,
+            block_size=self.model.block_size,
+            seed=tc.seed if data_seed is None else data_seed,
+            peer_index=self.peer_index,
+            num_peers=self.num_peers,
+            grad_accum=tc.grad_accum,
+            vocab_size=self.model.vocab_size if data_vocab is not None else None,
+        )
+        self._val = eval_batches(
+            self.corpus.val,
+            n_batches=tc.eval_batches,
+            batch_size=tc.batch_size,
+            block_size=self.model.block_size,
         )
 
     # ----------------------------------------------------------------------------------- steps
@@ -433,37 +435,9 @@ class Trainer:
         return rec
 
     # ----------------------------------------------------------------------------- checkpoints
-    def _named_state(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.named_parameters()  # the tied head appears once
-        yield from self.model.named_buffers()
-
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Write model, optimizer, strategy, data position, RNG states and counters to ``directory``."""
-        state = {
-            "kind": "swarmtrain.trainer",
-            "version": __version__,
-            "config": self.config.model_dump(mode="json"),
-            "model": dict(self._named_state()),
-            "optimizer": self.optimizer.state_dict(),
-            "optimizer_kind": self.config.train.optimizer,
-            "strategy": {"name": self.strategy.name, "state": self.strategy.state_dict()},
-            "rng": rng_state(),
-            "data": {
-                "step": self.step,
-                "sampler": self.sampler.identity(),
-                "corpus": self.corpus.fingerprint,
-            },
-            "progress": {
-                "step": self.step,
-                "tokens": self.tokens,
-                "wall_s": self.wall_s + self._fit_elapsed,
-                "bytes_sent": self.bytes_sent,
-                "bytes_received": self.bytes_received,
-            },
-        }
-        path = write_checkpoint(directory, state)
-        logger.info("saved checkpoint at step %d to %s", self.step, path)
-        return path
+        return trainer_state.save_checkpoint(self, directory)
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore everything :meth:`save_checkpoint` wrote; the next step continues bit-exactly.
@@ -471,57 +445,7 @@ class Trainer:
         Raises:
             CheckpointError: unreadable checkpoint, or one whose tensors do not fit this model.
         """
-        state = read_checkpoint(directory)
-        if state.get("kind") != "swarmtrain.trainer":
-            raise CheckpointError(f"{directory} is not a swarmtrain trainer checkpoint")
-        try:
-            model_state, progress = state["model"], state["progress"]
-            opt_state, strat, data = state["optimizer"], state["strategy"], state["data"]
-        except KeyError as e:
-            raise CheckpointError(f"{directory}: checkpoint lacks {e}") from None
-        kind = self.config.train.optimizer
-        saved_kind = state.get("optimizer_kind", kind)  # checkpoints before adamw8bit did not name it
-        try:  # every check before anything changes: a checkpoint that does not fit leaves all as it was
-            counters = (
-                int(progress["step"]),
-                int(progress["tokens"]),
-                float(progress["wall_s"]),
-                int(progress["bytes_sent"]),
-                int(progress["bytes_received"]),
-            )
-            rng = state["rng"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{directory}: checkpoint progress is incomplete: {e}") from None
-        try:
-            check_fits(dict(self._named_state()), model_state)
-            if saved_kind != kind:
-                raise CheckpointError(f"it holds {saved_kind} optimizer state, this run uses {kind}")
-            check_optimizer_state(self.optimizer, kind, opt_state)
-        except CheckpointError as e:
-            raise CheckpointError(f"{directory}: {e}") from None
-        if strat.get("name") == self.strategy.name:
-            try:
-                self._load_strategy_state(strat["state"])  # restores its own state if it fails
-            except CheckpointError as e:
-                raise CheckpointError(f"{directory}: {e}") from None
-        else:
-            logger.warning(
-                "checkpoint strategy %r differs from %r: its strategy state is not restored",
-                strat.get("name"),
-                self.strategy.name,
-            )
-        self._copy_into_model(self._named_state(), model_state)
-        try:
-            self.optimizer.load_state_dict(opt_state)
-        except (ValueError, KeyError, TypeError, RuntimeError) as e:  # pragma: no cover - checked above
-            raise CheckpointError(f"{directory}: optimizer state does not fit: {e}") from None
-        if data.get("sampler") != self.sampler.identity():
-            logger.warning("data sampling changed since the checkpoint: the batch stream will differ")
-        if data.get("corpus") != self.corpus.fingerprint:
-            logger.warning("the corpus changed since the checkpoint")
-        set_rng_state(rng)
-        self.step, self.tokens, self.wall_s, self.bytes_sent, self.bytes_received = counters
-        logger.info("resumed from %s at step %d", directory, self.step)
+        trainer_state.load_checkpoint(self, directory)
 
     def load_peer_state(
         self,
@@ -531,55 +455,12 @@ class Trainer:
         optimizer_state: Any = None,
     ) -> None:
         """Adopt another peer's parameters, strategy state, step count and (when given) inner optimizer
-        state: a newcomer's download or a late peer's catch-up. RNG and data stream stay this peer's.
-
-        Only the optimizer's per-parameter state is taken from the donor (moments, 8-bit codes and
-        their scales, step counts); its hyperparameters (lr, betas, weight decay) stay this peer's own
-        config, so a donor cannot change how this peer trains.
+        state (see :func:`swarmtrain.app.train.trainer_state.load_peer_state`).
 
         Raises:
-            CheckpointError: the parameters, the strategy state or the optimizer state do not fit this
-                trainer (another optimizer kind, shapes, dtypes, non-finite values); nothing changed then.
+            CheckpointError: the state does not fit this trainer; nothing changed then.
         """
-        check_fits(dict(self.model.named_parameters()), parameters)
-        check_finite_state(dict(parameters), "parameters")
-        check_finite_state(strategy_state, "strategy state")  # anchors, momenta, outer lr...
-        if optimizer_state is not None:
-            check_optimizer_state(self.optimizer, self.config.train.optimizer, optimizer_state)
-            check_finite_state(optimizer_state.get("state", {}), "optimizer state")
-        model_backup = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        opt_backup = self.optimizer.state_dict() if optimizer_state is not None else None
-        self._load_strategy_state(strategy_state)  # restores itself if it fails
-        try:
-            self._copy_into_model(self.model.named_parameters(), parameters)
-            if optimizer_state is not None:
-                ours = self.optimizer.state_dict()["param_groups"]
-                theirs = optimizer_state["param_groups"]
-                groups = [{**g, "params": s["params"]} for g, s in zip(ours, theirs, strict=True)]
-                self.optimizer.load_state_dict({"state": optimizer_state["state"], "param_groups": groups})
-        except Exception as e:  # the donor's bytes: leave everything as it was
-            self._copy_into_model(self.model.named_parameters(), model_backup)
-            if opt_backup is not None:
-                self.optimizer.load_state_dict(opt_backup)
-            raise CheckpointError(f"state does not load: {type(e).__name__}: {e}") from None
-        self.step = step
-
-    def _load_strategy_state(self, state: Any) -> None:
-        """Load ``state`` into the strategy, or leave the strategy as it was and raise CheckpointError."""
-        backup = self.strategy.state_dict()
-        try:
-            self.strategy.load_state_dict(state)
-        except Exception as e:  # a malformed state from a file or a peer, whatever it raised
-            self.strategy.load_state_dict(backup)
-            raise CheckpointError(f"strategy state does not fit: {type(e).__name__}: {e}") from None
-
-    @staticmethod
-    @torch.no_grad()
-    def _copy_into_model(
-        ours: Iterable[tuple[str, torch.Tensor]], theirs: Mapping[str, torch.Tensor]
-    ) -> None:
-        for name, t in ours:
-            t.copy_(theirs[name])
+        trainer_state.load_peer_state(self, parameters, strategy_state, step, optimizer_state)
 
     def close(self) -> None:
         """Release the strategy (and its network resources)."""
