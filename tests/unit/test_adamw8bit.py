@@ -117,7 +117,7 @@ def test_adamw8bit_trains_the_tiny_preset_like_adamw(tmp_path: Path) -> None:
     assert last["adamw"] < losses["adamw"][0] - 1.5
     assert last["adamw8bit"] < losses["adamw8bit"][0] - 1.5
     # goal 1 %; the bound is generous for other machines' float order, tight enough to catch a
-    # broken update (the measured difference is printed above and recorded in the README)
+    # broken update (the measured difference is printed above and recorded in docs/benchmarks.md)
     assert abs(rel_train) < 0.03 and abs(rel_val) < 0.03
 
 

@@ -1,5 +1,5 @@
-"""The benchmarks' run series: ``--append`` logic (``benchmarks/runlog.py``), the summaries the README
-quotes, and the shape of the recorded ``benchmarks/results/*_runs.json`` files.
+"""The benchmarks' run series: ``--append`` logic (``benchmarks/runlog.py``), the summaries
+``docs/benchmarks.md`` quotes, and the shape of the recorded ``benchmarks/results/*_runs.json`` files.
 
 No benchmark runs here: the inputs are synthetic payloads or the stored files.
 """

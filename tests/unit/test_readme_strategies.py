@@ -1,5 +1,5 @@
-"""The README's strategy tables are the committed ``swarmtrain bench strategies`` JSON, as
-``markdown_table`` renders it (README figures come from JSON a benchmark wrote)."""
+"""The strategy tables of ``docs/benchmarks.md`` are the committed ``swarmtrain bench strategies``
+JSON, as ``markdown_table`` renders it (the doc's figures come from JSON a benchmark wrote)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from swarmtrain.app.bench.strategies import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
 
 
 @pytest.mark.parametrize(
@@ -25,14 +26,14 @@ RESULTS = ROOT / "benchmarks" / "results"
         "bench_sweeps_demo.json",
     ],
 )
-def test_readme_table_is_the_committed_json(name: str) -> None:
+def test_doc_table_is_the_committed_json(name: str) -> None:
     rows = json.loads((RESULTS / name).read_text(encoding="utf-8"))["rows"]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    doc_md = DOC.read_text(encoding="utf-8")
     table = "\n".join(markdown_table(rows))
-    assert table in readme, f"README's table differs from {name}; regenerate it:\n{table}"
+    assert table in doc_md, f"docs/benchmarks.md's table differs from {name}; regenerate it:\n{table}"
 
 
-def test_readme_long_run_table_and_goals_are_the_committed_json() -> None:
+def test_doc_long_run_table_and_goals_are_the_committed_json() -> None:
     """The long run's table and the goals its script judged (``benchmarks/long_run.py``)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
@@ -40,9 +41,9 @@ def test_readme_long_run_table_and_goals_are_the_committed_json() -> None:
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     doc = json.loads((RESULTS / "long_run.json").read_text(encoding="utf-8"))
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    doc_md = DOC.read_text(encoding="utf-8")
     assert doc["settings"]["steps"] == 600 and doc["settings"]["workers"] == 4
-    assert "\n".join(markdown_table(doc["rows"])) in readme
+    assert "\n".join(markdown_table(doc["rows"])) in doc_md
     assert len(doc["goals"]) == 3
     for line in goal_lines(doc["goals"]):
-        assert line in readme, line
+        assert line in doc_md, line

@@ -1,5 +1,6 @@
-"""The README's SWARM table is the committed ``benchmarks/results/swarm.json`` as
-``benchmarks/swarm.py`` renders it (README figures come from the JSON a benchmark wrote)."""
+"""The SWARM tables of ``docs/benchmarks.md`` are the committed ``benchmarks/results/swarm.json`` and
+``swarm_rebalance.json`` as ``benchmarks/swarm.py`` and ``swarm_rebalance.py`` render them (the doc's
+figures come from the JSON a benchmark wrote)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
+DOC = ROOT / "docs" / "benchmarks.md"
 
 
 def _bench() -> ModuleType:
@@ -24,12 +26,14 @@ def _bench() -> ModuleType:
     return mod
 
 
-def test_readme_swarm_table_is_the_committed_json() -> None:
+def test_doc_swarm_table_is_the_committed_json() -> None:
     doc = json.loads((BENCH / "results" / "swarm.json").read_text(encoding="utf-8"))
     entry = doc["runs"]["current"]
     table = _bench().markdown_table(entry)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert table in readme, f"README's SWARM table differs from swarm.json; regenerate it:\n{table}"
+    doc_md = DOC.read_text(encoding="utf-8")
+    assert table in doc_md, (
+        f"docs/benchmarks.md's SWARM table differs from swarm.json; regenerate it:\n{table}"
+    )
 
 
 def test_the_committed_runs_lost_nothing_and_kept_replicas_identical() -> None:
@@ -43,7 +47,7 @@ def test_the_committed_runs_lost_nothing_and_kept_replicas_identical() -> None:
     assert all(r["lost_microbatches"] == 0 and r["params_identical"] for r in swarm)
 
 
-def test_readme_rebalancing_table_is_the_committed_json() -> None:
+def test_doc_rebalancing_table_is_the_committed_json() -> None:
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
     import swarm_rebalance
@@ -51,8 +55,10 @@ def test_readme_rebalancing_table_is_the_committed_json() -> None:
     entry = json.loads((BENCH / "results" / "swarm_rebalance.json").read_text(encoding="utf-8"))
     lines = swarm_rebalance.table_lines(entry)
     assert all(len(line) <= 80 for line in lines)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "\n".join(lines) in readme, "README's rebalancing table differs from swarm_rebalance.json"
+    doc_md = DOC.read_text(encoding="utf-8")
+    assert "\n".join(lines) in doc_md, (
+        "docs/benchmarks.md's rebalancing table differs from swarm_rebalance.json"
+    )
     fixed31, moved, fixed22 = entry["rows"]
     assert len(moved["moves"]) == 1 and moved["servers_per_stage_end"] == [2, 2]
     assert moved["throughput_after_moves"] > moved["throughput_before_moves"]
