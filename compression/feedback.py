@@ -38,23 +38,30 @@ import torch
 from compression.base import Codec
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.packet import Packet
+from swarmtrain.core.protocols import (
+    FeedbackWrapper,
+    RetainingCompressor,
+    RoundTransactions,
+    SpanCompressor,
+    StatefulCompressor,
+)
 
 __all__ = ["ErrorFeedback", "EF21"]
 
 
 def _inner_state(inner: Codec) -> dict[str, Any]:
-    fn = getattr(inner, "state_dict", None)
-    return dict(fn()) if callable(fn) else {}
+    return dict(inner.state_dict()) if isinstance(inner, StatefulCompressor) else {}
 
 
 def _load_inner(inner: Codec, state: Mapping[str, Any]) -> None:
-    fn = getattr(inner, "load_state_dict", None)
-    if callable(fn) and state:
-        fn(state)
+    if isinstance(inner, StatefulCompressor) and state:
+        inner.load_state_dict(state)
 
 
-class _Stateful(Codec):
+class _Stateful(Codec, RoundTransactions, SpanCompressor, RetainingCompressor, StatefulCompressor):
     """Per-key tensor memory shared by both wrappers."""
+
+    inner: Codec
 
     def __init__(self, inner: Codec) -> None:
         super().__init__(inner.device)
@@ -63,8 +70,7 @@ class _Stateful(Codec):
         self.inner = inner  # decodes (any peer's packets) and, stateless, encodes aggregates elsewhere
         # What compress encodes with: a contraction (ternary is scaled; Codec.for_error_feedback), or
         # the memory would grow without bound. Its packets are ``inner``'s: same name and format.
-        hook = getattr(inner, "for_error_feedback", None)
-        self.encoder: Codec = hook() if callable(hook) else inner
+        self.encoder: Codec = inner.for_error_feedback()
         self.name = inner.name  # packets are the inner codec's: any peer decodes them with it
         self._memory: dict[str, torch.Tensor] = {}
         # Open round: key -> its memory before the round (None: the key is new). None: no round open.
@@ -197,7 +203,7 @@ class _Stateful(Codec):
         return f"{type(self).__name__}({self.inner!r})"
 
 
-class ErrorFeedback(_Stateful):
+class ErrorFeedback(_Stateful, FeedbackWrapper):
     """EF-SGD residual memory around ``inner``.
 
     ``compress(t, key)`` encodes ``c = t + r`` (rounded to ``t``'s dtype) and stores
@@ -212,6 +218,8 @@ class ErrorFeedback(_Stateful):
     grow); ``inner`` itself stays the unbiased codec that decodes and that stateless users (e.g. an
     owner check's aggregate codec) encode with.
     """
+
+    inner: Codec
 
     def residual(self, key: str) -> torch.Tensor | None:
         """The current residual of ``key`` (float64), or ``None`` before its first compress."""

@@ -25,17 +25,19 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from compression.base import check_absmax_top
 from swarmtrain.core.packet import Packet, ParamValue
+from swarmtrain.core.protocols import Compressor
 from swarmtrain.core.wire import encode_packet_parts
 
 __all__ = [
     "DeviceParts",
+    "DeviceStaging",
     "PinnedPool",
     "StagedPacket",
     "default_pool",
@@ -227,9 +229,18 @@ class StagedPacket:
         return sum(len(b) for b in self._views)
 
 
-def stages(codec: Any, t: torch.Tensor) -> bool:
+@runtime_checkable
+class DeviceStaging(Protocol):
+    """A codec that quantises on the tensor's device and leaves the payload there (blockwise, ternary)."""
+
+    def device_parts(self, t: torch.Tensor, *, key: str = "") -> DeviceParts:
+        """The packet of ``t`` with its payload still in tensors on ``t``'s device."""
+        ...
+
+
+def stages(codec: Compressor, t: torch.Tensor) -> bool:
     """Whether ``compress_many`` stages ``t`` through the device path (a CUDA tensor, a staging codec)."""
-    return bool(t.is_cuda) and callable(getattr(codec, "device_parts", None))
+    return bool(t.is_cuda) and isinstance(codec, DeviceStaging)
 
 
 def _copy_jobs(parts: DeviceParts) -> tuple[list[tuple[torch.Tensor, int]], list[tuple[int, int]], int]:
@@ -266,7 +277,9 @@ def _copy_async(lease: torch.Tensor, jobs: list[tuple[torch.Tensor, int]], devic
     return event
 
 
-def stage(codec: Any, t: torch.Tensor, *, key: str = "", pool: PinnedPool | None = None) -> StagedPacket:
+def stage(
+    codec: DeviceStaging, t: torch.Tensor, *, key: str = "", pool: PinnedPool | None = None
+) -> StagedPacket:
     """Encode ``t`` with ``codec.device_parts`` and start the copy of its payload into a pooled buffer.
 
     On CUDA the copy is asynchronous (see the module docstring); on the CPU (tests) it is a plain copy.
@@ -286,7 +299,7 @@ def stage(codec: Any, t: torch.Tensor, *, key: str = "", pool: PinnedPool | None
 
 
 def compress_many(
-    codec: Any,
+    codec: Compressor,
     items: Iterable[tuple[torch.Tensor, str]],
     *,
     depth: int = 2,
@@ -300,7 +313,7 @@ def compress_many(
     """
     window: deque[StagedPacket] = deque()
     for t, key in items:
-        if stages(codec, t):
+        if t.is_cuda and isinstance(codec, DeviceStaging):
             window.append(stage(codec, t, key=key, pool=pool))
         else:
             window.append(StagedPacket(codec.compress(t, key=key)))
@@ -314,7 +327,7 @@ def compress_many(
         yield ready
 
 
-def compress_packet(codec: Any, t: torch.Tensor, key: str = "") -> Packet:
+def compress_packet(codec: DeviceStaging, t: torch.Tensor, key: str = "") -> Packet:
     """``codec.compress`` of a CUDA tensor through the staging path (a ``bytes`` packet)."""
     s = stage(codec, t, key=key)
     try:

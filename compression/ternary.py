@@ -40,6 +40,7 @@ from compression.blocks import BlockScaledCodec, Decoder, check_block, kernel
 from compression.blockwise import tiny_rescale
 from compression.native import encode_ternary
 from swarmtrain.core.packet import Packet
+from swarmtrain.core.protocols import StatefulCompressor
 
 __all__ = ["TernaryCompressor", "hash_uniform"]
 
@@ -142,7 +143,7 @@ def _contractive_scales(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 @CODECS.register("ternary")
-class TernaryCompressor(BlockScaledCodec):
+class TernaryCompressor(BlockScaledCodec, StatefulCompressor):
     """TernGrad ternarisation: ``0.25 + 4 / block`` bytes per element, unbiased.
 
     Error bound: each decoded element is ``0`` or ``sign(x) * absmax`` of its block, so it is within

@@ -11,7 +11,17 @@ import torch
 from compression import build_compressor
 from swarmtrain.core.config import BaseStrategyConfig, CompressionConfig, StrategyConfig
 from swarmtrain.core.errors import ConfigError
-from swarmtrain.core.protocols import Collective, Compressor, Reducer, RoundResult, StepReport, Strategy
+from swarmtrain.core.protocols import (
+    Collective,
+    Compressor,
+    GlobalParameters,
+    Reducer,
+    RoundResult,
+    RoundTransactions,
+    StatefulCompressor,
+    StepReport,
+    Strategy,
+)
 from swarmtrain.core.registry import Registry
 
 __all__ = [
@@ -90,8 +100,8 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
     """The codec a strategy sends through: ``ctx.compressor`` or one built from ``ctx.compression``."""
     if ctx.compressor is not None:
         return ctx.compressor
-    comp: Compressor = build_compressor(ctx.compression)
-    if getattr(comp, "sends_increments", False):
+    comp = build_compressor(ctx.compression)
+    if comp.sends_increments:
         # EF21 packets decode to increments of each sender's running estimate; the collective's
         # owners average decoded values from whichever peers joined the round, so they cannot
         # rebuild those estimates when membership changes. Refuse rather than average wrong values.
@@ -102,7 +112,7 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
     return comp
 
 
-class AnchoredStrategy:
+class AnchoredStrategy(GlobalParameters):
     """Base of the strategies that keep fp32 global (anchor) parameters apart from the local model."""
 
     anchor: dict[str, torch.Tensor]
@@ -142,29 +152,28 @@ def reduce_or_rollback(
 ) -> RoundResult:
     """``collective.all_reduce`` as one transaction of the codec's state.
 
-    A codec with memory (error feedback: ``begin_round``/``commit_round``/``abort_round``) keeps what
-    the round wrote only when the round commits; a round that fails or raises leaves it as if never
-    tried. The strategies retry a failed round with a pseudo-gradient covering all steps since their
-    last good sync, so a residual advanced by the failed attempt would count those steps twice.
-    Stateless codecs are passed through unchanged.
+    A codec with memory (error feedback: ``RoundTransactions``) keeps what the round wrote only when
+    the round commits; a round that fails or raises leaves it as if never tried. The strategies retry
+    a failed round with a pseudo-gradient covering all steps since their last good sync, so a residual
+    advanced by the failed attempt would count those steps twice. Stateless codecs are passed through
+    unchanged.
     """
-    begin = getattr(compressor, "begin_round", None)
-    if not callable(begin):
+    if not isinstance(compressor, RoundTransactions):
         return collective.all_reduce(
             tensors, compressor=compressor, reducer=reducer, weight=weight, timeout=timeout
         )
-    begin()
+    compressor.begin_round()
     try:
         res = collective.all_reduce(
             tensors, compressor=compressor, reducer=reducer, weight=weight, timeout=timeout
         )
     except BaseException:
-        compressor.abort_round()  # type: ignore[attr-defined]
+        compressor.abort_round()
         raise
     if res.committed:
-        compressor.commit_round()  # type: ignore[attr-defined]
+        compressor.commit_round()
     else:
-        compressor.abort_round()  # type: ignore[attr-defined]
+        compressor.abort_round()
     return res
 
 
@@ -187,17 +196,13 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter
 
 def compressor_state(comp: Compressor) -> dict[str, Any]:
     """The codec's own state (error-feedback residuals) if it has any, else ``{}``."""
-    fn = getattr(comp, "state_dict", None)
-    if fn is None:
-        return {}
-    state: dict[str, Any] = dict(fn())
-    return state
+    return dict(comp.state_dict()) if isinstance(comp, StatefulCompressor) else {}
 
 
 def load_compressor_state(comp: Compressor, state: Mapping[str, Any]) -> None:
     """Restore what ``compressor_state`` returned (a no-op for stateless codecs)."""
-    fn = getattr(comp, "load_state_dict", None)
-    if fn is not None and state:
-        fn(state)
-    elif state and fn is None:
+    if not state:
+        return
+    if not isinstance(comp, StatefulCompressor):
         raise ConfigError("checkpoint holds codec state but the configured codec is stateless")
+    comp.load_state_dict(state)

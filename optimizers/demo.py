@@ -86,7 +86,7 @@ def demo_aggregate(
 
 def is_robust(reducer: Reducer | None) -> bool:
     """True for a configured reducer other than the plain mean (``None`` or named ``mean``)."""
-    return reducer is not None and getattr(reducer, "name", "mean") != "mean"
+    return reducer is not None and reducer.name != "mean"
 
 
 def demo_reduce(

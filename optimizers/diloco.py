@@ -41,13 +41,13 @@ from optimizers.base import (
 from optimizers.outer_store import OuterStore
 from swarmtrain.core.config import DiLoCoConfig
 from swarmtrain.core.errors import ConfigError
-from swarmtrain.core.protocols import StepReport
+from swarmtrain.core.protocols import FastForward, PeriodicStrategy, StepReport
 
 __all__ = ["DiLoCo"]
 
 
 @STRATEGIES.register("diloco")
-class DiLoCo(AnchoredStrategy):
+class DiLoCo(AnchoredStrategy, PeriodicStrategy, FastForward):
     """DiLoCo with a configurable codec (and error feedback, through the codec) for the pseudo-gradient.
 
     Options come from ``ctx.config``, a ``DiLoCoConfig``: ``inner_steps`` (H), ``outer_lr``,

@@ -56,7 +56,7 @@ from optimizers.fragments import fragment_offsets, piece_range, split_fragments
 from optimizers.outer_store import OuterStore
 from swarmtrain.core.config import StreamingDiLoCoConfig
 from swarmtrain.core.errors import ConfigError
-from swarmtrain.core.protocols import RoundResult, StepReport
+from swarmtrain.core.protocols import PeriodicStrategy, RoundResult, StepReport
 
 __all__ = ["StreamingDiLoCo"]
 
@@ -78,7 +78,7 @@ class _Pending:
 
 
 @STRATEGIES.register("streaming_diloco")
-class StreamingDiLoCo(AnchoredStrategy):
+class StreamingDiLoCo(AnchoredStrategy, PeriodicStrategy):
     """Streaming DiLoCo (fragments, overlap tau, mixing alpha) over any codec.
 
     Options come from ``ctx.config``, a ``StreamingDiLoCoConfig``: ``inner_steps`` (H),

@@ -19,47 +19,32 @@ returned, and the weighted mean (``MeanReducer``, the default) accumulates rows 
 stacking them into an ``[n, m]`` matrix first. Any other reducer, or a round with a verification
 step that needs the stack, gets the stack through the ``Reducer`` interface.
 
-A verification step (:class:`ReduceCheck`; the replicated-owner check of ``peers.rounds.owner_check``) is
-called at fixed points of the round and is :class:`NoCheck` when none is configured; the data phase
-itself has no branch for it.
+How the vector is cut and how parts and aggregates are encoded (keys of error-feedback memory) is
+``peers.rounds.reduce_job``. A verification step (``peers.rounds.reduce_check.ReduceCheck``; the
+replicated-owner check of ``peers.rounds.owner_check``) is called at fixed points of the round and is
+``NoCheck`` when none is configured; the data phase itself has no branch for it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import Protocol
 
 import torch
 
-from compression.staging import compress_many
 from peers.reducers import MeanReducer
+from peers.rounds.reduce_check import NoCheck, ReduceCheck
+from peers.rounds.reduce_job import Layout, ReduceJob, bounds
 from peers.rounds.round_io import RoundIO, Slot
 from peers.wire.mailbox import Delivery, Key
-from peers.wire.messages import Envelope, encode_packet_bytes
 from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
 from swarmtrain.core.protocols import Compressor, Reducer
 
 __all__ = ["bounds", "Layout", "ReduceJob", "ReduceCheck", "NoCheck", "ButterflyRound", "reduce_round"]
 
 logger = logging.getLogger(__name__)
-
-Chunk = tuple[int, int]  # [a, b) in the flat vector
-
-
-def bounds(n_items: int, n_parts: int) -> list[tuple[int, int]]:
-    """Contiguous near-equal ``[lo, hi)`` ranges; the first ``n_items % n_parts`` get one more."""
-    base, extra = divmod(n_items, n_parts)
-    out, lo = [], 0
-    for i in range(n_parts):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
@@ -101,203 +86,6 @@ def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]
     for row, w in zip(rows[1:], weights[1:], strict=True):
         acc.add_(row, alpha=w / total)
     return acc
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How one all-reduce cuts its flat vector.
-
-    Attributes:
-        numel: elements of the flat vector.
-        chunks: ``chunks[i][c]`` is the ``[a, b)`` range of chunk ``c`` of partition ``i`` (owned by
-            member ``i``).
-        digest: the group digest followed by 8 bytes of the tensor names and shapes; every data message
-            of the round carries it, so a peer with another layout is refused.
-    """
-
-    numel: int
-    chunks: list[list[Chunk]]
-    digest: bytes
-
-    @property
-    def spec(self) -> str:
-        """16 hex digits naming the tensors reduced (their names and shapes, in order), whatever the
-        group: the identity of the flat vector, which error-feedback memory is keyed by."""
-        return self.digest[-8:].hex()
-
-    @classmethod
-    def of(cls, tensors: Mapping[str, torch.Tensor], group_digest: bytes, n_parts: int, step: int) -> Layout:
-        """The layout of ``tensors`` cut into ``n_parts`` partitions of chunks of ``step`` elements."""
-        names = list(tensors)
-        numel = sum(t.numel() for t in tensors.values())
-        spec = hashlib.sha256(repr([(k, tuple(tensors[k].shape)) for k in names]).encode()).digest()[:8]
-        chunks = [[(a, min(a + step, hi)) for a in range(lo, hi, step)] for lo, hi in bounds(numel, n_parts)]
-        return cls(numel, chunks, group_digest + spec)
-
-
-@dataclass(frozen=True)
-class ReduceJob:
-    """What one peer reduces in one round, as the butterfly and its verification step see it.
-
-    Attributes:
-        io: the round.
-        layout: partitions and chunks.
-        compressor: codec of the parts.
-        agg_codec: codec of the aggregates.
-        reducer: combines the rows of one chunk.
-        weight: this peer's weight.
-        device: where the reduction runs (the input's device); decoded rows are moved here once.
-    """
-
-    io: RoundIO
-    layout: Layout
-    compressor: Compressor
-    agg_codec: Compressor
-    reducer: Reducer
-    weight: float
-    device: torch.device = torch.device("cpu")
-
-    def decode_row(self, frames: tuple[bytes, ...] | list[bytes], length: int) -> torch.Tensor:
-        """One peer's encoded chunk decoded (on the codec's device, the host) and placed on
-        :attr:`device`, where it is reduced."""
-        return self.io.decode_chunk(self.compressor, frames, length).to(self.device)
-
-    def envelope(self, typ: str, index: int, chunk: int, frame: bytes, weight: float = 0.0) -> Envelope:
-        """The header of one data message (one frame) of partition ``index``, chunk ``chunk``."""
-        env = self.io.envelope(typ, digest=self.layout.digest, numel=self.layout.numel)
-        return replace(env, index=index, chunk=chunk, weight=weight, frames=1, nbytes=len(frame))
-
-    def encode_part(self, part: torch.Tensor, i: int, c: int) -> bytes:
-        """This peer's encoded contribution to chunk ``c`` of partition ``i``.
-
-        Error-feedback memory is keyed by what is sent, never by a chunk's position: the key is the
-        flat vector's identity (the round kind and :attr:`Layout.spec`, the tensors' names and
-        shapes), so two tensor sets (Streaming DiLoCo's fragments) never share memory. A codec with
-        ``compress_span`` (``compression.feedback``) keeps one flat memory per vector and reads and
-        writes only this chunk's elements: a new group size (another cut into partitions) finds each
-        element's residual where it left it. Any other codec gets ``key/a:b``, the chunk's range.
-        """
-        a, b = self.layout.chunks[i][c]
-        key = f"{self.io.kind}/{self.layout.spec}"
-        span = getattr(self.compressor, "compress_span", None)
-        if callable(span):
-            return encode_packet_bytes(span(part, key=key, lo=a, total=self.layout.numel))
-        return encode_packet_bytes(self.compressor.compress(part, key=f"{key}/{a}:{b}"))
-
-    def encode_parts(self, flat: torch.Tensor, order: list[tuple[int, int]]) -> Iterator[bytes]:
-        """This peer's encoded contributions to the chunks ``order`` (``(partition, chunk)`` pairs), in
-        that order.
-
-        A codec without span memory goes through ``compression.staging.compress_many``: on a GPU the
-        device encode of one chunk overlaps the copy of the previous one into a reused pinned host
-        buffer, and the frame is joined once from that buffer (the one host copy left: frames stay
-        ``bytes`` because the owner check keeps them and the mailbox's peers compare them). On the
-        host it is ``compress`` as before. Span (error-feedback) codecs encode chunk by chunk.
-        """
-        if callable(getattr(self.compressor, "compress_span", None)):
-            for i, c in order:
-                a, b = self.layout.chunks[i][c]
-                yield self.encode_part(flat[a:b], i, c)
-            return
-        key = f"{self.io.kind}/{self.layout.spec}"
-        items = []
-        for i, c in order:
-            a, b = self.layout.chunks[i][c]
-            items.append((flat[a:b], f"{key}/{a}:{b}"))
-        for staged in compress_many(self.compressor, items):
-            try:
-                yield b"".join(staged.wire_parts())
-            finally:
-                staged.release()
-
-    def encode_aggregate(self, agg: torch.Tensor, i: int, c: int) -> bytes:
-        """The encoded aggregate of chunk ``c`` of partition ``i`` (a primary and its verifier use the
-        same key, so honest ones encode the same bytes).
-
-        An owner's error-feedback memory of its aggregates is keyed by the vector and its partition's
-        range (``kind/agg/spec/lo:hi``), a flat memory of the partition's size; when the partition
-        changes (a new group), the memory of this vector's other partitions is dropped (``retain``):
-        the elements they held belong to other owners now, who never saw that rounding error.
-        """
-        a, b = self.layout.chunks[i][c]
-        lo, hi = self.layout.chunks[i][0][0], self.layout.chunks[i][-1][1]
-        prefix = f"{self.io.kind}/agg/{self.layout.spec}/"
-        key = f"{prefix}{lo}:{hi}"
-        span = getattr(self.agg_codec, "compress_span", None)
-        if not callable(span):
-            return encode_packet_bytes(self.agg_codec.compress(agg, key=f"{prefix}{a}:{b}"))
-        retain = getattr(self.agg_codec, "retain", None)
-        if callable(retain):
-            retain(prefix, key)
-        return encode_packet_bytes(span(agg, key=key, lo=a - lo, total=hi - lo))
-
-
-class ReduceCheck(Protocol):
-    """A verification step the butterfly calls at fixed points of a round (``peers.rounds.owner_check``).
-
-    Attributes:
-        stacks_rows: the step needs every chunk's ``[n, m]`` row stack (no in-place mean).
-        encodes_own_parts: this peer also encodes its parts of its *own* partition and hands them to
-            :meth:`part_encoded` (a verifier replicates the owner's reduce from those bytes).
-    """
-
-    stacks_rows: bool
-    encodes_own_parts: bool
-
-    def prepare(self, job: ReduceJob) -> ReduceJob:
-        """The job as the round runs it (e.g. the reducer fit to the group, another aggregate codec)."""
-        ...
-
-    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
-        """This peer encoded ``frame``, its part of chunk ``c`` of partition ``i``; returns sends."""
-        ...
-
-    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
-        """The row this peer reduces for chunk ``c`` of its own partition (``raw``: its input slice),
-        on ``raw``'s device."""
-        ...
-
-    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
-        """This peer reduced the rows ``stack`` (senders ``who``) of one of its chunks into ``agg``."""
-        ...
-
-    def partition_done(self) -> list[Future[None]]:
-        """Every chunk of this peer's partition is reduced and sent; returns sends."""
-        ...
-
-    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
-        """Every aggregate is in (``(partition, chunk) -> encoded bytes``) and the sends settled; may
-        raise to fail the round."""
-        ...
-
-
-class NoCheck:
-    """No verification: every hook does nothing."""
-
-    stacks_rows = False
-    encodes_own_parts = False
-
-    def prepare(self, job: ReduceJob) -> ReduceJob:
-        """The job unchanged."""
-        return job
-
-    def part_encoded(self, i: int, c: int, frame: bytes) -> list[Future[None]]:
-        """Nothing to send."""
-        return []
-
-    def own_row(self, c: int, raw: torch.Tensor) -> torch.Tensor:
-        """The input slice itself."""
-        return raw
-
-    def chunk_reduced(self, stack: torch.Tensor, agg: torch.Tensor, who: list[str]) -> None:
-        """Nothing to record."""
-
-    def partition_done(self) -> list[Future[None]]:
-        """Nothing to send."""
-        return []
-
-    def finish(self, aggregates: dict[tuple[int, int], bytes]) -> None:
-        """Nothing to check."""
 
 
 class ButterflyRound:

@@ -1,6 +1,6 @@
 """The guard's steps inside the butterfly reduce: outlier flags, and the replicated-owner check.
 
-Both are :class:`peers.rounds.butterfly.ReduceCheck` steps the collective hands to the butterfly when a
+Both are :class:`peers.rounds.reduce_check.ReduceCheck` steps the collective hands to the butterfly when a
 :class:`peers.rounds.guard.ByzantineGuard` is set (``peers.trust.verify`` states the check's scheme):
 
 * :class:`GuardedReduce` (the guard without the owner check, or a group of one): the reducer is clamped
@@ -16,8 +16,8 @@ Both are :class:`peers.rounds.butterfly.ReduceCheck` steps the collective hands 
   (:func:`aggregate_codec`: error-feedback memory is per peer, so a verifier could not replicate it).
 
 A verifier replicates the *honest* computation: a reducer may name the undecorated reducer it wraps
-in an ``honest`` attribute (:func:`honest_reducer`), as a simulated malicious owner does, and the
-verifier reduces with that one.
+in an ``honest`` attribute (``swarmtrain.core.protocols.HonestWrapper``; :func:`honest_reducer`), as a
+simulated malicious owner does, and the verifier reduces with that one.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from peers.rounds.butterfly import ReduceJob
+from peers.rounds.reduce_job import ReduceJob
 from peers.rounds.round_errors import OwnerCheckFailed
 from peers.trust.verify import chunk_digest, outlier_rows, verified_partition, verifier_index
 from swarmtrain.core.errors import ProtocolError
-from swarmtrain.core.protocols import Compressor, Reducer
+from swarmtrain.core.protocols import ByzantineTolerant, Compressor, FeedbackWrapper, HonestWrapper, Reducer
 
 if TYPE_CHECKING:
     from peers.rounds.guard import ByzantineGuard
@@ -54,23 +54,21 @@ logger = logging.getLogger(__name__)
 def aggregate_codec(compressor: Compressor) -> Compressor:
     """The codec aggregates are encoded with under the check: the stateless inner codec of an
     error-feedback wrapper, else ``compressor`` itself."""
-    inner = getattr(compressor, "inner", None)
-    if inner is not None and hasattr(compressor, "residual"):
-        return inner  # type: ignore[no-any-return]
-    return compressor
+    return compressor.inner if isinstance(compressor, FeedbackWrapper) else compressor
 
 
 def fit_reducer(reducer: Reducer, n_rows: int) -> Reducer:
     """``reducer`` with its ``n_byzantine`` lowered to the most ``n_rows`` rows allow (a copy)."""
-    f = getattr(reducer, "n_byzantine", None)
-    min_peers = getattr(reducer, "min_peers", None)
-    if not isinstance(f, int) or not callable(min_peers) or min_peers(f) <= n_rows:
+    if not isinstance(reducer, ByzantineTolerant):
+        return reducer
+    f = reducer.n_byzantine
+    if reducer.min_peers(f) <= n_rows:
         return reducer
     g = f
-    while g > 0 and min_peers(g) > n_rows:
+    while g > 0 and reducer.min_peers(g) > n_rows:
         g -= 1
     out = copy.copy(reducer)
-    out.n_byzantine = g  # type: ignore[attr-defined]
+    out.n_byzantine = g
     logger.info("group of %d: reducer tolerates f=%d instead of %d", n_rows, g, f)
     return out
 
@@ -78,8 +76,7 @@ def fit_reducer(reducer: Reducer, n_rows: int) -> Reducer:
 def honest_reducer(reducer: Reducer) -> Reducer:
     """The reducer a verifier replicates: ``reducer.honest`` when ``reducer`` wraps one (a wrapper
     that changes what its owner returns documents its undecorated reducer there), else ``reducer``."""
-    honest = getattr(reducer, "honest", None)
-    return honest if honest is not None else reducer
+    return reducer.honest if isinstance(reducer, HonestWrapper) else reducer
 
 
 def flag_rows(

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ProtocolError
-from swarmtrain.core.protocols import Compressor
+from swarmtrain.core.protocols import Compressor, SizedCompressor
 
 __all__ = [
     "Mailbox",
@@ -439,9 +439,8 @@ _CONTROL_ENTRIES = 16
 def packet_bound(compressor: Compressor, numel: int) -> int:
     """The most bytes an encoded packet of ``numel`` elements takes: the codec's exact payload size
     (``payload_nbytes``) plus its header, or 8 bytes per element for a codec that does not say."""
-    size = getattr(compressor, "payload_nbytes", None)
     try:
-        payload = int(size(numel)) if size is not None else 8 * numel
+        payload = compressor.payload_nbytes(numel) if isinstance(compressor, SizedCompressor) else 8 * numel
     except Exception:  # a codec that cannot size this input: the generous fallback
         payload = 8 * numel
     return payload + _PACKET_SLACK

@@ -16,7 +16,7 @@ from swarmtrain.simulation.logs import quiet_logs
 from swarmtrain.simulation.results import PeerOutcome
 
 if TYPE_CHECKING:
-    from swarmtrain.app.peer.loop import PeerStatus
+    from swarmtrain.app.peer.loop import PeerRun, PeerStatus
 
 __all__ = ["bootstrap_main", "peer_main", "next_report"]
 
@@ -42,7 +42,7 @@ def peer_main(
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
     final ``PeerOutcome``. ``rejoin``: a restarted peer, which adopts the swarm's state before its
     first step and after a failed round, as a volunteer does."""
-    from swarmtrain.app.peer.loop import Membership, PeerRun, run_peer
+    from swarmtrain.app.peer.loop import Membership, run_peer
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
@@ -75,7 +75,7 @@ def peer_main(
         report_error(q, rank, f"peer {rank}", e)
 
 
-def peer_outcome(rank: int, run: Any, attack_stats: dict[str, int]) -> PeerOutcome:
+def peer_outcome(rank: int, run: PeerRun, attack_stats: dict[str, int]) -> PeerOutcome:
     """A ``PeerOutcome`` from the peer loop's ``PeerRun``. A late round counts as failed here too,
     and ``late_rounds`` only those after which the peer adopted the committed state, as the figures
     of earlier runs were counted."""
@@ -102,7 +102,7 @@ def peer_outcome(rank: int, run: Any, attack_stats: dict[str, int]) -> PeerOutco
         donors=[str(d.get("donor", "")) for d in run.downloads],
         fragment_rounds={
             int(f): {"committed": c.get("committed", 0), "failed": c.get("failed", 0) + c.get("late", 0)}
-            for f, c in getattr(run, "fragment_rounds", {}).items()
+            for f, c in run.fragment_rounds.items()
         },
         device=run.device,
     )

@@ -26,6 +26,7 @@ import statistics
 from typing import Any
 
 from swarmtrain.core.errors import SwarmError
+from swarmtrain.core.protocols import FastForward
 
 __all__ = ["Realign", "DECAY_AFTER", "fast_forward", "steps_behind", "state_age"]
 
@@ -78,10 +79,9 @@ def fast_forward(trainer: Any, steps: int) -> int:
     """Start the trainer's current sync period ``steps`` inner steps ahead, when its strategy can
     (``fast_forward``; DiLoCo); the trainer's step count moves with it so the swarm's step numbers
     stay aligned. Returns the steps skipped (0: none, or a strategy that cannot)."""
-    ff = getattr(trainer.strategy, "fast_forward", None)
-    if steps <= 0 or not callable(ff):
+    if steps <= 0 or not isinstance(trainer.strategy, FastForward):
         return 0
-    k = int(ff(steps))
+    k = int(trainer.strategy.fast_forward(steps))
     trainer.step += k
     return k
 

@@ -22,6 +22,7 @@ import torch
 from swarmtrain.app.peer.realign import state_age
 from swarmtrain.app.train.checkpoint import CheckpointError, pack_state, unpack_state
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
+from swarmtrain.core.protocols import GlobalParameters, Strategy
 
 if TYPE_CHECKING:
     from swarmtrain.app.peer.saved_state import SavedState
@@ -51,12 +52,12 @@ def param_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def shared_parameters(strategy: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def shared_parameters(strategy: Strategy, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The parameters every peer must agree on: the strategy's global (anchor) parameters when it
-    keeps them apart from the local model (DiLoCo, StreamingDiLoCo), else the model's own."""
-    glob = getattr(strategy, "global_parameters", None)
-    if callable(glob):
-        return dict(glob())
+    keeps them apart from the local model (``GlobalParameters``: DiLoCo, StreamingDiLoCo), else the
+    model's own."""
+    if isinstance(strategy, GlobalParameters):
+        return dict(strategy.global_parameters())
     return dict(model.named_parameters())
 
 
