@@ -54,6 +54,9 @@ __all__ = [
     "peer_main",
     "loopback_copy",
     "quiet_resource_tracker",
+    "child_log_level",
+    "start_bootstrap",
+    "tear_down",
 ]
 
 logger = logging.getLogger(__name__)
@@ -102,13 +105,13 @@ def run_simulation(
     procs: list[Any] = []
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
-    level = _child_log_level()
+    level = child_log_level()
     with tempfile.TemporaryDirectory(prefix="swarmtrain-sim-") as folder:
         boot_cfg, rank_cfgs = admitted_configs(cfg, n_peers, Path(folder))
         if regions is not None:
             regions.place(boot_cfg, rank_cfgs)
         try:
-            initial = _start_bootstrap(boot_cfg, q, level, regions, procs, deadline)
+            initial = start_bootstrap(boot_cfg, q, level, regions, procs, deadline)
             for rc in rank_cfgs:
                 rc.peers.initial_peers = initial
             sup = Supervisor(cfg, [rc.model_dump_json() for rc in rank_cfgs], q, procs, level, chaos)
@@ -118,23 +121,18 @@ def run_simulation(
             _start_intruders(intruders, cfg, initial, q, level, procs)
             outcomes = sup.collect(deadline)
         finally:
-            _tear_down(procs, q)
-    res = _summarise(cfg, outcomes, time.perf_counter() - t0)
-    res.intruders = intruders
-    res.intruder_reports = [sup.intrusion.reports[i] for i in sorted(sup.intrusion.reports)]
-    res.intruder_errors = sup.intrusion.errors
-    sup.fill(res)
-    return res
+            tear_down(procs, q)
+    return _summarise(cfg, outcomes, time.perf_counter() - t0, sup, intruders)
 
 
-def _child_log_level() -> int:
+def child_log_level() -> int:
     """The log level of the child processes: this process's when it shows warnings' details, else
     errors only."""
     level = logging.getLogger().getEffectiveLevel()
     return level if level < logging.WARNING else logging.ERROR
 
 
-def _start_bootstrap(
+def start_bootstrap(
     boot_cfg: Config, q: Any, level: int, regions: EmulatedRegions | None, procs: list[Any], deadline: float
 ) -> list[str]:
     """Start the bootstrap DHT node (in its region, if any) and return its multiaddrs."""
@@ -158,15 +156,16 @@ def _start_intruders(n: int, cfg: Config, initial: list[str], q: Any, level: int
         )
 
 
-def _tear_down(procs: list[Any], q: Any) -> None:
-    """Stop every process of the run and say which left processes behind."""
+def tear_down(procs: list[Any], q: Any = None) -> None:
+    """Stop every process of the run, say which left processes behind, and close the queue ``q``."""
     from peers import find_orphans
 
     stop_peers(procs)
     left = [o for p in procs for o in find_orphans(p.marker)]
     if left:
         logger.error("processes left behind after the simulation: %s", [o.pid for o in left])
-    q.close()
+    if q is not None:
+        q.close()
 
 
 def loopback_copy(cfg: Config) -> Config:
@@ -198,9 +197,13 @@ def bootstrap_maddrs(q: Any, deadline: float) -> list[str]:
             return list(payload)
 
 
-def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> SimulationResult:
+def _summarise(
+    cfg: Config, ordered: list[PeerOutcome], wall: float, sup: Supervisor, intruders: int
+) -> SimulationResult:
+    """The run's result: the peers' outcomes summed and compared, the intruders' reports, and what
+    the supervisor saw (deaths, chaos, timeline)."""
     n_peers = len(ordered)
-    return SimulationResult(
+    res = SimulationResult(
         strategy=cfg.strategy.name,
         compressor=cfg.compression.codec,
         peers=n_peers,
@@ -216,6 +219,11 @@ def _summarise(cfg: Config, ordered: list[PeerOutcome], wall: float) -> Simulati
         compute_utilization=1.0 - sum(o.comm_wait_s / max(o.wall_s, 1e-9) for o in ordered) / n_peers,
         outcomes=ordered,
     )
+    res.intruders = intruders
+    res.intruder_reports = [sup.intrusion.reports[i] for i in sorted(sup.intrusion.reports)]
+    res.intruder_errors = sup.intrusion.errors
+    sup.fill(res)
+    return res
 
 
 #: the warning filter the resource tracker process starts with (it takes this interpreter's -W flags)

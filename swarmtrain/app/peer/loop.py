@@ -26,164 +26,25 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from swarmtrain.app.peer.contract import STATUS_EVERY_S, Membership, PeerHooks, PeerRun, PeerStatus, SyncClock
 from swarmtrain.app.peer.failure_streak import FailureStreak
 from swarmtrain.app.peer.preemption import Preemption, finish_sync, withdraw_announcement
 from swarmtrain.app.peer.realign import Realign, fast_forward, state_age, steps_behind
 from swarmtrain.app.peer.run_agreement import check_agreement, run_settings
 from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_state_path
 from swarmtrain.app.peer.state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
-from swarmtrain.core.config import Config, PeersConfig
+from swarmtrain.core.config import Config
 from swarmtrain.core.errors import SwarmError
-from swarmtrain.core.protocols import ByzantineTolerant, PeriodicStrategy
 
 if TYPE_CHECKING:
-    from swarmtrain.app.data import BatchSampler
-    from swarmtrain.app.train.trainer import StepInfo
+    from swarmtrain.app.train.trainer import StepInfo, Trainer
     from swarmtrain.core.protocols import Collective, Reducer, StepReport
 
 __all__ = ["Membership", "PeerHooks", "PeerStatus", "PeerRun", "SyncClock", "run_peer"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Membership:
-    """How a peer takes part in its run.
-
-    Attributes:
-        rank: this peer's rank among ``n_peers`` (its data shard), or ``None`` for open membership:
-            the data stream is then seeded from the peer ID and rounds wait for no fixed count.
-        n_peers: peers of a fixed-size run (``None``: open).
-        catch_up_on_join: download the swarm's state before the first step (a volunteer joining a
-            run in progress; when nobody answers, this peer starts the run).
-        catch_up_after_failure: after a round that failed for other reasons than lateness, adopt the
-            freshest state announced.
-        catch_up_timeout: seconds for one state download.
-        linger_s: seconds to stay reachable after the last step, so that a peer finishing its last
-            round can still sync with this one.
-        give_up_after: seconds of failed rounds, none committed, after which the peer stops with the
-            streak's most common reason (``RoundsKeepFailing``); 0: never.
-    """
-
-    rank: int | None
-    n_peers: int | None
-    catch_up_on_join: bool
-    catch_up_after_failure: bool
-    catch_up_timeout: float
-    linger_s: float
-    give_up_after: float = 0.0
-
-    @classmethod
-    def fixed(cls, rank: int, n_peers: int, peers: PeersConfig) -> Membership:
-        """Rank ``rank`` of ``n_peers`` started together (``simulate``): all present from the start,
-        a late peer waits up to a round's timeout for the state the others committed; it lingers a
-        round's timeout, until the parent has every peer's outcome; it never gives up (attackers'
-        rounds fail by design, and simulate has its own timeout)."""
-        return cls(rank, n_peers, False, False, 2 * peers.round_timeout, peers.round_timeout)
-
-    @classmethod
-    def open(cls, peers: PeersConfig, download_timeout: float) -> Membership:
-        """A volunteer (``join``): downloads the state at start and after any failed round."""
-        return cls(None, None, True, True, download_timeout, min(peers.join_window, 5.0), peers.give_up_after)
-
-
-@dataclass
-class PeerStatus:
-    """The live status of a peer: after every sync, every ``log_interval`` steps, and otherwise after
-    any step that ends :data:`STATUS_EVERY_S` or more after the last status (a live line that moves
-    with the steps, without a device sync to read the loss on every one of them)."""
-
-    step: int
-    round_id: int
-    loss: float
-    peers: int  # participants of the last sync
-    bytes_up: int
-    bytes_down: int
-    tokens_per_s: float
-    note: str = ""
-    synced: bool = False  # this step ended a sync
-    next_sync_s: float | None = None  # estimated seconds to the next sync (None: not known yet)
-    committed: int = 0  # rounds committed so far
-    failed: int = 0  # rounds late or failed so far
-    committed_round: int | None = None  # the round this status's sync committed (None: none did)
-
-
-#: seconds between two live statuses when neither a sync nor ``log_interval`` calls for one
-STATUS_EVERY_S = 0.25
-
-
-class SyncClock:
-    """Estimates the time to the next sync from the ones seen: the steps between the last two syncs
-    (or, before that, the strategy's ``inner_steps`` when it has one) at the current step rate."""
-
-    def __init__(self, period_hint: int | None) -> None:
-        self.period = period_hint if period_hint and period_hint > 0 else None
-        self.last_sync_step: int | None = None
-
-    def synced(self, step: int) -> None:
-        if self.last_sync_step is not None and step > self.last_sync_step:
-            self.period = step - self.last_sync_step
-        self.last_sync_step = step
-
-    def seconds_left(self, step: int, steps_per_s: float) -> float | None:
-        if self.period is None or steps_per_s <= 0:
-            return None
-        since = step - (self.last_sync_step or 0)
-        return max(self.period - since, 0) / steps_per_s
-
-
-@dataclass
-class PeerRun:
-    """What one peer did, as the loop counted it."""
-
-    peer_id: str
-    steps: int = 0
-    tokens: int = 0
-    final_train_loss: float = float("nan")
-    final_val_loss: float | None = None
-    final_digest: str = ""
-    sync_digests: dict[int, str] = field(default_factory=dict)  # round id -> digest after that commit
-    # states adopted: round, step, digest, donor
-    downloads: list[dict[str, Any]] = field(default_factory=list)
-    committed_rounds: int = 0
-    late_rounds: int = 0  # rounds formed without this peer
-    late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
-    failed_rounds: int = 0  # rounds that failed for other reasons
-    # Streaming DiLoCo: fragment -> {"committed", "late", "failed"} round counts (StepReport extra)
-    fragment_rounds: dict[int, dict[str, int]] = field(default_factory=dict)
-    peak_sync_bytes_sent: int = 0  # the most bytes sent in any single sync
-    comm_wait_s: float = 0.0  # time the training loop waited on communication (StepReport.extra)
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    ledger: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = 0.0  # wall time of training (the download at start excluded)
-    banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
-    stopped_by_signal: bool = False
-    device: str = ""  # where the model trained (``str(torch.device)``, e.g. ``cuda:0``)
-
-
-@dataclass(frozen=True)
-class PeerHooks:
-    """Optional callables the loop calls at fixed points; ``None`` keeps the honest default.
-
-    Attributes:
-        wrap_collective: ``(node, collective) -> collective`` the strategy talks through.
-        wrap_reducer: ``(reducer) -> reducer`` the strategy hands to ``all_reduce``.
-        wrap_batches: ``(sampler, vocab_size) -> sampler`` the trainer draws batches from (same
-            interface as ``BatchSampler``).
-        on_status: called with the live status (see :class:`PeerStatus` for how often).
-        on_finished: called with the result right after the last step, before the peer lingers.
-    """
-
-    wrap_collective: Callable[[Any, Collective], Collective] | None = None
-    wrap_reducer: Callable[[Reducer], Reducer] | None = None
-    wrap_batches: Callable[[BatchSampler, int], BatchSampler] | None = None
-    on_status: Callable[[PeerStatus], None] | None = None
-    on_finished: Callable[[PeerRun], None] | None = None
 
 
 def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None) -> PeerRun:
@@ -221,42 +82,13 @@ class _Peer:
         stop: Any,
         preemption: Preemption,
     ) -> None:
-        from peers import P2PCollective, StateServer
-        from peers.reducers import build_reducer
+        from peers import StateServer
         from peers.trust.admission import OwnAdmission
-        from swarmtrain.app.train.trainer import Trainer
 
         self.cfg, self.node, self.membership, self.hooks, self.stop = cfg, node, membership, hooks, stop
         self.guard = self._build_guard()
-        # p2p keeps the round number and bans; the trainer may talk through a wrapper of it
-        self.p2p = P2PCollective(
-            node,
-            min_peers=cfg.peers.min_peers,
-            expected_peers=membership.n_peers,
-            join_window=cfg.peers.join_window,
-            guard=self.guard,
-        )
-        self.collective: Collective = self.p2p
-        if hooks.wrap_collective is not None:
-            self.collective = hooks.wrap_collective(node, self.p2p)
-        reducer: Reducer = build_reducer(
-            cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options
-        )
-        #: rows a round needs for the reducer's breakdown point (``byzantine_f`` tolerated)
-        self.round_needs = (
-            reducer.min_peers(reducer.n_byzantine) if isinstance(reducer, ByzantineTolerant) else 1
-        )
-        if hooks.wrap_reducer is not None:
-            reducer = hooks.wrap_reducer(reducer)
-        if membership.rank is None:
-            self.trainer = Trainer(
-                cfg, collective=self.collective, reducer=reducer, data_seed=_data_seed(node.peer_id, cfg)
-            )
-        else:
-            rank, n = membership.rank, membership.n_peers or 1
-            self.trainer = Trainer(
-                cfg, collective=self.collective, peer_index=rank, num_peers=n, reducer=reducer
-            )
+        self.p2p, self.collective = self._build_collective()
+        self.trainer = self._build_trainer(self._build_reducer())
         if hooks.wrap_batches is not None:
             self.trainer.sampler = hooks.wrap_batches(self.trainer.sampler, self.trainer.model.vocab_size)
         rate = cfg.peers.state_upload_mib_s * 2**20  # donors keep training while newcomers pull
@@ -267,8 +99,7 @@ class _Peer:
         self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
-        strategy = self.trainer.strategy
-        self._clock = SyncClock(strategy.inner_steps if isinstance(strategy, PeriodicStrategy) else None)
+        self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
         # a volunteer that keeps arriving late starts its periods a few steps ahead (0: fixed members)
         self._realign = Realign(self._clock.period if membership.rank is None else None)
         self._last_status = 0.0
@@ -281,6 +112,51 @@ class _Peer:
         #: file: a restart is a new peer, nothing kept)
         self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
         node.publish(**run_settings(cfg))  # what a newcomer checks its own settings against
+
+    def _build_collective(self) -> tuple[Any, Collective]:
+        """The ``P2PCollective`` (it keeps the round number and bans) and what the trainer talks
+        through: it, or the hooks' wrapper of it."""
+        from peers import P2PCollective
+
+        cfg, membership = self.cfg, self.membership
+        p2p = P2PCollective(
+            self.node,
+            min_peers=cfg.peers.min_peers,
+            expected_peers=membership.n_peers,
+            join_window=cfg.peers.join_window,
+            guard=self.guard,
+        )
+        collective: Collective = p2p
+        if self.hooks.wrap_collective is not None:
+            collective = self.hooks.wrap_collective(self.node, p2p)
+        return p2p, collective
+
+    def _build_reducer(self) -> Reducer:
+        """The configured robust reducer (wrapped by the hooks); sets ``round_needs`` from it."""
+        from peers.reducers import build_reducer
+
+        cfg = self.cfg
+        reducer: Reducer = build_reducer(
+            cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options
+        )
+        #: rows a round needs for the reducer's breakdown point (``byzantine_f`` tolerated)
+        need = getattr(reducer, "min_peers", None)
+        self.round_needs = int(need(getattr(reducer, "n_byzantine", 0))) if callable(need) else 1
+        if self.hooks.wrap_reducer is not None:
+            reducer = self.hooks.wrap_reducer(reducer)
+        return reducer
+
+    def _build_trainer(self, reducer: Reducer) -> Trainer:
+        """The trainer on this peer's data: a shard of a fixed run, or a stream seeded by the peer ID."""
+        from swarmtrain.app.train.trainer import Trainer
+
+        cfg, membership = self.cfg, self.membership
+        if membership.rank is None:
+            return Trainer(
+                cfg, collective=self.collective, reducer=reducer, data_seed=_data_seed(self.node.peer_id, cfg)
+            )
+        rank, n = membership.rank, membership.n_peers or 1
+        return Trainer(cfg, collective=self.collective, peer_index=rank, num_peers=n, reducer=reducer)
 
     def _build_guard(self) -> Any:
         if not self.cfg.peers.owner_check:
