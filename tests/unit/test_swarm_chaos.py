@@ -125,7 +125,7 @@ def test_a_restart_still_pending_when_the_trainers_finish_is_in_the_timeline() -
 
 
 def test_a_server_that_never_caught_up_and_met_nobody_holds_no_replica() -> None:
-    from swarmtrain.simulation.swarm import _replica
+    from swarmtrain.simulation.swarm_result import is_replica as _replica
 
     assert _replica({"in_step": True, "final_group": 0})  # served in step: its own parameters
     assert _replica({"in_step": False, "final_group": 2})  # late, but its last average met a replica

@@ -37,6 +37,7 @@ from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_
 from swarmtrain.app.peer.state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import SwarmError
+from swarmtrain.core.protocols import ByzantineTolerant, PeriodicStrategy
 
 if TYPE_CHECKING:
     from swarmtrain.app.train.trainer import StepInfo, Trainer
@@ -99,7 +100,8 @@ class _Peer:
         self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
-        self._clock = SyncClock(getattr(self.trainer.strategy, "inner_steps", None))
+        strategy = self.trainer.strategy
+        self._clock = SyncClock(strategy.inner_steps if isinstance(strategy, PeriodicStrategy) else None)
         # a volunteer that keeps arriving late starts its periods a few steps ahead (0: fixed members)
         self._realign = Realign(self._clock.period if membership.rank is None else None)
         self._last_status = 0.0
@@ -140,8 +142,9 @@ class _Peer:
             cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options
         )
         #: rows a round needs for the reducer's breakdown point (``byzantine_f`` tolerated)
-        need = getattr(reducer, "min_peers", None)
-        self.round_needs = int(need(getattr(reducer, "n_byzantine", 0))) if callable(need) else 1
+        self.round_needs = (
+            reducer.min_peers(reducer.n_byzantine) if isinstance(reducer, ByzantineTolerant) else 1
+        )
         if self.hooks.wrap_reducer is not None:
             reducer = self.hooks.wrap_reducer(reducer)
         return reducer
