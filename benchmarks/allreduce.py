@@ -3,10 +3,10 @@
 Four peers on 127.0.0.1, each a separate process (own process group), average the same random fp32
 vectors (4M and 16M elements by default) in the same run. Ours runs with the ``none`` (fp32) and
 ``int8`` codecs; hivemind runs with ``NoCompression`` (its 8-bit codecs do not decode with numpy >= 2.4
-here, DESIGN.md section 8). Round time is measured per round as the slowest peer's wall time between
-a barrier and its result; we report the median over the timed rounds (after one warm-up round).
-Each side runs in its own set of four processes (hivemind first, then ours), one torch thread per
-peer (four peers on two cores: OpenMP spinning would otherwise dominate both sides).
+here, docs/architecture.md, Known traps). Round time is measured per round as the slowest peer's wall
+time between a barrier and its result; we report the median over the timed rounds (after one warm-up
+round). Each side runs in its own set of four processes (hivemind first, then ours), one torch thread
+per peer (four peers on two cores: OpenMP spinning would otherwise dominate both sides).
 
 * ours: the whole ``all_reduce`` call, group formation over the DHT included (``round_s``, the
   conservative figure); ``data_phase_s`` is the same round minus each peer's own group formation

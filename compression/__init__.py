@@ -1,4 +1,4 @@
-"""Tensor codecs: pure math, no network (DESIGN.md section 3).
+"""Tensor codecs: pure math, no network (docs/architecture.md, Layers).
 
 Every codec is registered by name in ``CODECS`` (``none``, ``fp16``, ``bf16``, ``int8``, ``int4``,
 ``ternary``, ``topk``; composites ``topk+<codec>``) and implements ``swarmtrain.core.protocols.Compressor``:

@@ -6,10 +6,11 @@ peer keeps an *anchor* (the last global parameters). After each ``H = inner_step
 
     delta_i = anchor - local_i                         (pseudo-gradient, per peer)
     delta   = all_reduce(delta_i, weight = tokens_i)   (through the configured codec)
-    anchor  = OuterSGD(anchor, delta)                  (lr 0.7, Nesterov momentum 0.9 by default)
+    anchor  = OuterSGD(anchor, delta)                  (Nesterov; lr 1.0, momentum 0.5 by default)
     local_i = anchor
 
-The inner optimizer's state is kept across outer steps, as in the paper.
+The inner optimizer's state is kept across outer steps, as in the paper. The outer defaults (lr 1.0,
+momentum 0.5) are not the paper's 0.7 / 0.9: docs/decisions.md has the sweeps that chose them.
 
 A round that does not commit changes nothing: the peer keeps training from its local parameters and
 tries again at the next sync point, where its pseudo-gradient then covers all steps since the last

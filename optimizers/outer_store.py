@@ -4,7 +4,7 @@ DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (Douillard et al. 2025) keep
 an fp32 anchor (the last global parameters) and the outer Nesterov momentum: two fp32 copies of the
 model that are touched only at a sync. ``strategy.outer_state`` says where they live:
 
-- ``"device"``: beside the parameters (on the GPU when the model is there), as before.
+- ``"device"`` (the default): beside the parameters (on the GPU when the model is there).
 - ``"cpu"``: in CPU memory, pinned when the model is on CUDA. At a sync each tensor's anchor and
   momentum are copied to the parameters' device (non-blocking from pinned memory), stepped there by
   the same ``OuterSGD.update`` as in ``"device"``, and copied back, one tensor at a time: the

@@ -70,8 +70,8 @@ def _exit_when_orphaned(
 async def _tie_to_parent(dht: Any, node: Any) -> None:
     """Runs inside hivemind's DHT process: when our main process dies, kill p2pd and exit.
 
-    hivemind's DHT child and its p2pd otherwise outlive a SIGKILLed main process (DESIGN.md 8);
-    a process-group kill handles supervised peers, this handles a peer started by hand.
+    hivemind's DHT child and its p2pd otherwise outlive a SIGKILLed main process (docs/architecture.md,
+    Known traps); a process-group kill handles supervised peers, this handles a peer started by hand.
     """
     parent = int(dht._parent_pid)
     # a forked DHT child inherits the app's stop-signal handlers (peers.dht.process.GracefulExit), which

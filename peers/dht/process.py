@@ -1,10 +1,10 @@
 """Process lifecycles of peers: own process groups, group kills, orphan finding, graceful signals.
 
 hivemind runs its DHT in a forked child and the Go ``p2pd`` daemon as a grandchild; both survive a
-SIGKILL of the peer's main process (DESIGN.md section 8). So every peer process started here runs in
-its own session (``setsid``: process group ID = its PID), and :func:`kill_group` signals the whole
-group (SIGTERM, then SIGKILL after a grace period), which reaches the helpers too. Peers started here
-also carry a marker in their environment (inherited by the DHT child and ``p2pd``), so
+SIGKILL of the peer's main process (docs/architecture.md, Known traps). So every peer process started
+here runs in its own session (``setsid``: process group ID = its PID), and :func:`kill_group` signals
+the whole group (SIGTERM, then SIGKILL after a grace period), which reaches the helpers too. Peers
+started here also carry a marker in their environment (inherited by the DHT child and ``p2pd``), so
 :func:`find_orphans` can tell our leftovers from anything else on the machine.
 
 No process outlives its parent: a process started by :func:`spawn_function` runs

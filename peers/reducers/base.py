@@ -1,7 +1,7 @@
 """Shared machinery of the reducers: the registry, input validation, breakdown checks, column chunks.
 
 Every reducer maps a stack ``[n_peers, m]`` (one flat row per peer) and weights ``[n_peers]`` to one
-``[m]`` aggregate (DESIGN.md section 3). ``BaseReducer`` does what all of them need:
+``[m]`` aggregate (docs/architecture.md, Interfaces). ``BaseReducer`` does what all of them need:
 
 * validates shapes and dtypes (a typed ``ConfigError`` for a caller bug);
 * refuses an ``(n, f)`` outside the reducer's breakdown point (``check``), before any work;

@@ -1,4 +1,4 @@
-"""Adaptive deadlines: join windows and round timeouts from measured times (issue 14, point 5).
+"""Adaptive deadlines: join windows and round timeouts from measured times.
 
 Hand-set values (``peers.join_window``, a strategy's ``sync_timeout``) are first guesses and hard
 ceilings. Once a few rounds were measured, a round's leader closes the round after

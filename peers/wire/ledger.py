@@ -1,9 +1,9 @@
 """The byte ledger: bytes sent and received per round and per kind, counted where they hit the stream.
 
-Every bandwidth claim of swarmtrain comes from this ledger (DESIGN.md section 4 and 6). The transport
-calls :meth:`ByteLedger.add_sent` / :meth:`ByteLedger.add_received` with the exact number of bytes it
-wrote to / read from a libp2p stream (frame headers included), so the figures are what the link carried
-above libp2p, not an estimate from tensor sizes.
+Every bandwidth claim of swarmtrain comes from this ledger (docs/architecture.md, Byte ledger and Measurement
+rules). The transport calls :meth:`ByteLedger.add_sent` / :meth:`ByteLedger.add_received` with the exact
+number of bytes it wrote to / read from a libp2p stream (frame headers included), so the figures are what the
+link carried above libp2p, not an estimate from tensor sizes.
 """
 
 from __future__ import annotations

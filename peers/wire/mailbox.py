@@ -4,9 +4,9 @@ The stream handler runs on the node's event loop and only *stores* what arrives 
 so the loop never blocks on codec work; the calling thread of ``all_reduce``/``all_gather`` waits on
 the mailbox with a deadline and decodes.
 
-Budgets, not hopes (DESIGN.md section 4): a message's bytes are *reserved* (:meth:`Mailbox.reserve`)
-from its sender's quota before the handler allocates anything for its body, then stored
-(:meth:`Mailbox.commit`) or given back (:meth:`Mailbox.release`). What may be held:
+Budgets, not hopes (docs/architecture.md, Budgets, not hopes): a message's bytes are *reserved*
+(:meth:`Mailbox.reserve`) from its sender's quota before the handler allocates anything for its body, then
+stored (:meth:`Mailbox.commit`) or given back (:meth:`Mailbox.release`). What may be held:
 
 * only the current round and the next one (``floor`` and ``floor + 1``); older rounds are purged;
 * for a round whose group is known (:meth:`Mailbox.set_group`): only messages of its members, each

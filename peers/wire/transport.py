@@ -4,7 +4,7 @@ hivemind's ``P2P`` is asyncio-based while trainers are synchronous, so each :cla
 event loop in a daemon thread (:class:`LoopThread`) and the collectives submit coroutines to it with a
 finite timeout. Messages are written with :func:`send_message` (header frame, data frames, then wait
 for the receiver's ack) and read with :func:`read_frame`; both count every byte that crosses the
-stream in the :class:`ByteLedger` (DESIGN.md section 4: counted where the bytes hit the stream).
+stream in the :class:`ByteLedger` (docs/architecture.md, Byte ledger: counted where the bytes hit the stream).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ exception object to its parent: its queue carries plain data only (a peer's obje
 unpickled), and many exceptions do not survive a pickle anyway. It sends two plain strings instead,
 :func:`report_error`: the traceback text (``("traceback", rank, text)``), then the one line it always
 sent (``("error", rank, "peer 1: ValueError: ...")``). A reader that knows only ``"error"`` skips the
-first message and reads the second as before. The parent keeps the traceback until the line comes
+first message and reads the second, the one line. The parent keeps the traceback until the line comes
 (:class:`ErrorReports`) and raises :class:`PeerError`, which carries both.
 
 The CLI prints the line (``swarmtrain: error: ...``); with ``-v`` the traceback first

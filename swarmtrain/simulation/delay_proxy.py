@@ -8,7 +8,7 @@ seconds after it arrived (``src``: the node the connection came from, known by i
 ``dst``: the target). So a request and its answer take ``delay(a, b) + delay(b, a)`` more than on a
 bare link: a round trip of ``2 * one-way``. The delay is per chunk, not per packet: TCP's own
 congestion window sees only the short hop to the proxy, so a long fat link is more forgiving here
-than a real one (``docs/decisions.md``, eleventh session).
+than a real one.
 
 The proxy runs an asyncio loop in one thread of the calling process; with ``ns`` that thread enters
 a network namespace first (``swarmtrain.simulation.netns.enter``), so every socket it opens lives

@@ -2,8 +2,8 @@
 
 Each function runs on an intruder's own :class:`peers.PeerNode` event loop (``node.loop.run``) and
 talks to a victim's ``P2PCollective`` handler (``swarmtrain.<run>.collective``) with raw frames, as
-a peer that never joins a round would: the resource attacks of DESIGN.md section 4 ("Budgets, not
-hopes"). They report what the victim let them do, so tests can assert the defences:
+a peer that never joins a round would: the resource attacks that docs/architecture.md, "Budgets, not
+hopes", defends against. They report what the victim let them do, so tests can assert the defences:
 
 * :func:`stalled_streams`: many streams, each announcing one large frame, never sending it (an
   allocation before the bytes arrive);

@@ -1,5 +1,5 @@
 """An intruder for ``swarmtrain simulate --intruders K``: a process outside the run that attacks it
-for as long as the run lasts (issue 13's list, tried the way an outsider would).
+for as long as the run lasts, with every attack below, tried the way an outsider would.
 
 It knows what any outsider knows, the bootstrap addresses and the run ID, and has its own libp2p
 identity but no admission (no token, not on the allowlist). It runs a plain hivemind DHT node (for

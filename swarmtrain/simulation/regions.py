@@ -10,7 +10,8 @@ describes and tears it down on every way out:
   node and adding half the pair's RTT to each direction. Nodes have no route to each other, only to
   the hub: every byte between two peers crosses the proxy (and both their caps). Each peer listens on
   its own address and announces the proxy's address for it (``peers.announce_maddrs``), so the
-  swarm dials it through the proxy (``docs/decisions.md``, eleventh session, says why);
+  swarm dials it through the proxy: without ``netem`` or a transparent redirect on these kernels, the
+  announced address is what routes every dial (DHT, collective, state download) through the delay;
 - each peer process enters its namespace (``setns``) as its first act, before any socket exists; its
   DHT process and ``p2pd`` inherit the namespace.
 

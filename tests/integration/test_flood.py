@@ -1,4 +1,4 @@
-"""Resource limits against a flood (DESIGN.md section 4, "Budgets, not hopes"), with real processes on
+"""Resource limits against a flood (docs/architecture.md, "Budgets, not hopes"), with real processes on
 127.0.0.1: three honest peers run all-reduce rounds while an intruder (a fourth peer of the same run
 that never joins a round, ``swarmtrain.simulation.intruders``) attacks peer 0's collective handler:
 

@@ -1,7 +1,7 @@
 """No process outlives its parent.
 
 A peer: SIGKILL of its main process, and a process-group kill of a live peer. hivemind's DHT child and
-p2pd would outlive a SIGKILLed main process (DESIGN.md section 8); two defences are checked: the
+p2pd would outlive a SIGKILLed main process (docs/architecture.md, Known traps); two defences are checked: the
 node's watchdog inside the DHT process (helpers exit by themselves when the main process dies) and
 ``kill_group`` on a peer started in its own session.
 

@@ -1,4 +1,4 @@
-"""Preemption hand-off: what a peer does between SIGTERM and its exit (issue 14, point 3).
+"""Preemption hand-off: what a peer does between SIGTERM and its exit.
 
 A spot instance gets a notice (SIGTERM) and ``peers.preempt_grace`` seconds before it is killed. In
 that time the peer

@@ -1,4 +1,4 @@
-"""Re-aligning a peer that keeps arriving late for its rounds (issue 14, point 4).
+"""Re-aligning a peer that keeps arriving late for its rounds.
 
 A volunteer that arrived after its round formed adopts the state the round committed and starts its
 next ``H`` inner steps from there, behind the others by the download and by however much slower its

@@ -12,8 +12,12 @@ the live trainers' records:
   warning naming the values, and the volunteer goes on (its rounds then say the rest).
 
 Refusing only on unanimity keeps a stranger's records from turning honest volunteers away: one honest
-trainer that shares this volunteer's settings is enough to let it in. A run manifest signed by the
-run key (issue 13) will replace this majority of records as the source of truth where one exists.
+trainer that shares this volunteer's settings is enough to let it in.
+
+Where a run has a manifest signed by its run key, the manifest is the source of truth: ``swarmtrain
+join`` takes the run-wide settings from it and refuses any that differ before the peer starts
+(``swarmtrain.app.peer.run_manifest``), so this check then finds the trainers agreeing with it. This
+check runs in every run; in a run without a manifest it is the only one.
 """
 
 from __future__ import annotations
