@@ -127,7 +127,7 @@ class ReduceJob:
         device encode of one chunk overlaps the copy of the previous one into a reused pinned host
         buffer, and the frame is joined once from that buffer (the one host copy left: frames stay
         ``bytes`` because the owner check keeps them and the mailbox's peers compare them). On the
-        host it is ``compress`` as before. Span (error-feedback) codecs encode chunk by chunk.
+        host it is plain ``compress``. Span (error-feedback) codecs encode chunk by chunk.
         """
         if isinstance(self.compressor, SpanCompressor):
             for i, c in order:
