@@ -10,13 +10,11 @@ included, decodes the same bytes, so all members end bit-identical. Membership c
 back; join windows and round timeouts are measured, ``peers.rounds.deadlines``); every message carries the
 group digest. Messages travel on persistent per-peer channels (``peers.wire.channels``), each acknowledged.
 
-Receive budgets (DESIGN.md section 4): only admitted senders (``peers.trust.admission``); capped streams
-per peer; a whole-message deadline and minimum rate (``peers.wire.framereader``); a body read only after
-its bytes were reserved in the mailbox (``peers.wire.mailbox``): members within the round's budget, others
-within a small pre-group allowance until the group is known. Refusals are ``ProtocolError`` acks.
+Receive budgets: the stream handler, ``peers.rounds.inbound``, reads only admitted senders' messages,
+each within its round's budget, into a ``peers.wire.mailbox.Mailbox``.
 
-Structure: this class owns the wire (the stream handler filling a ``peers.wire.mailbox.Mailbox``, the
-channels, the matchmaker) and one ``peers.rounds.round_io.RoundIO`` per round, which it hands to the round's
+Structure: this class owns the wire (the stream handler filling the mailbox, the channels, the
+matchmaker) and one ``peers.rounds.round_io.RoundIO`` per round, which it hands to the round's
 steps: the data phase (``peers.rounds.butterfly``, pipelined per chunk, with the guard's
 ``peers.rounds.owner_check`` step when a guard is set) and the commit agreement (``peers.rounds.agreement``).
 Failure kinds are the exception types of ``peers.rounds.round_errors``.
@@ -29,7 +27,6 @@ window). A contribution that fails validation is left out of the owner's reduce,
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
@@ -41,17 +38,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from peers.dht.node import PeerNode
-from peers.rounds.agreement import HAVE, agree
+from peers.rounds.agreement import agree
 from peers.rounds.butterfly import NoCheck, ReduceCheck, reduce_round
 from peers.rounds.deadlines import Deadlines
 from peers.rounds.group import Group
+from peers.rounds.inbound import MAX_STREAMS, MAX_STREAMS_PER_PEER, Inbound
 from peers.rounds.owner_check import GuardedReduce, OwnerCheck
 from peers.rounds.round_errors import QUIET, ListsBannedPeer, RoundLate
 from peers.rounds.round_io import PhaseClock, RoundIO, RoundLink
 from peers.rounds.rounds import Matchmaker, Pushes
-from peers.wire.channels import IDLE_CLOSE, ChannelPool
-from peers.wire.framereader import MessageClock
-from peers.wire.framereader import attach as attach_frame_reader
+from peers.wire.channels import ChannelPool
 from peers.wire.ledger import ByteLedger
 from peers.wire.mailbox import (
     PRE_GROUP,
@@ -59,25 +55,14 @@ from peers.wire.mailbox import (
     Key,
     Mailbox,
     Quota,
-    Refused,
     RoundBudget,
-    Ticket,
     gather_budget,
     reduce_budget,
 )
 from peers.wire.memory import HeapReturn
-from peers.wire.messages import Envelope, decode_envelope, encode_ack
-from peers.wire.refusals import RefusalLog
-from peers.wire.transport import (
-    PART_BYTES,
-    read_data_frames,
-    read_header,
-    send_message,
-    skip_data_frames,
-    split_bytes,
-    write_frame,
-)
-from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
+from peers.wire.messages import Envelope
+from peers.wire.transport import PART_BYTES, send_message, split_bytes
+from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
 from swarmtrain.core.protocols import Compressor, GatherResult, Reducer, RoundResult
 
 if TYPE_CHECKING:
@@ -86,15 +71,16 @@ if TYPE_CHECKING:
 __all__ = ["P2PCollective", "MAX_STREAMS_PER_PEER"]
 
 logger = logging.getLogger(__name__)
-_FRAME_TIMEOUT = 30.0
-_GROUP_BYTES = 128 * 1024  # cap on a pushed member list (peers.rounds.rounds allows 1024 IDs)
-_MESSAGE_TYPES = ("part", "agg", "gather", "abort", HAVE, "vpart", "vdig", "grp", "join")
-#: concurrent incoming streams per peer (a channel uses three lanes, aborts one-shot streams)
-MAX_STREAMS_PER_PEER = 8
-_MAX_STREAMS = 256  # concurrent incoming streams from all peers together (raised for large groups)
-_TYPE_CAPS = {"grp": _GROUP_BYTES, "join": 0, HAVE: 0, "abort": 0}  # join/have/abort carry no frames
-_GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
 _PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
+
+
+def _check_settings(min_peers: int, expected_peers: int | None, chunk_elems: int, join_window: float) -> None:
+    if min_peers < 1 or (expected_peers is not None and expected_peers < min_peers):
+        raise ConfigError("need 1 <= min_peers <= expected_peers")
+    if not 1 <= chunk_elems <= 1 << 21:
+        raise ConfigError("chunk_elems must be in [1, 2**21]")
+    if join_window <= 0:
+        raise ConfigError("join_window must be > 0")
 
 
 class P2PCollective:
@@ -137,12 +123,7 @@ class P2PCollective:
         max_streams_per_peer: int = MAX_STREAMS_PER_PEER,
         guard: ByzantineGuard | None = None,
     ) -> None:
-        if min_peers < 1 or (expected_peers is not None and expected_peers < min_peers):
-            raise ConfigError("need 1 <= min_peers <= expected_peers")
-        if not 1 <= chunk_elems <= 1 << 21:
-            raise ConfigError("chunk_elems must be in [1, 2**21]")
-        if join_window <= 0:
-            raise ConfigError("join_window must be > 0")
+        _check_settings(min_peers, expected_peers, chunk_elems, join_window)
         self.node = node
         self.run_id = run_id or node.run_id
         self.ledger = ledger if ledger is not None else node.ledger
@@ -154,11 +135,15 @@ class P2PCollective:
         self.guard, self._timeout, self._deadline = guard, 0.0, 0.0
         self.deadlines = Deadlines(join_window)  # measured join windows and timeouts (peers.rounds.deadlines)
         self._mailbox = Mailbox(max_buffer_bytes)
-        self._mailbox.add_listener(self._wake_waiting)
-        self._room: asyncio.Future[None] | None = None  # resolved when the mailbox may take more
-        self._streams: dict[str, int] = {}  # open incoming streams per peer (event loop only)
-        self._max_streams = _MAX_STREAMS  # all incoming streams; grows with the group (3 lanes each)
-        self._refusals = RefusalLog()  # (sender, round) refusals are logged once
+        self._inbound = Inbound(
+            node,
+            self.run_id,
+            self._mailbox,
+            self.ledger,
+            max_message_bytes=max_message_bytes,
+            max_gather_bytes=max_gather_bytes,
+            max_streams_per_peer=max_streams_per_peer,
+        )
         self.heap = HeapReturn()  # gives the heap back after a flood's data was dropped
         self._matchmaker = Matchmaker(
             node.dht,
@@ -177,7 +162,7 @@ class P2PCollective:
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
         self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only
-        node.loop.run(node.p2p.add_binary_stream_handler(self._handler_name, self._handle), 15.0)
+        node.loop.run(node.p2p.add_binary_stream_handler(self._handler_name, self._inbound.handle), 15.0)
 
     @property
     def peer_id(self) -> str:
@@ -208,144 +193,6 @@ class P2PCollective:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- receive side (event loop) --------------------------------------------------------------------
-
-    async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
-        """Read messages from one stream until the sender ends it (a ``peers.wire.channels`` channel, or a
-        single message); store each in the mailbox and acknowledge it. A peer over its cap of
-        concurrent streams gets this one closed at once."""
-        sender = str(info.peer_id.to_base58())
-        if not await self.node.admitted.acheck(sender):  # the run's admission policy (peers.trust.admission)
-            self._refusals.log(sender, -1, ProtocolError("not admitted to the run"))
-            writer.close()
-            return
-        open_now = self._streams.get(sender, 0)
-        if open_now >= self.max_streams_per_peer or sum(self._streams.values()) >= self._max_streams:
-            self._refusals.log(sender, -1, ProtocolError(f"over {open_now} concurrent streams"))
-            writer.close()
-            return
-        self._streams[sender] = open_now + 1
-        reader = attach_frame_reader(reader, writer)  # frames land in their final buffer (one copy)
-        try:
-            while True:
-                got = await read_header(reader, IDLE_CLOSE + 50.0)
-                if got is None:
-                    return  # the sender closed the stream after its last ack
-                if not await self._handle_one(sender, got, reader, writer):
-                    return
-        except SwarmError as e:
-            logger.debug("stream from %s ended: %s", sender[:16], e)
-        except Exception:
-            logger.debug("stream from %s broke", sender[:16], exc_info=True)
-        finally:
-            writer.close()
-            self._streams[sender] -= 1
-            if not self._streams[sender]:
-                del self._streams[sender]
-
-    async def _handle_one(
-        self, sender: str, got: tuple[bytes, int, MessageClock], reader: Any, writer: Any
-    ) -> bool:
-        """One message; returns whether the stream is still in step (framing intact) to go on.
-
-        Its bytes are reserved in the mailbox before its body is read; a refused body is drained
-        (no allocation) when the sender may keep the stream, else the stream is closed after the ack.
-        """
-        body, nread, clock = got
-        ok, err, in_step, body_read = True, "", True, False
-        env: Envelope | None = None
-        try:
-            env = decode_envelope(body)
-            if env.run != self.run_id:
-                raise ProtocolError("message for another run")
-            if env.type not in _MESSAGE_TYPES:
-                raise ProtocolError(f"unexpected message type {env.type}")
-            clock.expect(env.nbytes + 4 * env.frames)
-            ticket = await self._admit(sender, env, reader, clock)
-            if ticket is None:
-                in_step = False
-                raise ProtocolError("no room for the message before its round's group is known")
-            try:
-                frames, n = await read_data_frames(
-                    reader, env, max_total=env.nbytes, timeout=0.0, clock=clock
-                )
-            except BaseException:
-                self._mailbox.release(ticket)
-                raise
-            self.ledger.add_received(env.kind, env.round, nread + n)
-            body_read = True
-            self._mailbox.commit(ticket, Delivery(sender, env, tuple(frames)))
-        except Refused as e:
-            ok, err = False, str(e)
-            in_step = e.keep_stream and (body_read or await self._drain(env, reader, clock, nread))
-        except SwarmError as e:
-            ok, err, in_step = False, str(e), False
-        if not ok:
-            self._refusals.log(sender, -1 if env is None else env.round, err)
-        n_ack = write_frame(writer, encode_ack(ok, err[:200]))
-        try:
-            await asyncio.wait_for(writer.drain(), _FRAME_TIMEOUT)  # a sender that stopped reading
-        except asyncio.TimeoutError:
-            raise PeerTimeoutError("the sender does not read its acks") from None
-        if env is not None:
-            self.ledger.add_sent(env.kind, env.round, n_ack)
-        return in_step
-
-    def _type_cap(self, env: Envelope) -> int:
-        """The most bytes a message of this type may carry, whatever its round's budget says."""
-        if env.type == "gather":  # an all-gather payload has its own setting
-            return self.max_gather_bytes
-        cap = _TYPE_CAPS.get(env.type, 1 << 40)
-        return min(cap, self.max_message_bytes) if self.max_message_bytes is not None else cap
-
-    async def _admit(self, sender: str, env: Envelope, reader: Any, clock: MessageClock) -> Ticket | None:
-        """Reserve the message's bytes in the mailbox, waiting (at most :data:`_GROUP_WAIT` s) while
-        its round's group is unknown and the pre-group allowance is full; ``None`` if it never fit.
-
-        Raises:
-            Refused: the mailbox refuses it (window, duplicate, non-member, quota, size).
-        """
-        if env.nbytes > self._type_cap(env):
-            raise Refused(f"{env.type} message of {env.nbytes} bytes over its cap", keep_stream=False)
-        end = time.monotonic() + _GROUP_WAIT
-        waited = False
-        while True:
-            ticket = self._mailbox.reserve(sender, env)
-            if ticket is not None:
-                if waited:  # the time this peer made it wait does not count against the sender
-                    clock.restart(getattr(reader, "received", 0))
-                return ticket
-            left = end - time.monotonic()
-            if left <= 0:
-                return None
-            waited = True
-            if self._room is None or self._room.done():
-                self._room = asyncio.get_running_loop().create_future()
-            await asyncio.wait([self._room], timeout=min(left, 1.0))
-
-    def _wake_waiting(self) -> None:
-        """Mailbox listener (any thread): wake the handlers waiting for room."""
-
-        def wake() -> None:
-            if self._room is not None and not self._room.done():
-                self._room.set_result(None)
-
-        try:
-            self.node.loop.loop.call_soon_threadsafe(wake)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
-
-    async def _drain(self, env: Envelope | None, reader: Any, clock: MessageClock, nread: int) -> bool:
-        """Read and discard a refused message's body so the stream stays in step; whether it did."""
-        if env is None or env.nbytes > self._type_cap(env):
-            return False
-        try:
-            n = await skip_data_frames(reader, env, clock)
-        except SwarmError:
-            return False
-        self.ledger.add_received(env.kind, env.round, nread + n)
-        return True
 
     # --- send side ------------------------------------------------------------------------------------
 
@@ -443,7 +290,7 @@ class P2PCollective:
         r = self.round_id
         self.round_id = r + 1
         self._mailbox.set_floor(r)
-        self._refusals.reset()  # refusals are logged once per sender and round
+        self._inbound.refusals.reset()  # refusals are logged once per sender and round
         self._timeout = timeout = self.deadlines.round_timeout(timeout)  # the caller's is the ceiling
         self._deadline = deadline = time.monotonic() + timeout
         clock = PhaseClock()
@@ -451,7 +298,7 @@ class P2PCollective:
         group = self._form_group(kind, r, deadline, clock)
         self.node.admitted.note(group.members)  # listed by an admitted leader
         b = budget(group.size)
-        self._max_streams = max(_MAX_STREAMS, 4 * group.size + 16)
+        self._inbound.max_streams = max(MAX_STREAMS, 4 * group.size + 16)  # 3 lanes per member
         self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
         pre = min(max(b.message_bytes, PRE_GROUP.nbytes), _PRE_GROUP_MAX)
         n = max(8, 2 * group.size)
