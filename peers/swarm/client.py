@@ -49,7 +49,6 @@ from peers.swarm.protocol import (
     FORWARD,
     GRADIENTS,
     HOLDS,
-    REPLY,
     STEPS,
     StageLimits,
     decode_count,
@@ -57,20 +56,12 @@ from peers.swarm.protocol import (
     decode_loss,
     encode_step_note,
     encode_tokens,
-    handler_name,
 )
 from peers.swarm.routing import ServerInfo, pick_server, server_from_record, servers_by_stage
+from peers.swarm.stage_call import Refused, failure_reason, gather_steps, request
 from peers.swarm.steps import MAX_SHORT
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
-from peers.wire.messages import Envelope, decode_ack, decode_envelope, encode_envelope
-from peers.wire.transport import (
-    read_data_frames,
-    read_envelope,
-    read_frame,
-    widen_send_buffer,
-    write_frame,
-    write_frame_drained,
-)
+from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
 __all__ = ["SwarmPipeline", "PipelineConfig", "NoServer"]
@@ -123,17 +114,6 @@ class PipelineConfig:
     def limits(self, stage: int) -> StageLimits:
         """The bounds of ``stage``'s messages."""
         return StageLimits(stage, self.stages, self.width, self.vocab, self.max_len, self.max_batch)
-
-
-class _Refused(SwarmError):
-    """The server answered with a refusal (busy, invalid request)."""
-
-
-def _reason(e: BaseException) -> str:
-    """Why a request failed, for the reroute counts."""
-    if isinstance(e, _Refused):
-        return "busy" if "busy" in str(e) else "refused"
-    return "timeout" if isinstance(e, PeerTimeoutError | TimeoutError) else "error"
 
 
 class SwarmPipeline:
@@ -280,7 +260,7 @@ class SwarmPipeline:
             try:
                 head, _ = await self._request(peer, env, [], _HOLDS_TIMEOUT)
                 return decode_count(head.note) == 1
-            except _Refused as e:  # leaving: its gradients will not be in the step
+            except Refused as e:  # leaving: its gradients will not be in the step
                 logger.info("stage %d server %s refused a holds check: %s", stage, peer[:16], e)
                 return False
             except (SwarmError, TimeoutError) as e:
@@ -330,7 +310,8 @@ class SwarmPipeline:
             for srv in group:
                 req = self._request(srv.peer_id, env, [], self.config.step_timeout)
                 calls.append((stage, srv.peer_id, req))
-        results = self.node.loop.run(self._gather_steps(calls), self.config.step_timeout + 5.0)
+        steps = gather_steps(calls, self.config.step_timeout, self.config.min_grace)
+        results = self.node.loop.run(steps, self.config.step_timeout + 5.0)
         took, answered = [0] * self.config.stages, [0] * self.config.stages
         for (stage, peer, _), res in zip(calls, results, strict=True):
             if isinstance(res, BaseException):
@@ -342,40 +323,6 @@ class SwarmPipeline:
             except ProtocolError as e:
                 logger.info("stage %d server %s answered step %d oddly: %s", stage, peer[:16], step, e)
         return sum(took), [s for s in range(self.config.stages) if answered[s] and not took[s]]
-
-    async def _gather_steps(self, calls: list[tuple[int, str, Any]]) -> list[Any]:
-        """Run the step requests; a stage's stragglers are cancelled once a grace after its first
-        answer is over. Returns each request's reply or exception, in order."""
-        t0 = time.monotonic()
-        tasks = [asyncio.ensure_future(c) for _, _, c in calls]
-        stage_of = {t: calls[i][0] for i, t in enumerate(tasks)}
-        answered: dict[int, float] = {}  # stage -> when its first server answered
-        pending = set(tasks)
-
-        def limit(t: asyncio.Future[Any]) -> float:
-            first = answered.get(stage_of[t])
-            if first is None:
-                return t0 + self.config.step_timeout
-            return first + max(self.config.min_grace, first - t0)
-
-        while pending:
-            wait = max(0.0, min(limit(t) for t in pending) - time.monotonic())
-            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if not t.cancelled() and t.exception() is None:
-                    answered.setdefault(stage_of[t], time.monotonic())
-            now = time.monotonic()
-            for t in [t for t in pending if now >= limit(t)]:
-                t.cancel()
-                pending.discard(t)
-        await asyncio.gather(*tasks, return_exceptions=True)  # a cancelled task is done only then
-        out: list[Any] = []
-        for t in tasks:
-            if t.cancelled():
-                out.append(PeerTimeoutError("no answer within the grace after its stage's first"))
-            else:
-                out.append(t.exception() or t.result())
-        return out
 
     def _check_reply(
         self, stage: int, typ: str, head: Envelope, frames: list[bytes], bt: tuple[int, int]
@@ -416,11 +363,8 @@ class SwarmPipeline:
         asked_again: set[str] = set()
         again: str | None = None
         while True:
-            servers = self.refresh()[stage]
-            excluded = self.exclusions.active(time.monotonic())
-            want, again = (again or prefer), None
-            mine = [x for x in servers if x.peer_id == want and x.peer_id not in excluded]
-            srv = mine[0] if mine else pick_server(servers, excluded, self.rng)
+            srv = self._pick(stage, again or prefer)
+            again = None
             if srv is None:
                 if time.monotonic() > give_up:
                     raise NoServer(
@@ -437,86 +381,51 @@ class SwarmPipeline:
                 )
                 self._check_reply(stage, typ, head, got, bt)
             except (SwarmError, TimeoutError) as e:
-                busy = isinstance(e, _Refused) and "busy" in str(e)
-                if isinstance(e, PeerTimeoutError):
-                    self.times.record(stage, typ, timeout)
-                self.tracker.reroute(mb_id, _reason(e))
-                if accumulates and not isinstance(e, _Refused) and srv.peer_id not in asked_again:
-                    asked_again.add(srv.peer_id)
-                    again = srv.peer_id
-                    logger.info(
-                        "stage %d %s of micro-batch %d on %s failed, asking again: %s",
-                        stage,
-                        typ,
-                        mb_id,
-                        srv.peer_id[:16],
-                        e,
-                    )
-                    continue
-                ttl = self.config.busy_exclude_s if busy else self.config.exclude_s
-                self.exclusions.exclude(srv.peer_id, time.monotonic(), ttl=ttl)
-                logger.info(
-                    "stage %d %s of micro-batch %d on %s failed, rerouting: %s",
-                    stage,
-                    typ,
-                    mb_id,
-                    srv.peer_id[:16],
-                    e,
-                )
+                retry = accumulates and srv.peer_id not in asked_again
+                again = self._failed(stage, typ, mb_id, srv.peer_id, timeout, e, may_retry=retry)
+                if again is not None:
+                    asked_again.add(again)
                 continue
             self.times.record(stage, typ, time.monotonic() - t0)
             return head, got, srv.peer_id
 
+    def _pick(self, stage: int, want: str | None) -> ServerInfo | None:
+        """``want`` while it serves ``stage`` and is not excluded, else a weighted draw (``None``: none)."""
+        servers = self.refresh()[stage]
+        excluded = self.exclusions.active(time.monotonic())
+        mine = [x for x in servers if x.peer_id == want and x.peer_id not in excluded]
+        return mine[0] if mine else pick_server(servers, excluded, self.rng)
+
+    def _failed(
+        self,
+        stage: int,
+        typ: str,
+        mb_id: int,
+        peer: str,
+        timeout: float,
+        e: BaseException,
+        *,
+        may_retry: bool,
+    ) -> str | None:
+        """Count a failed request; ``peer`` when the request goes to it once more (it failed without a
+        refusal and may have added the gradients there), else ``None`` with ``peer`` excluded a while."""
+        if isinstance(e, PeerTimeoutError):
+            self.times.record(stage, typ, timeout)
+        self.tracker.reroute(mb_id, failure_reason(e))
+        again = may_retry and not isinstance(e, Refused)
+        if not again:
+            busy = isinstance(e, Refused) and "busy" in str(e)
+            ttl = self.config.busy_exclude_s if busy else self.config.exclude_s
+            self.exclusions.exclude(peer, time.monotonic(), ttl=ttl)
+        what = "asking again" if again else "rerouting"
+        logger.info(
+            "stage %d %s of micro-batch %d on %s failed, %s: %s", stage, typ, mb_id, peer[:16], what, e
+        )
+        return peer if again else None
+
     async def _request(
         self, peer_id: str, env: Envelope, frames: Sequence[bytes], timeout: float
     ) -> tuple[Envelope, list[bytes]]:
-        from hivemind.p2p import PeerID
-
-        try:
-            return await asyncio.wait_for(self._exchange(PeerID.from_base58(peer_id), env, frames), timeout)
-        except asyncio.TimeoutError:
-            raise PeerTimeoutError(f"{env.type} to {peer_id[:16]} took over {timeout:.2f} s") from None
-
-    async def _exchange(
-        self, peer: Any, env: Envelope, frames: Sequence[bytes]
-    ) -> tuple[Envelope, list[bytes]]:
-        lim = self.config.limits(env.index)
-        try:
-            _, reader, writer = await self.node.p2p.call_binary_stream_handler(
-                peer, handler_name(self.node.run_id, env.index)
-            )
-        except Exception as e:  # p2pd reports a dead or unknown peer with several error types
-            raise SwarmError(f"cannot open a stream: {type(e).__name__}: {e}") from None
-        sent = received = 0
-        kind_out = env.kind
-        try:
-            widen_send_buffer(writer)
-            sent += write_frame(writer, encode_envelope(env))
-            for f in frames:
-                sent += await write_frame_drained(writer, f)
-            await writer.drain()
-            ack = await read_frame(reader, 1024, 3600.0)
-            received += 4 + len(ack)
-            ok, err = decode_ack(ack)
-            if not ok:
-                raise _Refused(f"refused: {err}")
-            body, n = await read_envelope(reader, 3600.0)
-            received += n
-            head = decode_envelope(body)
-            if (
-                head.type != REPLY
-                or head.run != env.run
-                or head.round != env.round
-                or head.index != env.index
-            ):
-                raise ProtocolError("the server answered another request")
-            kind_out = head.kind if head.kind in (ACTIVATIONS, GRADIENTS) else env.kind
-            got, n = await read_data_frames(reader, head, max_total=lim.max_packet, timeout=3600.0)
-            received += n
-            return head, got
-        except (ConnectionError, OSError, asyncio.IncompleteReadError) as e:
-            raise SwarmError(f"stream broke: {e}") from None
-        finally:
-            self.node.ledger.add_sent(env.kind, env.index, sent)
-            self.node.ledger.add_received(kind_out, env.index, received)
-            writer.close()
+        """One request to a server of stage ``env.index`` (``peers.swarm.stage_call.request``)."""
+        max_packet = self.config.limits(env.index).max_packet
+        return await request(self.node, peer_id, env, frames, timeout, max_packet)

@@ -49,106 +49,60 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from peers.dht.node import PeerNode
+from peers.swarm.held_closes import HeldCloses, Job
 from peers.swarm.protocol import (
     ACTIVATIONS,
-    BACKWARD,
-    FORWARD,
     GRADIENTS,
     HOLDS,
     REPLY,
     STEPS,
-    StageLimits,
     check_request,
-    decode_hidden,
     decode_step_note,
-    decode_tokens,
     encode_count,
-    encode_hidden,
-    encode_loss,
     handler_name,
     is_holds,
     is_step,
 )
+from peers.swarm.server_config import StageServerConfig, Stopper
+from peers.swarm.stage_compute import Reply, ServiceRate, Stage, compute
 from peers.swarm.steps import StageSteps, StepSync
 from peers.wire.messages import Envelope, decode_envelope, encode_ack, encode_envelope
 from peers.wire.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
-from swarmtrain.core.errors import ConfigError, ProtocolError, SwarmError
+from swarmtrain.core.errors import ProtocolError, SwarmError
 from swarmtrain.core.protocols import Compressor
 
-__all__ = ["StageServer", "StageServerConfig", "StepSync", "ACTIVATIONS", "GRADIENTS", "check_request"]
+__all__ = [
+    "StageServer",
+    "StageServerConfig",
+    "Stopper",
+    "StepSync",
+    "ACTIVATIONS",
+    "GRADIENTS",
+    "check_request",
+]
 
 logger = logging.getLogger(__name__)
 _FRAME_TIMEOUT = 30.0
 _JOB_TIMEOUT = 600.0
 
 
-class Stopper(Protocol):
-    """What tells a blocking call to give up (``threading.Event``, ``peers.GracefulExit``)."""
-
-    def wait(self, timeout: float | None = None) -> bool: ...
-
-
-@dataclass(frozen=True)
-class StageServerConfig:
-    """How a stage server serves.
-
-    Attributes:
-        limits: the stage and the shapes it accepts.
-        max_queue: requests waiting or running at once; more are refused with ``busy``.
-        accumulate: with ``closes == 0``, backward passes per optimizer step; otherwise micro-batches
-            each trainer feeds per step.
-        closes: trainers that close each step (0: every server steps alone; see the module docstring).
-        close_timeout: seconds a step waits for the trainers that did not close it yet.
-        announce_interval: seconds between two record updates (queue, throughput, version).
-        device_s: emulated device seconds per micro-batch (see the module docstring; 0: none).
-    """
-
-    limits: StageLimits
-    max_queue: int = 8
-    accumulate: int = 1
-    closes: int = 0
-    close_timeout: float = 120.0
-    announce_interval: float = 1.0
-    device_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.max_queue < 1 or self.accumulate < 1 or not self.announce_interval > 0:
-            raise ConfigError("need max_queue >= 1, accumulate >= 1, announce_interval > 0")
-        if self.closes < 0 or not self.close_timeout > 0:
-            raise ConfigError("need closes >= 0 and close_timeout > 0")
-        if not 0 <= self.device_s < 60:
-            raise ConfigError("need 0 <= device_s < 60")
-
-
 @dataclass
-class _Job:
-    env: Envelope
-    frames: list[bytes]
-    fut: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-    sender: str = ""
+class _Exchange:
+    """One stream's request and reply as counted: bytes and ledger kind each way, and whether it holds
+    a place in the request queue (a micro-batch) or among the held step requests."""
 
-
-@dataclass(frozen=True)
-class _Reply:
-    kind: str
-    frames: list[bytes]
-    note: str = ""
-
-
-def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
-    if fut.done():
-        return
-    if isinstance(value, BaseException):
-        fut.set_exception(value)
-    else:
-        fut.set_result(value)
+    sent: int = 0
+    received: int = 0
+    kind_in: str = ACTIVATIONS
+    kind_out: str = ACTIVATIONS
+    counted: bool = False
+    step_counted: bool = False
 
 
 class StageServer:
@@ -196,19 +150,16 @@ class StageServer:
         )
         self.served = 0  # requests answered
         self.refused = 0
-        self._waiting: list[_Job] = []  # step requests, answered once the step is taken (worker only)
-        self._first_close = 0.0
+        self._held = HeldCloses()  # step requests, answered once the step is taken (worker only)
         self._steps_open = 0  # step requests held (event loop only)
-        self.throughput = 0.0  # samples per second of whole micro-batches (see the module docstring)
-        self._service: dict[str, float] = {}  # request type -> seconds per request (EWMA)
-        self._rows = 0  # rows of the request being served (worker only)
-        self._rows_avg = 0.0
+        self._rate = ServiceRate(self.limits.last)  # worker only
+        self._stage = Stage(module, self.steps, self.limits, compressor, self.device)
         self.retired = threading.Event()  # set once it stopped at a step boundary to move
         self._retire = False
         self._draining = False  # set by stop(): refuse new requests, finish the queued ones
         self._finishing = False  # set by stop() first: refuse micro-batches, still take step closes
         self._inflight = 0  # event loop only
-        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._jobs: queue.Queue[Job] = queue.Queue()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the module between the worker and parameter readers
         self._handler = handler_name(node.run_id, self.limits.stage)
@@ -225,6 +176,11 @@ class StageServer:
     def version(self) -> int:
         """Optimizer steps taken."""
         return self.steps.version
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second of whole micro-batches (see the module docstring)."""
+        return self._rate.throughput
 
     @property
     def duplicates(self) -> int:
@@ -254,80 +210,81 @@ class StageServer:
         while not self._stop.wait(self.config.announce_interval):
             self._announce()
 
-    def _measure(self, kind: str, seconds: float) -> None:
-        """A request of ``kind`` took ``seconds``: update the micro-batch rate announced."""
-        old = self._service.get(kind)
-        self._service[kind] = seconds if old is None else 0.8 * old + 0.2 * seconds
-        self._rows_avg = self._rows if self._rows_avg == 0 else 0.8 * self._rows_avg + 0.2 * self._rows
-        kinds = (FORWARD,) if self.limits.last else (FORWARD, BACKWARD)
-        if all(k in self._service for k in kinds):
-            self.throughput = self._rows_avg / max(sum(self._service[k] for k in kinds), 1e-6)
-
     # --- receive side (event loop) --------------------------------------------------------------------
 
     async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        """One request on its own stream: answer it (or refuse it with a failed ack), count its bytes."""
         sender = str(info.peer_id.to_base58())
-        sent = received = 0
-        kind_in, kind_out = ACTIVATIONS, ACTIVATIONS
-        counted = step_counted = False
+        x = _Exchange()
         try:
             try:
-                if not await self.node.admitted.acheck(sender):
-                    raise ProtocolError("not admitted to the run")
-                if self._draining:
-                    raise ProtocolError("busy")
-                body, n = await read_envelope(reader, _FRAME_TIMEOUT)
-                received += n
-                env = decode_envelope(body)
-                check_request(env, self.limits, self.node.run_id)
-                kind_in = env.kind
-                if self._finishing and not (is_step(env) or is_holds(env)):
-                    raise ProtocolError("busy: leaving")
-                if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
-                    reply = _Reply(HOLDS, [], encode_count(int(self.steps.holds(env.round))))
-                else:
-                    counted, step_counted = self._count_in(env)
-                    frames, n = await read_data_frames(
-                        reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
-                    )
-                    received += n
-                    loop = asyncio.get_running_loop()
-                    fut: asyncio.Future[Any] = loop.create_future()
-                    self._jobs.put(_Job(env, frames, fut, loop, sender))
-                    reply = await asyncio.wait_for(fut, _JOB_TIMEOUT)
+                env, reply = await self._answer(sender, reader, x)
             except ProtocolError as e:
                 self.refused += 1
                 logger.info("refused a stage request from %s: %s", sender[:16], e)
-                sent += write_frame(writer, encode_ack(False, str(e)))
+                x.sent += write_frame(writer, encode_ack(False, str(e)))
                 await writer.drain()
                 return
-            kind_out = reply.kind
-            head = Envelope(
-                type=REPLY,
-                run=self.node.run_id,
-                kind=reply.kind,
-                round=env.round,
-                index=self.limits.stage,
-                frames=len(reply.frames),
-                nbytes=sum(len(f) for f in reply.frames),
-                note=reply.note,
-            )
-            sent += write_frame(writer, encode_ack(True))
-            sent += write_frame(writer, encode_envelope(head))
-            for f in reply.frames:
-                sent += await write_frame_drained(writer, f)
-            await writer.drain()
+            x.kind_out = reply.kind
+            await self._write_reply(writer, env, reply, x)
             self.served += 1
         except (SwarmError, ConnectionError, OSError, asyncio.TimeoutError) as e:
             logger.info("stage request from %s failed: %s", sender[:16], e)
         finally:
-            if counted:
+            if x.counted:
                 self._inflight -= 1
-            if step_counted:
+            if x.step_counted:
                 self._steps_open -= 1
-            self.node.ledger.add_received(kind_in, self.limits.stage, received)
-            self.node.ledger.add_sent(kind_out, self.limits.stage, sent)
+            self.node.ledger.add_received(x.kind_in, self.limits.stage, x.received)
+            self.node.ledger.add_sent(x.kind_out, self.limits.stage, x.sent)
             writer.close()
+
+    async def _answer(self, sender: str, reader: Any, x: _Exchange) -> tuple[Envelope, Reply]:
+        """Read and check a request, then its reply: a holds question at once, the rest from the worker.
+
+        Raises:
+            ProtocolError: refused (not admitted, busy, leaving, malformed, or the worker's refusal).
+        """
+        if not await self.node.admitted.acheck(sender):
+            raise ProtocolError("not admitted to the run")
+        if self._draining:
+            raise ProtocolError("busy")
+        body, n = await read_envelope(reader, _FRAME_TIMEOUT)
+        x.received += n
+        env = decode_envelope(body)
+        check_request(env, self.limits, self.node.run_id)
+        x.kind_in = env.kind
+        if self._finishing and not (is_step(env) or is_holds(env)):
+            raise ProtocolError("busy: leaving")
+        if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
+            return env, Reply(HOLDS, [], encode_count(int(self.steps.holds(env.round))))
+        x.counted, x.step_counted = self._count_in(env)
+        frames, n = await read_data_frames(
+            reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
+        )
+        x.received += n
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put(Job(env, frames, fut, loop, sender))
+        return env, await asyncio.wait_for(fut, _JOB_TIMEOUT)
+
+    async def _write_reply(self, writer: Any, env: Envelope, reply: Reply, x: _Exchange) -> None:
+        """The ack, the reply's envelope and its frames, each counted as it is written."""
+        head = Envelope(
+            type=REPLY,
+            run=self.node.run_id,
+            kind=reply.kind,
+            round=env.round,
+            index=self.limits.stage,
+            frames=len(reply.frames),
+            nbytes=sum(len(f) for f in reply.frames),
+            note=reply.note,
+        )
+        x.sent += write_frame(writer, encode_ack(True))
+        x.sent += write_frame(writer, encode_envelope(head))
+        for f in reply.frames:
+            x.sent += await write_frame_drained(writer, f)
+        await writer.drain()
 
     def _count_in(self, env: Envelope) -> tuple[bool, bool]:
         """Count a request in (``busy`` when too many of its kind are open): (a micro-batch, a step)."""
@@ -352,9 +309,13 @@ class StageServer:
                 continue
             t0 = time.perf_counter()
             result: Any
+            rows = 0
             try:
                 with self._lock:
-                    result = self._close(job) if is_step(job.env) else self._serve(job.env, job.frames)
+                    if is_step(job.env):
+                        result = self._close(job)
+                    else:
+                        result, rows = compute(self._stage, job.env, job.frames)
                 if not is_step(job.env):
                     self._emulate_device(t0)
             except ProtocolError as e:
@@ -365,13 +326,13 @@ class StageServer:
             if result is None:  # a step request held until the other trainers close the step
                 self._idle()
                 continue
-            job.loop.call_soon_threadsafe(_resolve, job.fut, result)
-            if isinstance(result, _Reply) and not is_step(job.env):
-                self._measure(job.env.type, time.perf_counter() - t0)
+            job.answer(result)
+            if isinstance(result, Reply) and not is_step(job.env):
+                self._rate.measure(job.env.type, time.perf_counter() - t0, rows)
             self._idle()
 
     def _idle(self) -> None:
-        if self._waiting and time.monotonic() - self._first_close > self.config.close_timeout:
+        if self._held.overdue(self.config.close_timeout):
             logger.warning(
                 "stage %d: step %d closed by %d of %d trainers after %.0f s; taking it",
                 self.limits.stage,
@@ -401,17 +362,15 @@ class StageServer:
 
     # --- steps ----------------------------------------------------------------------------------------
 
-    def _close(self, job: _Job) -> _Reply | None:
+    def _close(self, job: Job) -> Reply | None:
         """A trainer closed step ``job.env.round``: hold its request until every trainer did, then take
         the step and answer them all (``None``: held)."""
         taken = self.steps.close(job.env.round, job.sender, *decode_step_note(job.env.note))
         if taken is None:  # a retried close of a step already taken
-            return _Reply(STEPS, [], encode_count(self.version))
-        if self._waiting and self._waiting[0].env.round < job.env.round:  # a catching-up server
-            self._refuse_waiting("the stage went on")  # heard of a later step: the held one is gone
-        if not self._waiting:
-            self._first_close = time.monotonic()
-        self._waiting.append(job)
+            return Reply(STEPS, [], encode_count(self.version))
+        if self._held.before(job.env.round):  # a catching-up server heard of a later step
+            self._held.refuse("the stage went on")  # the held one is gone
+        self._held.hold(job)
         if taken:
             self._answer_closes()
             self._stepped()
@@ -430,60 +389,8 @@ class StageServer:
         while (self._inflight or not self._jobs.empty()) and time.monotonic() < end:
             time.sleep(0.05)
 
-    def _refuse_waiting(self, why: str) -> None:
-        for job in self._waiting:
-            job.loop.call_soon_threadsafe(_resolve, job.fut, ProtocolError(why))
-        self._waiting = []
-
     def _answer_closes(self) -> None:
-        reply = _Reply(STEPS, [], encode_count(self.version))
-        for job in self._waiting:
-            job.loop.call_soon_threadsafe(_resolve, job.fut, reply)
-        self._waiting = []
-
-    def _serve(self, env: Envelope, frames: list[bytes]) -> _Reply:
-        lim = self.limits
-        self.steps.check(env.round)
-        x = decode_tokens(frames[0], lim) if lim.first else decode_hidden(frames[0], lim)
-        x = x.to(self.device)  # decoded on the host, computed on the stage's device
-        bt = (int(x.shape[0]), int(x.shape[1]))
-        self._rows = bt[0]
-        again = env.type != FORWARD or lim.last
-        again = again and self.steps.seen(env.round)  # its gradients are already accumulated here
-        if env.type == FORWARD and not lim.last:
-            with torch.no_grad():
-                y = self.module(x)
-            return _Reply(ACTIVATIONS, [encode_hidden(y, self.compressor, key="act")])
-        if env.type == FORWARD:  # last stage: forward, loss and backward in one request
-            targets = decode_tokens(frames[1], lim).to(self.device)
-            if tuple(targets.shape) != bt:
-                raise ProtocolError(f"targets are {list(targets.shape)}, inputs {list(bt)}")
-            x.requires_grad_(True)
-            loss = self.module(x, targets)
-            if again:
-                (grad,) = torch.autograd.grad(loss, [x])
-            else:
-                loss.backward()
-                self.steps.backward_done(env.round)
-                grad = x.grad if x.grad is not None else torch.zeros_like(x)
-            return _Reply(
-                GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")], encode_loss(loss.item())
-            )
-        g = decode_hidden(frames[1], lim, expect=bt).to(self.device)
-        if again and lim.first:
-            return _Reply(GRADIENTS, [])
-        if not lim.first:
-            x.requires_grad_(True)
-        y = self.module(x)
-        if again:
-            (grad,) = torch.autograd.grad(y, [x], g)
-            return _Reply(GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")])
-        y.backward(g)
-        self.steps.backward_done(env.round)
-        if lim.first:
-            return _Reply(GRADIENTS, [])
-        grad = x.grad if x.grad is not None else torch.zeros_like(x)
-        return _Reply(GRADIENTS, [encode_hidden(grad, self.compressor, key="grad")])
+        self._held.answer(Reply(STEPS, [], encode_count(self.version)))
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -540,8 +447,8 @@ class StageServer:
                 continue
             with self._lock:
                 done = self.steps.adopt(step, load)
-                if done and self._waiting and self._waiting[0].env.round < self.version:
-                    self._refuse_waiting("the stage went on")  # closes of a step before the snapshot
+                if done and self._held.before(self.version):
+                    self._held.refuse("the stage went on")  # closes of a step before the snapshot
             if done:
                 self._announce()
                 return True
@@ -576,7 +483,7 @@ class StageServer:
         self._stop.set()
         self._worker.join(timeout)
         self._announcer.join(timeout)
-        self._refuse_waiting("the server is leaving")  # its trainers go on without this server
+        self._held.refuse("the server is leaving")  # its trainers go on without this server
         try:
             self.node.loop.run(self.node.p2p.remove_binary_stream_handler(self._handler), 5.0)
         except Exception:
