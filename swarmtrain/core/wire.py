@@ -182,6 +182,17 @@ def decode_packet(
         raise ProtocolError(f"codec {codec!r} is not allowed")
     if _check_name(dtype, "dtype") not in WIRE_DTYPES:
         raise ProtocolError(f"dtype {dtype!r} is not allowed")
+    shape = _check_shape(shape, max_numel)
+    pairs = _check_params(params)
+    if not isinstance(buffers, list) or len(buffers) > MAX_BUFFERS:
+        raise ProtocolError(f"buffers must be a list of at most {MAX_BUFFERS} byte strings")
+    if any(not isinstance(b, bytes) for b in buffers):
+        raise ProtocolError("buffers must be msgpack bin values")
+    return Packet(codec=codec, shape=shape, dtype=dtype, buffers=tuple(buffers), params=pairs)
+
+
+def _check_shape(shape: Any, max_numel: int) -> tuple[int, ...]:
+    """A received shape: at most ``MAX_NDIM`` ints, none and their product not over ``max_numel``."""
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise ProtocolError(f"shape must be a list of at most {MAX_NDIM} dimensions")
     numel = 1
@@ -191,6 +202,11 @@ def decode_packet(
         numel *= s
     if numel > max_numel:
         raise ProtocolError(f"packet of {numel} elements exceeds the cap of {max_numel}")
+    return tuple(shape)
+
+
+def _check_params(params: Any) -> tuple[tuple[str, ParamValue], ...]:
+    """Received codec parameters: at most ``MAX_PARAMS`` ``[key, value]`` pairs, keys unique and sorted."""
     if not isinstance(params, list) or len(params) > MAX_PARAMS:
         raise ProtocolError(f"params must be a list of at most {MAX_PARAMS} pairs")
     pairs: list[tuple[str, ParamValue]] = []
@@ -202,8 +218,4 @@ def decode_packet(
     keys = [k for k, _ in pairs]
     if keys != sorted(set(keys)):
         raise ProtocolError("param keys must be unique and sorted")
-    if not isinstance(buffers, list) or len(buffers) > MAX_BUFFERS:
-        raise ProtocolError(f"buffers must be a list of at most {MAX_BUFFERS} byte strings")
-    if any(not isinstance(b, bytes) for b in buffers):
-        raise ProtocolError("buffers must be msgpack bin values")
-    return Packet(codec=codec, shape=tuple(shape), dtype=dtype, buffers=tuple(buffers), params=tuple(pairs))
+    return tuple(pairs)
