@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_join import LOOP, _env, _start_dht
+from peer_helpers import LOOP
+from test_join import _env, _start_dht
 
 
 def _run_in_terminal(

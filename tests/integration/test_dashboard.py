@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_join import SW, _env, _join, _start_dht
+from peer_helpers import SWARMTRAIN as SW
+from test_join import _env, _join, _start_dht
 
 from peers import PeerProcess, find_orphans, spawn_command
 from peers.keys.identity import ensure_identity

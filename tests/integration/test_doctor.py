@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from test_join import SW, _env, _join, _start_dht, _wait_log
+from peer_helpers import SWARMTRAIN as SW
+from test_join import _env, _join, _start_dht, _wait_log
 
 from peers import PeerProcess
 

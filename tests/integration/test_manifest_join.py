@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_join import LOOP, _env
+from peer_helpers import LOOP
+from test_join import _env
 from test_node import CLI, _cli, _start_dht
 
 from peers.dht.process import find_orphans

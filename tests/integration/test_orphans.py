@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peer_helpers import loopback_config, report, reporting_errors
-from test_join import LOOP, SW, _env, _start_dht
+from peer_helpers import LOOP, loopback_config, report, reporting_errors
+from peer_helpers import SWARMTRAIN as SW
+from test_join import _env, _start_dht
 
 from peers.dht.process import PeerProcess, find_orphans, kill_group, spawn_command, spawn_function
 
