@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import RESULTS, pyplot, recorded, save_figure, write_report  # noqa: E402
 
-from swarmtrain.app.swarm.roles import SwarmSettings, train_baseline  # noqa: E402
+from swarmtrain.app.swarm.roles import train_baseline  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
+from swarmtrain.core.swarm_config import SwarmConfig  # noqa: E402
 from swarmtrain.simulation.swarm import run_swarm_simulation  # noqa: E402
 
 #: SWARM keys a row keeps (the rest of the simulation's report is dropped: it holds per-peer maps)
@@ -55,7 +56,7 @@ def _ints(text: str) -> list[int]:
 
 def swarm_row(cfg: Config, args: argparse.Namespace, per_stage: int, codec: str, kill: int) -> dict[str, Any]:
     """One SWARM run's figures."""
-    settings = SwarmSettings(
+    settings = SwarmConfig(
         stages=args.stages,
         codec=codec,
         microbatches=args.steps,
@@ -242,7 +243,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     for codec in [c.strip() for c in args.codecs.split(",") if c.strip()]:
         if codec != "none" or args.codec_per_stage not in _ints(args.per_stage):
             rows.append(swarm_row(cfg, args, args.codec_per_stage, codec, 0))
-    settings = SwarmSettings(
+    settings = SwarmConfig(
         stages=args.stages, microbatches=args.steps, trainers=args.trainers, accumulate=args.accumulate
     )
     base, _ = train_baseline(cfg, settings)  # the same micro-batches and steps as the swarm's

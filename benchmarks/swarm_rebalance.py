@@ -5,7 +5,7 @@ Every point is one ``swarmtrain.simulation.swarm.run_swarm_simulation`` run (a b
 servers and ``--trainers`` trainers as real processes on 127.0.0.1, one torch thread each), all on
 the same micro-batches and optimizer steps. On a machine with few cores every server competes for
 the same CPU, so the stages are given an emulated device time (``--device-s`` seconds per
-micro-batch on each server: ``SwarmSettings.device_s``), as slower GPUs would: stage 1's single
+micro-batch on each server: ``SwarmConfig.device_s``), as slower GPUs would: stage 1's single
 server is then the pipeline's bottleneck in the 3/1 layout, and a second server there doubles its
 rate.
 
@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import RESULTS, loadavg, pyplot, recorded, save_figure, write_report  # noqa: E402
 
-from swarmtrain.app.swarm.roles import SwarmSettings, train_baseline  # noqa: E402
+from swarmtrain.app.swarm.roles import train_baseline  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
+from swarmtrain.core.swarm_config import SwarmConfig  # noqa: E402
 from swarmtrain.simulation.swarm import run_swarm_simulation  # noqa: E402
 
 __all__ = ["POINTS", "table_lines", "main"]
@@ -46,8 +47,8 @@ POINTS: tuple[tuple[str, list[int], bool], ...] = (
 )
 
 
-def _settings(args: argparse.Namespace, rebalance: bool) -> SwarmSettings:
-    return SwarmSettings(
+def _settings(args: argparse.Namespace, rebalance: bool) -> SwarmConfig:
+    return SwarmConfig(
         stages=2,
         microbatches=args.steps,
         trainers=args.trainers,

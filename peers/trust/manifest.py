@@ -36,6 +36,9 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_DEPTH",
     "RUN_WIDE",
+    "RUN_WIDE_SETTINGS",
+    "RunWideSetting",
+    "PUBLISHED",
     "ROBUST_REDUCERS",
     "FORMAT",
     "sign_manifest",
@@ -53,37 +56,78 @@ _DOMAIN = b"swarmtrain-run-manifest-v1\0"
 _HEX = re.compile(r"^[0-9a-f]*$")
 _PEER_ID = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{1,128}$")  # base58
 
-#: the settings every peer of a run must share (section -> fields; ``None``: the whole section).
-#: Everything else (device, threads, batch size, steps, data paths, addresses, timeouts) is the
-#: peer's own.
-RUN_WIDE: dict[str, tuple[str, ...] | None] = {
-    "model": None,
-    "strategy": None,
-    "compression": None,
-    "swarm": None,  # a SWARM run's stages, codecs, trainers, steps and rebalancing rule
-    "train": (
-        "seed",
-        "optimizer",
-        "lr",
-        "min_lr",
-        "warmup_steps",
-        "weight_decay",
-        "beta1",
-        "beta2",
-        "grad_clip",
+
+@dataclass(frozen=True)
+class RunWideSetting:
+    """A setting every peer of a run must share.
+
+    Attributes:
+        key: a config section (the whole of it, e.g. ``model``) or one field of it (``train.seed``).
+        record: its name in a training peer's signed record (``None``: not published there); a
+            volunteer compares its own with the live trainers' before it trains
+            (``swarmtrain.app.peer.run_agreement``).
+        how: how a volunteer sets it, named when its value differs from the run's.
+    """
+
+    key: str
+    record: str | None = None
+    how: str | None = None
+
+
+#: the settings every peer of a run must share, the one list: the manifest carries them
+#: (:data:`RUN_WIDE`) and the training peers publish those with a ``record`` name
+#: (:data:`PUBLISHED`). Everything else (device, threads, batch size, steps, data paths, addresses,
+#: timeouts) is the peer's own.
+RUN_WIDE_SETTINGS: tuple[RunWideSetting, ...] = (
+    RunWideSetting("model"),
+    RunWideSetting("strategy"),
+    RunWideSetting("strategy.name", "strategy", "--strategy"),
+    RunWideSetting("strategy.inner_steps", "inner_steps", "--inner-steps"),
+    RunWideSetting("compression"),
+    RunWideSetting("compression.codec", "codec", "--compressor"),
+    RunWideSetting("swarm"),  # a SWARM run's stages, codecs, trainers, steps and rebalancing rule
+    *(
+        RunWideSetting(f"train.{name}")
+        for name in (
+            "seed",
+            "optimizer",
+            "lr",
+            "min_lr",
+            "warmup_steps",
+            "weight_decay",
+            "beta1",
+            "beta2",
+            "grad_clip",
+        )
     ),
-    "peers": (
-        "run_id",
-        "admission",
-        "allowlist",
-        "run_public_key",
-        "reducer",
-        "byzantine_f",
-        "reducer_options",
-        "owner_check",
-        "ban_strikes",
-    ),
-}
+    RunWideSetting("peers.run_id"),
+    RunWideSetting("peers.admission"),
+    RunWideSetting("peers.allowlist"),
+    RunWideSetting("peers.run_public_key"),
+    RunWideSetting("peers.reducer", "reducer", "[peers] reducer"),
+    RunWideSetting("peers.byzantine_f", "byzantine_f", "[peers] byzantine_f"),
+    RunWideSetting("peers.reducer_options"),
+    RunWideSetting("peers.owner_check"),
+    RunWideSetting("peers.ban_strikes"),
+)
+
+
+def _sections(settings: tuple[RunWideSetting, ...]) -> dict[str, tuple[str, ...] | None]:
+    out: dict[str, tuple[str, ...] | None] = {}
+    for s in settings:
+        section, _, name = s.key.partition(".")
+        if not name:
+            out[section] = None
+        elif out.get(section, ()) is not None:
+            out[section] = (*(out.get(section) or ()), name)
+    return out
+
+
+#: the run-wide config sections a manifest carries (section -> fields; ``None``: the whole section)
+RUN_WIDE: dict[str, tuple[str, ...] | None] = _sections(RUN_WIDE_SETTINGS)
+
+#: the run-wide settings a training peer publishes in its record, by their name there
+PUBLISHED: dict[str, RunWideSetting] = {s.record: s for s in RUN_WIDE_SETTINGS if s.record is not None}
 
 #: reducers that bound what f Byzantine members do to a round (``mean`` does not)
 ROBUST_REDUCERS = (
@@ -244,6 +288,21 @@ def parse_manifest(data: bytes) -> RunManifest:
     Raises:
         ProtocolError: anything wrong with it (the only exception it raises).
     """
+    body, sig_hex = _document(data)
+    manifest = RunManifest(
+        **_identity(body),
+        allowlist=_allowlist(body),
+        settings=_settings(body),
+        initial_state_hash=_state_hash(body),
+        created=_created(body),
+    )
+    _verify(manifest.run_public_key, sig_hex, body)
+    _check_policy(manifest)
+    return manifest
+
+
+def _document(data: bytes) -> tuple[dict[str, Any], str]:
+    """The body and signature of a bounded JSON document of this format (not verified yet)."""
     if not isinstance(data, bytes | bytearray) or len(data) > MAX_MANIFEST_BYTES:
         raise ProtocolError(f"a manifest is at most {MAX_MANIFEST_BYTES} bytes")
     if _depth(bytes(data)) > MAX_DEPTH:
@@ -261,6 +320,11 @@ def parse_manifest(data: bytes) -> RunManifest:
         raise ProtocolError("the manifest signature must be 128 hex digits")
     if body.get("format") != FORMAT:
         raise ProtocolError(f"manifest format {body.get('format')!r} is not {FORMAT} (another release?)")
+    return body, sig_hex
+
+
+def _identity(body: Mapping[str, Any]) -> dict[str, str]:
+    """The run's ID, run key, admission policy and software version."""
     from swarmtrain.core.config import RUN_ID_PATTERN
 
     run_id = _str(body, "run_id", 64)
@@ -272,12 +336,21 @@ def parse_manifest(data: bytes) -> RunManifest:
     admission = _str(body, "admission", 16)
     if admission not in ("open", "allowlist", "token"):
         raise ProtocolError(f"unknown admission policy {admission!r} in the manifest")
+    software = _str(body, "software", 32)
+    return {"run_id": run_id, "run_public_key": public, "admission": admission, "software": software}
+
+
+def _allowlist(body: Mapping[str, Any]) -> tuple[str, ...]:
     allowlist = body.get("allowlist")
     if not isinstance(allowlist, list) or len(allowlist) > 1024:
         raise ProtocolError("the manifest's allowlist must be a list of at most 1024 peer IDs")
     if not all(isinstance(p, str) and _PEER_ID.match(p) for p in allowlist):
         raise ProtocolError("the manifest's allowlist holds something that is not a peer ID")
-    software = _str(body, "software", 32)
+    return tuple(allowlist)
+
+
+def _settings(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-wide settings: only the :data:`RUN_WIDE` sections and fields, each section an object."""
     settings = body.get("settings")
     if not isinstance(settings, dict) or not set(settings) <= set(RUN_WIDE):
         raise ProtocolError(f"the manifest's settings may hold only {', '.join(RUN_WIDE)}")
@@ -286,24 +359,28 @@ def parse_manifest(data: bytes) -> RunManifest:
     for section, fields in RUN_WIDE.items():
         if fields is not None and not set(settings.get(section, {})) <= set(fields):
             raise ProtocolError(f"the manifest's [{section}] may set only {', '.join(fields)}")
+    return settings
+
+
+def _state_hash(body: Mapping[str, Any]) -> str | None:
     state_hash = body.get("initial_state_hash")
     if state_hash is not None and (not isinstance(state_hash, str) or not 0 < len(state_hash) <= 128):
         raise ProtocolError("the manifest's initial_state_hash must be a string of at most 128 characters")
+    return state_hash
+
+
+def _created(body: Mapping[str, Any]) -> float:
     created = body.get("created")
     if not isinstance(created, int | float) or isinstance(created, bool):
         raise ProtocolError("the manifest's created time must be a number")
-    _verify(public, sig_hex, body)
-    manifest = RunManifest(
-        run_id=run_id,
-        run_public_key=public,
-        admission=admission,
-        software=software,
-        settings=settings,
-        allowlist=tuple(allowlist),
-        initial_state_hash=state_hash,
-        created=float(created),
-    )
-    peers = settings.get("peers", {})
+    return float(created)
+
+
+def _check_policy(manifest: RunManifest) -> None:
+    """The ``[peers]`` settings agree with the manifest's run ID and admission, and an open run has a
+    robust reducer."""
+    peers = manifest.settings.get("peers", {})
+    run_id, admission = manifest.run_id, manifest.admission
     if peers.get("run_id", run_id) != run_id or peers.get("admission", admission) != admission:
         raise ProtocolError("the manifest's [peers] settings contradict its run ID or admission")
     reducer, f = manifest.reducer
@@ -312,7 +389,6 @@ def parse_manifest(data: bytes) -> RunManifest:
     problem = open_policy_problem(admission, reducer, f)
     if problem is not None:
         raise ProtocolError(f"the manifest is not safe to join: {problem}")
-    return manifest
 
 
 def _no_constant(name: str) -> Any:

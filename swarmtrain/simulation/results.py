@@ -76,6 +76,8 @@ class SimulationResult:
     # is lost with it), and the rounds failed or late that earlier incarnations reported
     committed_seen: list[int] = field(default_factory=list)
     failed_before_restarts: int = 0
+    # the emulated regions' report under ``simulate --topology`` (the JSON's "topology"), else empty
+    network: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rounds_committed(self) -> int:
@@ -128,7 +130,7 @@ class SimulationResult:
     def summary(self) -> dict[str, Any]:
         """Plain-data summary (no per-peer details)."""
         d = asdict(self)
-        for detail in ("outcomes", "intruder_reports", "intruder_errors", "committed_seen"):
+        for detail in ("outcomes", "intruder_reports", "intruder_errors", "committed_seen", "network"):
             d.pop(detail)
         d["bytes_per_token"] = self.bytes_per_token
         d["comm_wait_s_per_peer"] = self.comm_wait_s_per_peer

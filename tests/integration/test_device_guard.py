@@ -130,7 +130,7 @@ def test_swarm_stages_run_on_a_device(tmp_path: Path) -> None:
         "6",
         "--batch-size",
         "8",
-        "--compressor",
+        "--activation-codec",
         "int8",
     ]
     res = _simulate(tmp_path, args, {})

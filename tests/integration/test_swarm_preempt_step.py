@@ -39,10 +39,10 @@ def _server(rank: int, stage: int, initial: list[str], q: Any) -> None:
     from dataclasses import asdict
 
     from peers import GracefulExit
-    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.app.swarm.server import run_server
+    from swarmtrain.core.swarm_config import SwarmConfig
 
-    settings = SwarmSettings(stages=2, trainers=1, rebalance=False, sync_period=600.0)
+    settings = SwarmConfig(stages=2, trainers=1, rebalance=False, sync_period=600.0)
     with GracefulExit() as stop:
         out = run_server(
             _cfg(initial),

@@ -18,12 +18,12 @@ import pytest
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_rebalancing_moves_a_server_to_the_bottleneck_and_throughput_rises() -> None:
-    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import load_config
+    from swarmtrain.core.swarm_config import SwarmConfig
     from swarmtrain.simulation.swarm import run_swarm_simulation
 
     cfg = load_config(None, {"train.steps": 48, "train.batch_size": 8})
-    settings = SwarmSettings(stages=2, microbatches=48, trainers=4, accumulate=2, device_s=0.3, patience=3.0)
+    settings = SwarmConfig(stages=2, microbatches=48, trainers=4, accumulate=2, device_s=0.3, patience=3.0)
     res = run_swarm_simulation(cfg, settings, 4, baseline=True, layout=[3, 1], timeout=450)
     assert res.servers_per_stage == [3, 1]
     assert res.rebalance_moves == 1, res.moves

@@ -79,12 +79,12 @@ def test_two_trainers_accumulating_steps_follow_one_process() -> None:
     micro-batches split unevenly between stage 0's replicas (3:1 as often as 2:2), which the summed
     gradients divided by the trainers' counts take exactly; the collective's weighted mean bounds a
     weight by twice the median and ended this run 0.15 % off the baseline."""
-    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import load_config
+    from swarmtrain.core.swarm_config import SwarmConfig
     from swarmtrain.simulation.swarm import run_swarm_simulation
 
     cfg = load_config(None, {"train.steps": 12, "train.batch_size": 8})
-    settings = SwarmSettings(stages=2, microbatches=12, trainers=2, accumulate=2)
+    settings = SwarmConfig(stages=2, microbatches=12, trainers=2, accumulate=2)
     res = run_swarm_simulation(cfg, settings, 3, baseline=True, timeout=240)
     assert res.lost_microbatches == 0 and res.params_identical
     assert res.steps_taken == 6 and res.step_failures == 0
@@ -98,14 +98,14 @@ def test_int8_hidden_states_end_within_3_percent_of_fp32_on_the_same_run() -> No
     """The same micro-batches and steps through the same 2 servers, once with fp32 hidden states and
     their gradients between the stages and once with int8 (blockwise): the loss stays within 3 %
     and the bytes between the stages drop to about a quarter."""
-    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import load_config
+    from swarmtrain.core.swarm_config import SwarmConfig
     from swarmtrain.simulation.swarm import run_swarm_simulation
 
     cfg = load_config(None, {"train.steps": 40, "train.batch_size": 8})
     runs = {}
     for codec in ("none", "int8"):
-        settings = SwarmSettings(stages=2, codec=codec, microbatches=40, trainers=1)
+        settings = SwarmConfig(stages=2, codec=codec, microbatches=40, trainers=1)
         runs[codec] = run_swarm_simulation(cfg, settings, 2, timeout=280)
     fp32, int8 = runs["none"], runs["int8"]
     assert fp32.lost_microbatches == 0 and int8.lost_microbatches == 0

@@ -17,7 +17,15 @@ from swarmtrain.simulation.swarm import spread_servers
         (["--strategy", "swarm", "--peers", "3", "--kill-servers", "2"], "--kill-servers 2"),
         (["--strategy", "swarm", "--peers", "1"], "cannot serve 2 stages"),
         (["--strategy", "swarm", "--stages", "9"], "exceeds the model's 4 blocks"),
-        (["--strategy", "swarm", "--compressor", "nope"], "nope"),
+        (["--strategy", "swarm", "--activation-codec", "nope"], "swarm.codec: "),
+        (["--activation-codec", "int8"], "need --strategy swarm"),
+        (
+            ["--strategy", "swarm", "--compressor", "int8"],
+            "--compressor does not apply to --strategy swarm (the codec between stages is "
+            "--activation-codec)",
+        ),
+        (["--strategy", "swarm", "--no-owner-check"], "--owner-check does not apply"),
+        (["--strategy", "swarm", "--intruders", "1"], "--intruders does not apply"),
     ],
 )
 def test_bad_swarm_flags_are_one_line(

@@ -3,24 +3,45 @@ section, role or stage is one line and exit 2, before any node starts."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from swarmtrain.app.cli import run
 from swarmtrain.app.swarm.join import check_role_flags, parse_stage, settings_from_config
-from swarmtrain.app.swarm.roles import SwarmSettings
 from swarmtrain.core.config import load_config
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.swarm_config import SwarmConfig
 
 
-def test_the_section_has_the_fields_and_defaults_of_swarm_settings() -> None:
-    """Every SwarmSettings field is settable from [swarm], with the same default (a field added to
-    SwarmSettings must be added to the section, or the run's peers could not agree on it)."""
-    settings = {f.name: f.default for f in dataclasses.fields(SwarmSettings)}
-    assert SwarmConfig().model_dump() == settings
+def test_one_type_for_the_swarm_settings_with_its_own_checks() -> None:
+    """``SwarmConfig`` is the settings every SWARM role, the simulation and the benchmarks take: its
+    defaults, and a bad value refused where it is built in code too (``ValidationError`` naming it)."""
+    from pydantic import ValidationError
+
+    assert SwarmConfig().model_dump() == {
+        "stages": 2,
+        "codec": "none",
+        "sync_codec": "none",
+        "sync_period": 5.0,
+        "max_queue": 8,
+        "microbatches": 100,
+        "trainers": 1,
+        "accumulate": 1,
+        "device_s": 0.0,
+        "rebalance": True,
+        "hysteresis": 0.2,
+        "patience": 10.0,
+        "cooldown": 60.0,
+    }
+    for bad in ({"stages": 1}, {"device_s": 60.0}, {"sync_period": 0.0}, {"patience": -1.0}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            SwarmConfig(**bad)
+    settings = SwarmConfig(stages=3, trainers=2)
+    with pytest.raises(ValidationError, match="trainers"):
+        settings.trainers = 0  # assignments are checked too
+    assert SwarmConfig(**settings.model_dump()) == settings  # what a child process rebuilds
 
 
 def test_the_section_loads_from_toml_and_the_environment(tmp_path: Path) -> None:
@@ -29,7 +50,7 @@ def test_the_section_loads_from_toml_and_the_environment(tmp_path: Path) -> None
     cfg = load_config(toml, env={"SWARMTRAIN_SWARM__MAX_QUEUE": "3"})
     assert (cfg.swarm.stages, cfg.swarm.codec, cfg.swarm.max_queue) == (3, "int8", 3)
     settings = settings_from_config(cfg)
-    assert settings == SwarmSettings(
+    assert settings == SwarmConfig(
         stages=3, codec="int8", trainers=2, microbatches=7, accumulate=2, max_queue=3
     )
     assert load_config(None, env={}).swarm == SwarmConfig()  # a config without [swarm]: the defaults
@@ -93,6 +114,13 @@ def run_toml(tmp_path: Path) -> Path:
         (["--role", "server", "-H", "5", "-c", "{toml}"], "--inner-steps does not apply to --role server"),
         (["--role", "trainer", "--strategy", "diloco", "-c", "{toml}"], "--strategy does not apply"),
         (
+            ["--role", "server", "--compressor", "int8", "-c", "{toml}"],
+            "--compressor does not apply to --role server: a SWARM run's settings are its config's "
+            "[swarm] section (the codec between stages is --activation-codec)",
+        ),
+        (["--activation-codec", "int8"], "--activation-codec applies to --role server or trainer only"),
+        (["--role", "server", "--activation-codec", "nope", "-c", "{toml}"], "swarm.codec: "),
+        (
             ["--role", "trainer", "--trainer-index", "1", "-c", "{toml}"],
             "--trainer-index 1 is outside [0, 1)",
         ),
@@ -114,3 +142,19 @@ def test_a_bad_swarm_section_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert run(["join", "--role", "server", "-c", str(toml)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "swarm.codec" in err, err
+
+
+def test_the_activation_codec_flag_sets_the_swarm_section(
+    monkeypatch: pytest.MonkeyPatch, run_toml: Path
+) -> None:
+    from swarmtrain.app.swarm import join as swarm_join
+
+    seen: dict[str, object] = {}
+
+    def take_role(role: str, stage: object, index: object, load: Any, overrides: Any, json: object) -> None:
+        seen["codec"] = load().swarm.codec
+
+    monkeypatch.setattr(swarm_join, "run_swarm_join", take_role)
+    argv = ["join", "--role", "trainer", "--activation-codec", "int8", "-c", str(run_toml)]
+    assert run(argv) == 0
+    assert seen == {"codec": "int8"}

@@ -3,60 +3,115 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from swarmtrain.app.commands.flags import command, config_overrides, flag
 from swarmtrain.core.jsonsafe import dumps
 
-__all__ = ["register", "join", "run_join"]
+__all__ = ["register", "join", "run_join", "JoinOptions"]
 
 
-def join(
-    initial_peers: list[str] | None = typer.Option(
-        None, "--initial-peers", help="Multiaddrs of any live peer (e.g. printed by `swarmtrain dht`)."
-    ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file of the run."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Run to join (default: the config's)."),
-    identity: str | None = typer.Option(
+def _maddrs(values: list[str]) -> list[str] | None:
+    from swarmtrain.app.commands.peers import split_maddrs
+
+    return split_maddrs(values) or None
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """What ``swarmtrain join`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given)."""
+
+    initial_peers: list[str] | None = flag(
+        None,
+        "--initial-peers",
+        key="peers.initial_peers",
+        convert=_maddrs,
+        help="Multiaddrs of any live peer (e.g. printed by `swarmtrain dht`).",
+    )
+    config: Path | None = flag(None, "--config", "-c", help="TOML config file of the run.")
+    run_id: str | None = flag(
+        None, "--run-id", key="peers.run_id", help="Run to join (default: the config's)."
+    )
+    identity: str | None = flag(
         None,
         "--identity",
+        key="peers.identity_path",
         help="Private key file (created if missing): keeps the peer ID on restarts; default under token "
         "or allowlist: this machine's (`swarmtrain identity` prints its peer ID).",
-    ),
-    host_maddrs: list[str] | None = typer.Option(None, "--host-maddrs", help="Multiaddrs to listen on."),
-    announce_maddrs: list[str] | None = typer.Option(
-        None, "--announce-maddrs", help="Public multiaddrs to announce."
-    ),
-    token: str | None = typer.Option(
-        None, "--token", help="Join token from the run's creator (runs with admission 'token')."
-    ),
-    region: str | None = typer.Option(None, "--region", help="A label shown in `swarmtrain status`."),
-    strategy: str | None = typer.Option(None, "--strategy", "-s", help="Strategy (must match the run)."),
-    compressor: str | None = typer.Option(None, "--compressor", help="Codec (must match the run)."),
-    inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H."),
-    steps: int | None = typer.Option(None, "--steps", min=1, help="Stop after this many steps."),
-    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda, cuda:1..."),
-    data: list[str] | None = typer.Option(
-        None, "--data", help="Text file/folder or .bin token file (repeatable); default: the config's."
-    ),
-    json_path: Path | None = typer.Option(None, "--json", help="Write a summary of the run here."),
-    log_every: float = typer.Option(
-        10.0, "--log-every", min=1.0, help="Seconds between status lines when the output is not a terminal."
-    ),
-    role: str = typer.Option(
-        "peer", "--role", help="peer (data-parallel / DiLoCo volunteer), or a SWARM role: server, trainer."
-    ),
-    stage: str | None = typer.Option(
+    )
+    host_maddrs: list[str] | None = flag(
+        None, "--host-maddrs", key="peers.host_maddrs", convert=_maddrs, help="Multiaddrs to listen on."
+    )
+    announce_maddrs: list[str] | None = flag(
+        None,
+        "--announce-maddrs",
+        key="peers.announce_maddrs",
+        convert=_maddrs,
+        help="Public multiaddrs to announce.",
+    )
+    token: str | None = flag(
+        None,
+        "--token",
+        key="peers.token",
+        help="Join token from the run's creator (runs with admission 'token').",
+    )
+    region: str | None = flag(
+        None, "--region", key="peers.region", help="A label shown in `swarmtrain status`."
+    )
+    strategy: str | None = flag(
+        None, "--strategy", "-s", key="strategy.name", help="Strategy (must match the run)."
+    )
+    compressor: str | None = flag(
+        None, "--compressor", key="compression.codec", help="Codec (must match the run)."
+    )
+    inner_steps: int | None = flag(
+        None, "--inner-steps", "-H", key="strategy.inner_steps", min=1, help="DiLoCo H."
+    )
+    steps: int | None = flag(None, "--steps", key="train.steps", min=1, help="Stop after this many steps.")
+    device: str | None = flag(None, "--device", key="train.device", help="auto, cpu, cuda, cuda:1...")
+    data: list[str] | None = flag(
+        None,
+        "--data",
+        key="data.paths",
+        help="Text file/folder or .bin token file (repeatable); default: the config's.",
+    )
+    json_path: Path | None = flag(None, "--json", help="Write a summary of the run here.")
+    log_every: float = flag(
+        10.0,
+        "--log-every",
+        min=1.0,
+        help="Seconds between status lines when the output is not a terminal.",
+    )
+    role: str = flag(
+        "peer",
+        "--role",
+        help="peer (data-parallel / DiLoCo volunteer), or a SWARM role: server, trainer.",
+    )
+    stage: str | None = flag(
         None, "--stage", help="--role server: auto (the bottleneck stage, default) or a stage number."
-    ),
-    trainer_index: int | None = typer.Option(
-        None, "--trainer-index", min=0, help="--role trainer: which share of the micro-batches (default 0)."
-    ),
-) -> None:
+    )
+    trainer_index: int | None = flag(
+        None,
+        "--trainer-index",
+        min=0,
+        help="--role trainer: which share of the micro-batches (default 0).",
+    )
+    activation_codec: str | None = flag(
+        None,
+        "--activation-codec",
+        key="swarm.codec",
+        help="--role server or trainer: codec between stages (must match the run's [swarm] codec).",
+    )
+
+
+@command(JoinOptions)
+def join(opts: JoinOptions) -> None:
     """Join a training run: download its current state from live peers, train, and sync.
 
     Shows a live line (step, round and its peers, loss, tokens/s, bytes up/down, time to the next
@@ -67,32 +122,16 @@ def join(
     --role server serves one stage (--stage auto: the bottleneck) until Ctrl-C or SIGTERM, and
     --role trainer feeds its share of the micro-batches through the stages and leaves when done.
     """
-    from swarmtrain.app.commands.peers import split_maddrs
-    from swarmtrain.app.commands.train import data_overrides
     from swarmtrain.app.swarm.join import check_role_flags, run_swarm_join
 
-    overrides: dict[str, Any] = {
-        "peers.initial_peers": split_maddrs(initial_peers) or None,
-        "peers.run_id": run_id,
-        "peers.identity_path": identity,
-        "peers.token": token,
-        "peers.host_maddrs": split_maddrs(host_maddrs) or None,
-        "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
-        "peers.region": region,
-        "strategy.name": strategy,
-        "compression.codec": compressor,
-        "strategy.inner_steps": inner_steps,
-        "train.steps": steps,
-        "train.device": device,
-    }
-    overrides.update(data_overrides(list(data or [])))
-    by_manifest = config is None and run_id is None
-    check_role_flags(role, stage, trainer_index)
-    if role != "peer":
-        load = partial(load_join_config, config, overrides, by_manifest=by_manifest)
-        run_swarm_join(role, stage, trainer_index, load, overrides, json_path)
+    overrides = config_overrides(opts)
+    by_manifest = opts.config is None and opts.run_id is None
+    check_role_flags(opts.role, opts.stage, opts.trainer_index, activation_codec=opts.activation_codec)
+    if opts.role != "peer":
+        load = partial(load_join_config, opts.config, overrides, by_manifest=by_manifest)
+        run_swarm_join(opts.role, opts.stage, opts.trainer_index, load, overrides, opts.json_path)
         return
-    run_join(config, overrides, json_path, log_every=log_every, by_manifest=by_manifest)
+    run_join(opts.config, overrides, opts.json_path, log_every=opts.log_every, by_manifest=by_manifest)
 
 
 def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manifest: bool) -> Any:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from swarmtrain.app.commands.flags import command, config_overrides, flag, given_flags
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
@@ -50,65 +51,126 @@ def _table(rows: list[Any]) -> Any:
 
 @dataclass(frozen=True)
 class SimulateOptions:
-    """What ``swarmtrain simulate`` was asked for: its flags, typed (``None``: not given)."""
+    """What ``swarmtrain simulate`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given). A flag with a config key sets it in the
+    run's config; the others are the command's own."""
 
-    peers: int = 4
-    strategy: str | None = None
-    compressor: str | None = None
-    steps: int | None = None
-    inner_steps: int | None = None
-    fragments: int | None = None
-    overlap: int | None = None
-    mixing: float | None = None
-    error_feedback: str | None = None
-    reducer: str | None = None
-    byzantine: int | None = None
-    attack: str | None = None
-    tolerate: int | None = None
-    malicious_owners: int | None = None
-    owner_check: bool | None = None
-    preset: str | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    seed: int | None = None
-    data: list[str] | None = None
-    baseline: bool = False
-    intruders: int = 0
-    chaos: str | None = None
-    json_path: Path | None = None
-    config: Path | None = None
-    timeout: float = 3600.0
-    stages: int | None = None
-    trainers: int | None = None
-    kill_servers: int = 0
-    topology: Path | None = None
+    peers: int = flag(4, "--peers", "-n", min=1, max=64, help="Training peers to start.")
+    strategy: str | None = flag(
+        None, "--strategy", "-s", key="strategy.name", help="Strategy [default: diloco]."
+    )
+    compressor: str | None = flag(
+        None, "--compressor", key="compression.codec", help="Codec name [default: int8]."
+    )
+    steps: int | None = flag(None, "--steps", key="train.steps", min=1, help="Local steps per peer.")
+    inner_steps: int | None = flag(
+        None, "--inner-steps", "-H", key="strategy.inner_steps", min=1, help="DiLoCo H [30]."
+    )
+    fragments: int | None = flag(
+        None, "--fragments", key="strategy.fragments", min=1, help="StreamingDiLoCo: F."
+    )
+    overlap: int | None = flag(
+        None, "--overlap", key="strategy.overlap", min=0, help="StreamingDiLoCo: tau steps."
+    )
+    mixing: float | None = flag(
+        None, "--mixing", key="strategy.mixing", min=0.0, max=1.0, help="Streaming: alpha."
+    )
+    error_feedback: str | None = flag(
+        None, "--error-feedback", key="compression.error_feedback", help="none, ef or ef21."
+    )
+    reducer: str | None = flag(
+        None, "--reducer", key="peers.reducer", help="Aggregation rule (default mean)."
+    )
+    byzantine: int | None = flag(
+        None,
+        "--byzantine",
+        key="simulation.attackers",
+        min=0,
+        help="How many peers attack (ranks 0..K-1; see --attack).",
+    )
+    attack: str | None = flag(
+        None,
+        "--attack",
+        key="simulation.attack",
+        help="Attack the Byzantine peers run: sign_flip, random_direction, gaussian_noise, label_flip, "
+        "alie, ipm, stale, malicious_owner.",
+    )
+    tolerate: int | None = flag(
+        None, "--tolerate", key="peers.byzantine_f", min=0, help="f the reducer tolerates."
+    )
+    malicious_owners: int | None = flag(
+        None,
+        "--malicious-owners",
+        key="simulation.malicious_owners",
+        min=0,
+        help="Ranks after the attackers that return wrong aggregates.",
+    )
+    owner_check: bool | None = flag(
+        None,
+        "--owner-check/--no-owner-check",
+        key="peers.owner_check",
+        help="Replicated-owner check, suspicion and bans.",
+    )
+    preset: str | None = flag(None, "--preset", key="model.preset", help="Model preset (default tiny).")
+    batch_size: int | None = flag(None, "--batch-size", key="train.batch_size", min=1)
+    lr: float | None = flag(None, "--lr", key="train.lr", help="Inner learning rate.")
+    seed: int | None = flag(None, "--seed", key="train.seed")
+    data: list[str] | None = flag(
+        None,
+        "--data",
+        key="data.paths",
+        help="Text file/folder or .bin token file (repeatable); default: Python stdlib.",
+    )
+    baseline: bool = flag(
+        False, "--baseline", help="Also run DataParallel with fp32 on the same data and tokens."
+    )
+    intruders: int = flag(
+        0,
+        "--intruders",
+        min=0,
+        max=16,
+        help="Non-admitted processes attacking the run throughout (a clean run goes first).",
+    )
+    chaos: str | None = flag(
+        None,
+        "--chaos",
+        metavar="SPEC",
+        help="Kill/preempt random peers and restart them, e.g. kill=2/min,preempt=1/min,restart=20s "
+        "(a clean run goes first).",
+    )
+    json_path: Path | None = flag(None, "--json", help="Write the results as JSON here.")
+    config: Path | None = flag(None, "--config", "-c", help="TOML config file.")
+    timeout: float = flag(3600.0, "--timeout", min=10, help="Seconds before giving up.")
+    stages: int | None = flag(None, "--stages", key="swarm.stages", min=2, help="swarm: pipeline stages [2].")
+    trainers: int | None = flag(
+        None, "--trainers", key="swarm.trainers", min=1, max=16, help="swarm: trainers [1]."
+    )
+    activation_codec: str | None = flag(
+        None,
+        "--activation-codec",
+        key="swarm.codec",
+        help="swarm: codec of hidden states and their gradients between stages [none].",
+    )
+    kill_servers: int = flag(
+        0, "--kill-servers", min=0, help="swarm: SIGKILL this many servers at random moments mid-run."
+    )
+    topology: Path | None = flag(
+        None, "--topology", help="Place the peers in emulated regions (TOML: RTTs, Mbit/s; root only)."
+    )
+
+    @property
+    def swarm(self) -> bool:
+        """A SWARM run (``--strategy swarm`` or one of its own flags): ``simulate_swarm`` runs it."""
+        own = (self.stages, self.trainers, self.activation_codec)
+        return self.strategy == "swarm" or any(v is not None for v in own) or bool(self.kill_servers)
+
+    def given(self, sections: tuple[str, ...], but: tuple[str, ...] = ()) -> list[str]:
+        """The flags given that set a key in one of the config ``sections`` (but the keys ``but``)."""
+        return given_flags(self, sections, but)
 
     def overrides(self) -> dict[str, Any]:
         """The flags as dotted config keys (the highest config layer)."""
-        from swarmtrain.app.commands.train import data_overrides
-
-        return {
-            "strategy.name": self.strategy,
-            "compression.codec": self.compressor,
-            "train.steps": self.steps,
-            "strategy.inner_steps": self.inner_steps,
-            "strategy.fragments": self.fragments,
-            "strategy.overlap": self.overlap,
-            "strategy.mixing": self.mixing,
-            "compression.error_feedback": self.error_feedback,
-            "peers.reducer": self.reducer,
-            "simulation.attackers": self.byzantine,
-            "simulation.attack": self.attack,
-            "peers.byzantine_f": self.tolerate,
-            "simulation.malicious_owners": self.malicious_owners,
-            "peers.owner_check": self.owner_check,
-            "model.preset": self.preset,
-            "train.batch_size": self.batch_size,
-            "train.lr": self.lr,
-            "train.seed": self.seed,
-            "peers.min_peers": min(2, self.peers),
-            **data_overrides(list(self.data or [])),
-        }
+        return {**config_overrides(self), "peers.min_peers": min(2, self.peers)}
 
     def load_config(self) -> Config:
         """The run's config: simulate's own defaults below the config file, the environment and the flags.
@@ -121,69 +183,8 @@ class SimulateOptions:
         return load_config(self.config, self.overrides(), base=SIMULATE_DEFAULTS)
 
 
-def simulate(
-    peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, help="Training peers to start."),
-    strategy: str | None = typer.Option(None, "--strategy", "-s", help="Strategy [default: diloco]."),
-    compressor: str | None = typer.Option(None, "--compressor", help="Codec name [default: int8]."),
-    steps: int | None = typer.Option(None, "--steps", min=1, help="Local steps per peer."),
-    inner_steps: int | None = typer.Option(None, "--inner-steps", "-H", min=1, help="DiLoCo H [30]."),
-    fragments: int | None = typer.Option(None, "--fragments", min=1, help="StreamingDiLoCo: F."),
-    overlap: int | None = typer.Option(None, "--overlap", min=0, help="StreamingDiLoCo: tau steps."),
-    mixing: float | None = typer.Option(None, "--mixing", min=0.0, max=1.0, help="Streaming: alpha."),
-    error_feedback: str | None = typer.Option(None, "--error-feedback", help="none, ef or ef21."),
-    reducer: str | None = typer.Option(None, "--reducer", help="Aggregation rule (default mean)."),
-    byzantine: int | None = typer.Option(
-        None, "--byzantine", min=0, help="How many peers attack (ranks 0..K-1; see --attack)."
-    ),
-    attack: str | None = typer.Option(
-        None,
-        "--attack",
-        help="Attack the Byzantine peers run: sign_flip, random_direction, gaussian_noise, label_flip, "
-        "alie, ipm, stale, malicious_owner.",
-    ),
-    tolerate: int | None = typer.Option(None, "--tolerate", min=0, help="f the reducer tolerates."),
-    malicious_owners: int | None = typer.Option(
-        None, "--malicious-owners", min=0, help="Ranks after the attackers that return wrong aggregates."
-    ),
-    owner_check: bool | None = typer.Option(
-        None, "--owner-check/--no-owner-check", help="Replicated-owner check, suspicion and bans."
-    ),
-    preset: str | None = typer.Option(None, "--preset", help="Model preset (default tiny)."),
-    batch_size: int | None = typer.Option(None, "--batch-size", min=1),
-    lr: float | None = typer.Option(None, "--lr", help="Inner learning rate."),
-    seed: int | None = typer.Option(None, "--seed"),
-    data: list[str] | None = typer.Option(
-        None, "--data", help="Text file/folder or .bin token file (repeatable); default: Python stdlib."
-    ),
-    baseline: bool = typer.Option(
-        False, "--baseline", help="Also run DataParallel with fp32 on the same data and tokens."
-    ),
-    intruders: int = typer.Option(
-        0,
-        "--intruders",
-        min=0,
-        max=16,
-        help="Non-admitted processes attacking the run throughout (a clean run goes first).",
-    ),
-    chaos: str | None = typer.Option(
-        None,
-        "--chaos",
-        metavar="SPEC",
-        help="Kill/preempt random peers and restart them, e.g. kill=2/min,preempt=1/min,restart=20s "
-        "(a clean run goes first).",
-    ),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON here."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML config file."),
-    timeout: float = typer.Option(3600.0, "--timeout", min=10, help="Seconds before giving up."),
-    stages: int | None = typer.Option(None, "--stages", min=2, help="swarm: pipeline stages [2]."),
-    trainers: int | None = typer.Option(None, "--trainers", min=1, max=16, help="swarm: trainers [1]."),
-    kill_servers: int = typer.Option(
-        0, "--kill-servers", min=0, help="swarm: SIGKILL this many servers at random moments mid-run."
-    ),
-    topology: Path | None = typer.Option(
-        None, "--topology", help="Place the peers in emulated regions (TOML: RTTs, Mbit/s; root only)."
-    ),
-) -> None:
+@command(SimulateOptions)
+def simulate(opts: SimulateOptions) -> None:
     """Train with N real peer processes on this machine (127.0.0.1) and report loss and bytes.
 
     Defaults: the tiny preset, 300 steps per peer of batch 16 x 128, DiLoCo with H=30 and the
@@ -196,14 +197,14 @@ def simulate(
     after a delay (restart=DELAY); the survivors must end identical, the loss is compared.
     A peer that dies is absorbed: the others go on and the report says who died when.
     With --strategy swarm (SWARM pipeline parallelism): --peers stage servers spread over --stages,
-    --trainers peers feeding --steps micro-batches each, --compressor the codec between stages
-    [none], --kill-servers K servers SIGKILLed mid-run (or --chaos SPEC: servers killed, preempted
+    --trainers peers feeding --steps micro-batches each, --activation-codec the codec between stages
+    [none] (--stages, --trainers and --activation-codec set the config's [swarm] section, which sets
+    the rest), --kill-servers K servers SIGKILLed mid-run (or --chaos SPEC: servers killed, preempted
     and restarted); the exit code is 1 when a micro-batch was lost or a stage's replicas differ at
     the end. With --topology FILE.toml (root), each peer runs in
     its own network namespace in a region, its link rate-capped and delayed as the file says.
     """
-    # every parameter is a field of the same name, and there are no other locals yet
-    run_simulate(SimulateOptions(**locals()))
+    run_simulate(opts)
 
 
 def run_simulate(opts: SimulateOptions) -> None:
@@ -216,28 +217,54 @@ def run_simulate(opts: SimulateOptions) -> None:
     """
     from rich.console import Console
 
-    from swarmtrain.app.commands.chaos_report import chaos_fields, chaos_line, events_text
-    from swarmtrain.app.data import describe_data
     from swarmtrain.simulation.chaos import parse_chaos
 
-    if opts.topology is not None:  # a bad file or no root: one line, before any process starts
-        from swarmtrain.simulation.regions import check_topology
-
-        regions_line = check_topology(
-            opts.topology, opts.peers, strategy=opts.strategy, intruders=opts.intruders
-        )
-    if opts.strategy == "swarm" or opts.stages is not None or opts.trainers is not None or opts.kill_servers:
+    regions_line = _check_topology(opts)
+    if opts.swarm:
         from swarmtrain.app.commands.simulate_swarm import run_swarm_simulate
 
-        # SWARM is no data-parallel strategy: its own runner, and --compressor is its activation codec
-        return run_swarm_simulate(opts, replace(opts, strategy=None, compressor=None).load_config)
+        # SWARM is no data-parallel strategy: its own runner, its settings the config's [swarm]
+        return run_swarm_simulate(opts, replace(opts, strategy=None).load_config)
     cfg = opts.load_config()
     _validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
     chaos = parse_chaos(opts.chaos) if opts.chaos is not None else None
-    strategy, compressor = cfg.strategy.name, cfg.compression.codec
     console = Console(stderr=True)
+    _print_start(console, cfg, opts, regions_line)
+    runs, main, clean, base = _runs(console, cfg, opts, chaos)
+    Console().print(_table(runs))
+    out = _summary(cfg, main, base)
+    if opts.topology is not None:
+        out["topology"] = {"file": str(opts.topology), **main.network}
+    if base is not None:
+        _compare_baseline(out, cfg, main, base)
+    harmed = _report_faults(out, cfg, opts, main, clean, chaos)
+    if opts.json_path is not None:
+        opts.json_path.parent.mkdir(parents=True, exist_ok=True)
+        opts.json_path.write_text(dumps(out, indent=2) + "\n")
+        typer.echo(f"wrote {opts.json_path}")
+    _exit_on_failure(runs, main, base, harmed)
+
+
+def _check_topology(opts: SimulateOptions) -> str | None:
+    """``--topology``'s one-line description of the regions; a bad file or no root is one line,
+    before any process starts."""
+    if opts.topology is None:
+        return None
+    from swarmtrain.simulation.regions import check_topology
+
+    return check_topology(opts.topology, opts.peers, strategy=opts.strategy, intruders=opts.intruders)
+
+
+def _label(cfg: Config) -> str:
+    return f"{cfg.strategy.name}+{cfg.compression.codec}"
+
+
+def _print_start(console: Any, cfg: Config, opts: SimulateOptions, regions_line: str | None) -> None:
+    """What will run: peers, steps, strategy and codec, model, data and regions."""
+    from swarmtrain.app.data import describe_data
+
     console.print(
-        f"swarmtrain simulate: {opts.peers} peers x {cfg.train.steps} steps, {strategy}+{compressor}, "
+        f"swarmtrain simulate: {opts.peers} peers x {cfg.train.steps} steps, {_label(cfg)}, "
         f"{cfg.model.preset} model",
         highlight=False,
         soft_wrap=True,
@@ -247,14 +274,24 @@ def run_simulate(opts: SimulateOptions) -> None:
         console.print(
             f"topology {opts.topology}: {regions_line}", highlight=False, markup=False, soft_wrap=True
         )
+
+
+def _runs(
+    console: Any, cfg: Config, opts: SimulateOptions, chaos: Any
+) -> tuple[
+    list[tuple[str, SimulationResult]], SimulationResult, SimulationResult | None, SimulationResult | None
+]:
+    """The runs: a clean one first (under intruders or chaos), the asked one, the baseline (with
+    ``--baseline``); returns them labelled for the table, then the main, clean and baseline runs."""
+    strategy, compressor = cfg.strategy.name, cfg.compression.codec
     clean = None
     runs = []
     if opts.intruders or chaos is not None:
-        clean = _run_one(console, f"{strategy}+{compressor} clean", cfg, opts, intruders=0)
+        clean = _run_one(console, f"{_label(cfg)} clean", cfg, opts, intruders=0)
         runs.append((f"{strategy} {compressor} clean", clean))
     if chaos is not None:
         console.print(f"chaos: {chaos.describe()}", highlight=False, soft_wrap=True)
-    main = _run_one(console, f"{strategy}+{compressor}", cfg, opts, intruders=opts.intruders, chaos=chaos)
+    main = _run_one(console, _label(cfg), cfg, opts, intruders=opts.intruders, chaos=chaos)
     label = f"{strategy} {compressor}" + (f" +{opts.intruders} intruders" if opts.intruders else "")
     label += " chaos" if chaos is not None else ""
     runs.append((label, main))
@@ -262,17 +299,33 @@ def run_simulate(opts: SimulateOptions) -> None:
     if opts.baseline:
         base = _run_one(console, "data_parallel+fp32", _baseline_config(cfg), opts)
         runs.append(("data_parallel fp32", base))
-    Console().print(_table(runs))
-    out = _summary(cfg, main, base)
-    if opts.topology is not None:
-        out["topology"] = {"file": str(opts.topology), **getattr(main, "network", {})}
-    if base is not None:
-        out["loss_ratio"] = main.final_val_loss / base.final_val_loss
-        out["bytes_reduction"] = base.bytes_sent_per_peer / max(main.bytes_sent_per_peer, 1.0)
-        typer.echo(
-            f"{strategy}+{compressor}: val loss {main.final_val_loss:.4f} vs {base.final_val_loss:.4f} "
-            f"({(out['loss_ratio'] - 1) * 100:+.1f}%), {out['bytes_reduction']:.0f}x fewer bytes sent"
-        )
+    return runs, main, clean, base
+
+
+def _compare_baseline(
+    out: dict[str, Any], cfg: Config, main: SimulationResult, base: SimulationResult
+) -> None:
+    """The loss ratio and the bytes saved against the baseline: into ``out`` and one line."""
+    out["loss_ratio"] = main.final_val_loss / base.final_val_loss
+    out["bytes_reduction"] = base.bytes_sent_per_peer / max(main.bytes_sent_per_peer, 1.0)
+    typer.echo(
+        f"{_label(cfg)}: val loss {main.final_val_loss:.4f} vs {base.final_val_loss:.4f} "
+        f"({(out['loss_ratio'] - 1) * 100:+.1f}%), {out['bytes_reduction']:.0f}x fewer bytes sent"
+    )
+
+
+def _report_faults(
+    out: dict[str, Any],
+    cfg: Config,
+    opts: SimulateOptions,
+    main: SimulationResult,
+    clean: SimulationResult | None,
+    chaos: Any,
+) -> bool:
+    """What the intruders, the chaos or the faults did: into ``out`` and one line each; returns
+    whether the intruders had any effect."""
+    from swarmtrain.app.commands.chaos_report import chaos_fields, chaos_line, events_text
+
     harmed = False
     if clean is not None and opts.intruders:
         from swarmtrain.simulation.intrusion import intrusion_summary
@@ -291,11 +344,7 @@ def run_simulate(opts: SimulateOptions) -> None:
         typer.echo(chaos_line(out), err=False)
     elif main.timeline:
         typer.echo(f"{len(main.timeline)} fault(s) absorbed: {events_text(main.timeline)}")
-    if opts.json_path is not None:
-        opts.json_path.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_path.write_text(dumps(out, indent=2) + "\n")
-        typer.echo(f"wrote {opts.json_path}")
-    _exit_on_failure(runs, main, base, harmed)
+    return harmed
 
 
 def _summary(cfg: Config, main: SimulationResult, base: SimulationResult | None) -> dict[str, Any]:
@@ -389,7 +438,7 @@ def _run_one(
             regions=net,
         )
         if net is not None:
-            setattr(res, "network", net.report())  # noqa: B010 - the JSON's "topology" (run_simulate)
+            res.network = net.report()  # the JSON's "topology" (run_simulate)
         return res
 
 

@@ -1,11 +1,15 @@
 """``swarmtrain simulate --strategy swarm``: the flags of a SWARM run, its report and its JSON.
 
 ``--peers`` counts stage servers (spread round-robin over ``--stages``), ``--trainers`` the peers that
-feed micro-batches, ``--steps`` the micro-batches each trainer feeds, ``--compressor`` the codec of
-hidden states and their gradients between stages (default ``none``: fp32). The run itself is
-``swarmtrain.simulation.swarm.run_swarm_simulation``. ``--chaos SPEC`` kills, preempts and restarts
-servers (``swarmtrain.simulation.swarm_chaos``) after a clean run of the same configuration, and the
-JSON gains the fields of every strategy's chaos run (``swarmtrain.app.commands.chaos_report``).
+feed micro-batches, ``--steps`` the micro-batches each trainer feeds, ``--activation-codec`` the codec
+of hidden states and their gradients between stages (default ``none``: fp32). ``--stages``,
+``--trainers`` and ``--activation-codec`` set the config's ``[swarm]`` section
+(``swarmtrain.core.swarm_config.SwarmConfig``), which gives the run's other SWARM settings; the flags
+of the data-parallel strategies (``--compressor`` among them: the averaging codec) are refused. The
+run itself is ``swarmtrain.simulation.swarm.run_swarm_simulation``. ``--chaos SPEC`` kills, preempts
+and restarts servers (``swarmtrain.simulation.swarm_chaos``) after a clean run of the same
+configuration, and the JSON gains the fields of every strategy's chaos run
+(``swarmtrain.app.commands.chaos_report``).
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
-    from swarmtrain.app.swarm.roles import SwarmSettings
     from swarmtrain.core.config import Config
+    from swarmtrain.core.swarm_config import SwarmConfig
 
-__all__ = ["run_swarm_simulate", "swarm_settings", "SwarmFlags"]
+__all__ = ["run_swarm_simulate", "swarm_settings", "SwarmFlags", "NOT_SWARM"]
+
+#: the config sections of the data-parallel runs: a flag that sets one means nothing to SWARM
+NOT_SWARM = ("strategy", "compression", "peers", "simulation")
 
 
 class SwarmFlags(Protocol):
@@ -34,12 +41,6 @@ class SwarmFlags(Protocol):
     @property
     def strategy(self) -> str | None: ...
     @property
-    def compressor(self) -> str | None: ...
-    @property
-    def stages(self) -> int | None: ...
-    @property
-    def trainers(self) -> int | None: ...
-    @property
     def kill_servers(self) -> int: ...
     @property
     def baseline(self) -> bool: ...
@@ -48,86 +49,43 @@ class SwarmFlags(Protocol):
     @property
     def json_path(self) -> Path | None: ...
     @property
-    def inner_steps(self) -> int | None: ...
-    @property
-    def fragments(self) -> int | None: ...
-    @property
-    def overlap(self) -> int | None: ...
-    @property
-    def mixing(self) -> float | None: ...
-    @property
-    def error_feedback(self) -> str | None: ...
-    @property
-    def reducer(self) -> str | None: ...
-    @property
-    def byzantine(self) -> int | None: ...
-    @property
-    def attack(self) -> str | None: ...
-    @property
-    def tolerate(self) -> int | None: ...
-    @property
-    def malicious_owners(self) -> int | None: ...
-    @property
-    def owner_check(self) -> bool | None: ...
-    @property
     def chaos(self) -> str | None: ...
     @property
     def intruders(self) -> int: ...
+    def given(self, sections: tuple[str, ...], but: tuple[str, ...] = ()) -> list[str]: ...
 
 
 def _refuse_other_flags(opts: SwarmFlags) -> None:
     """Flags of the data-parallel strategies mean nothing to SWARM: one line naming the first."""
     if opts.strategy != "swarm":
-        raise ConfigError("--stages, --trainers and --kill-servers need --strategy swarm")
-    others = {
-        "--inner-steps": opts.inner_steps,
-        "--fragments": opts.fragments,
-        "--overlap": opts.overlap,
-        "--mixing": opts.mixing,
-        "--error-feedback": opts.error_feedback,
-        "--reducer": opts.reducer,
-        "--byzantine": opts.byzantine,
-        "--attack": opts.attack,
-        "--tolerate": opts.tolerate,
-        "--malicious-owners": opts.malicious_owners,
-        "--owner-check": opts.owner_check,
-        "--intruders": opts.intruders or None,
-    }
-    for flag, value in others.items():
-        if value is not None:
-            raise ConfigError(f"{flag} does not apply to --strategy swarm")
+        raise ConfigError("--stages, --trainers, --activation-codec and --kill-servers need --strategy swarm")
+    others = opts.given(NOT_SWARM, but=("strategy.name",)) + (["--intruders"] if opts.intruders else [])
+    if others:
+        flag = others[0]
+        hint = " (the codec between stages is --activation-codec)" if flag == "--compressor" else ""
+        raise ConfigError(f"{flag} does not apply to --strategy swarm{hint}")
     if opts.chaos is not None and opts.kill_servers:
         raise ConfigError("--kill-servers and --chaos: give one (--chaos kill=RATE kills servers too)")
 
 
-def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple[Config, SwarmSettings]:
-    """The run's config and its :class:`swarmtrain.app.swarm.roles.SwarmSettings`, checked before any
-    process starts. ``load_config``: the run's config without the strategy and codec flags (they
-    mean other things here).
+def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple[Config, SwarmConfig]:
+    """The run's config and its ``[swarm]`` settings, checked before any process starts: each
+    trainer feeds ``--steps`` micro-batches, and under ``--chaos`` no server moves.
+    ``load_config``: the run's config without ``--strategy`` (``swarm`` is no data-parallel strategy).
 
     Raises:
         ConfigError: one line naming the problem.
     """
-    from compression import build_compressor
-    from swarmtrain.app.models import resolve_spec
-    from swarmtrain.app.models.stages import stage_blocks
-    from swarmtrain.app.swarm.roles import SwarmSettings
+    from swarmtrain.app.swarm.join import settings_from_config
     from swarmtrain.simulation.swarm import spread_servers
 
     _refuse_other_flags(opts)
     cfg = load_config()
-    codec = opts.compressor or "none"
-    build_compressor(cfg.compression.model_copy(update={"codec": codec}))  # an unknown name fails here
+    settings = settings_from_config(cfg)  # stages against the model, codecs against the registry
     # under --chaos no server moves: a move that coincides with the preemption of its stage's other
-    # server empties the stage (docs/decisions.md, fifteenth session; a known gap of rebalancing)
-    settings = SwarmSettings(
-        stages=opts.stages or 2,
-        codec=codec,
-        microbatches=cfg.train.steps,
-        trainers=opts.trainers or 1,
-        rebalance=opts.chaos is None,
-    )
-    stage_blocks(resolve_spec(cfg.model).n_layer, settings.stages)
+    # server empties the stage (rebalancing has no guard against that)
+    settings.microbatches = cfg.train.steps
+    settings.rebalance = settings.rebalance and opts.chaos is None
     spread_servers(opts.peers, settings.stages)
     if opts.kill_servers > opts.peers - settings.stages:
         raise ConfigError(

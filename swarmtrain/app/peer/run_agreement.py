@@ -26,6 +26,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from peers.trust.manifest import PUBLISHED
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
 
@@ -33,27 +34,24 @@ __all__ = ["run_settings", "check_agreement", "SETTING_FLAGS"]
 
 logger = logging.getLogger(__name__)
 
-#: setting name in the record -> how a volunteer sets it
-SETTING_FLAGS = {
-    "strategy": "--strategy",
-    "inner_steps": "--inner-steps",
-    "codec": "--compressor",
-    "reducer": "[peers] reducer",
-    "byzantine_f": "[peers] byzantine_f",
-}
+#: setting name in the record -> how a volunteer sets it (``peers.trust.manifest.PUBLISHED``: the
+#: run-wide settings a training peer publishes)
+SETTING_FLAGS: dict[str, str] = {name: s.how or s.key for name, s in PUBLISHED.items()}
+
+#: the strategies whose rounds depend on the sync period ``inner_steps`` (only they publish it)
+_PERIODIC = ("diloco", "streaming_diloco")
 
 
 def run_settings(cfg: Config) -> dict[str, str | int]:
-    """The settings a peer publishes in its record (``extra``) for others to check against."""
-    out: dict[str, str | int] = {
-        "strategy": cfg.strategy.name,
-        "codec": cfg.compression.codec,
-        "reducer": cfg.peers.reducer,
-        "byzantine_f": cfg.peers.byzantine_f,
-    }
-    h = getattr(cfg.strategy, "inner_steps", None)
-    if isinstance(h, int) and cfg.strategy.name in ("diloco", "streaming_diloco"):
-        out["inner_steps"] = h
+    """The settings a peer publishes in its record (``extra``) for others to check against: the
+    :data:`peers.trust.manifest.PUBLISHED` ones its config has."""
+    config = cfg.model_dump(mode="json")
+    out: dict[str, str | int] = {}
+    for name, setting in PUBLISHED.items():
+        section, _, key = setting.key.partition(".")
+        value = config[section].get(key)
+        if value is not None and (name != "inner_steps" or cfg.strategy.name in _PERIODIC):
+            out[name] = value
     return out
 
 

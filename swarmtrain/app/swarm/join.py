@@ -11,6 +11,9 @@ stage cut, the codecs and the step size; the peer's own flags only say which rol
 * ``--role trainer [--trainer-index T]``: feed trainer ``T``'s share of the micro-batches
   (``swarmtrain.app.swarm.roles.run_trainer``) and leave when they are done.
 
+``--activation-codec`` sets the run's ``swarm.codec`` (the codec of hidden states and their
+gradients between stages); a run's manifest refuses a value that differs from its own.
+
 Each prints one status line when it starts and one with its counts when it leaves, and writes them
 to ``--json`` if given. ``--role peer`` (the default) is the data-parallel / DiLoCo volunteer of
 ``swarmtrain.app.commands.join``.
@@ -30,8 +33,9 @@ from swarmtrain.core.errors import ConfigError
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
-    from swarmtrain.app.swarm.roles import ServerOutcome, SwarmSettings, TrainerOutcome
+    from swarmtrain.app.swarm.roles import ServerOutcome, TrainerOutcome
     from swarmtrain.core.config import Config
+    from swarmtrain.core.swarm_config import SwarmConfig
 
 __all__ = [
     "ROLES",
@@ -53,12 +57,14 @@ _PEER_ONLY = {
 }
 
 
-def check_role_flags(role: str, stage: str | None, trainer_index: int | None) -> None:
+def check_role_flags(
+    role: str, stage: str | None, trainer_index: int | None, *, activation_codec: str | None = None
+) -> None:
     """The role flags alone, before any config is read.
 
     Raises:
-        ConfigError: an unknown role, ``--stage`` without ``--role server``, or ``--trainer-index``
-            without ``--role trainer``.
+        ConfigError: an unknown role, ``--stage`` without ``--role server``, ``--trainer-index``
+            without ``--role trainer``, or ``--activation-codec`` without a SWARM role.
     """
     if role not in ROLES:
         raise ConfigError(f"--role {role!r}: choose one of {', '.join(ROLES)}")
@@ -66,6 +72,11 @@ def check_role_flags(role: str, stage: str | None, trainer_index: int | None) ->
         raise ConfigError(f"--stage applies to --role server only (this peer's role: {role})")
     if trainer_index is not None and role != "trainer":
         raise ConfigError(f"--trainer-index applies to --role trainer only (this peer's role: {role})")
+    if activation_codec is not None and role == "peer":
+        raise ConfigError(
+            "--activation-codec applies to --role server or trainer only (the codec between SWARM "
+            "stages; a data-parallel peer's codec is --compressor)"
+        )
 
 
 def parse_stage(text: str | None, stages: int) -> int | None:
@@ -85,9 +96,8 @@ def parse_stage(text: str | None, stages: int) -> int | None:
     return stage
 
 
-def settings_from_config(cfg: Config) -> SwarmSettings:
-    """The run's :class:`SwarmSettings` from its ``[swarm]`` section, checked against the model and
-    the codec registry.
+def settings_from_config(cfg: Config) -> SwarmConfig:
+    """The run's ``[swarm]`` section, checked against the model and the codec registry.
 
     Raises:
         ConfigError: more stages than the model has blocks, or an unknown codec (one line).
@@ -95,9 +105,8 @@ def settings_from_config(cfg: Config) -> SwarmSettings:
     from compression import build_compressor
     from swarmtrain.app.models import resolve_spec
     from swarmtrain.app.models.stages import stage_blocks
-    from swarmtrain.app.swarm.roles import SwarmSettings
 
-    settings = SwarmSettings(**cfg.swarm.model_dump())
+    settings = cfg.swarm
     stage_blocks(resolve_spec(cfg.model).n_layer, settings.stages)
     for key in ("codec", "sync_codec"):
         name = getattr(settings, key)
@@ -111,9 +120,10 @@ def settings_from_config(cfg: Config) -> SwarmSettings:
 def _refuse_peer_flags(role: str, overrides: dict[str, Any]) -> None:
     for key, flag in _PEER_ONLY.items():
         if overrides.get(key) is not None:
+            hint = " (the codec between stages is --activation-codec)" if flag == "--compressor" else ""
             raise ConfigError(
                 f"{flag} does not apply to --role {role}: a SWARM run's settings are its config's "
-                "[swarm] section"
+                f"[swarm] section{hint}"
             )
 
 
@@ -124,7 +134,7 @@ def _write_json(path: Path | None, doc: dict[str, Any]) -> None:
 
 
 def serve(
-    cfg: Config, settings: SwarmSettings, stage_text: str | None, json_path: Path | None
+    cfg: Config, settings: SwarmConfig, stage_text: str | None, json_path: Path | None
 ) -> ServerOutcome:
     """Serve a stage until SIGTERM / Ctrl-C; print the status lines, write the JSON."""
     from peers import GracefulExit
@@ -163,7 +173,7 @@ def serve(
     return out
 
 
-def train(cfg: Config, settings: SwarmSettings, index: int, json_path: Path | None) -> TrainerOutcome:
+def train(cfg: Config, settings: SwarmConfig, index: int, json_path: Path | None) -> TrainerOutcome:
     """Feed trainer ``index``'s micro-batches; print the status lines, write the JSON.
 
     Raises:

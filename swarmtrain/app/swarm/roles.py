@@ -12,6 +12,7 @@
 * :func:`train_baseline`: the same stages, micro-batches, steps, optimizer and learning rate in one
   process: each step on the mean gradient of the same ``trainers * accumulate`` micro-batches.
 
+Every role takes the run's ``[swarm]`` settings (``swarmtrain.core.swarm_config.SwarmConfig``).
 The optimizer is AdamW at the constant rate ``train.lr`` on both sides, without gradient clipping (a
 per-stage clip is not the whole model's clip).
 """
@@ -31,10 +32,9 @@ from swarmtrain.app.models import resolve_spec
 from swarmtrain.app.models.presets import GPTSpec
 from swarmtrain.app.models.stages import GPTStage, build_stages, pipeline_loss
 from swarmtrain.core.config import Config
-from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.swarm_config import SwarmConfig
 
 __all__ = [
-    "SwarmSettings",
     "ServerOutcome",
     "TrainerOutcome",
     "run_trainer",
@@ -50,54 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SwarmSettings:
-    """What a SWARM run adds to the config.
-
-    Attributes:
-        stages: pipeline stages.
-        codec: codec of hidden states and their gradients between stages.
-        sync_codec: codec of the replicas' parameter averaging.
-        sync_period: seconds between two averagings of a stage's replicas.
-        max_queue: requests a server holds at once.
-        microbatches: micro-batches each trainer feeds.
-        trainers: trainers of the run (each takes its share of the micro-batches).
-        accumulate: micro-batches each trainer feeds per optimizer step (a step's gradient is the mean
-            over ``trainers * accumulate`` micro-batches, on the servers and in the baseline).
-        device_s: emulated device seconds per micro-batch on each server (0: none; benchmarks and
-            tests give the stages equal, known costs with it on a machine with few cores).
-        rebalance: servers move from an over-served stage to the bottleneck
-            (``peers.swarm.rebalance``).
-        hysteresis: a move must raise the pipeline's rate by more than this fraction.
-        patience: seconds the same move must be planned before it is made.
-        cooldown: seconds before a server that moved may move again.
-    """
-
-    stages: int = 2
-    codec: str = "none"
-    sync_codec: str = "none"
-    sync_period: float = 5.0
-    max_queue: int = 8
-    microbatches: int = 100
-    trainers: int = 1
-    accumulate: int = 1
-    device_s: float = 0.0
-    rebalance: bool = True
-    hysteresis: float = 0.2
-    patience: float = 10.0
-    cooldown: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.stages < 2 or self.trainers < 1 or self.microbatches < 1 or self.max_queue < 1:
-            raise ConfigError("swarm: need stages >= 2, trainers >= 1, microbatches >= 1, max_queue >= 1")
-        if self.accumulate < 1:
-            raise ConfigError("swarm: accumulate must be >= 1")
-        if not self.sync_period > 0:
-            raise ConfigError("swarm: sync_period must be > 0")
-        if not 0 <= self.device_s < 60 or self.hysteresis < 0 or self.patience < 0 or self.cooldown < 0:
-            raise ConfigError("swarm: need 0 <= device_s < 60 and hysteresis, patience, cooldown >= 0")
 
 
 @dataclass
@@ -172,7 +124,7 @@ def stage_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def stage_limits(spec: GPTSpec, stage: int, settings: SwarmSettings, cfg: Config) -> Any:
+def stage_limits(spec: GPTSpec, stage: int, settings: SwarmConfig, cfg: Config) -> Any:
     from peers.swarm.protocol import StageLimits
 
     return StageLimits(
@@ -234,7 +186,7 @@ def load_stage_state(module: torch.nn.Module, state: dict[str, tuple[str, tuple[
 
 def run_trainer(
     cfg: Config,
-    settings: SwarmSettings,
+    settings: SwarmConfig,
     index: int,
     on_progress: Callable[[int, float], None] | None = None,
 ) -> TrainerOutcome:
@@ -243,10 +195,8 @@ def run_trainer(
     A micro-batch that no server of some stage answered for ``give_up_after`` seconds is counted as
     lost and the trainer goes on with the next one.
     """
-    import time
-
     from peers.dht.node import PeerNode
-    from peers.swarm.client import NoServer, PipelineConfig, SwarmPipeline
+    from peers.swarm.client import PipelineConfig, SwarmPipeline
     from swarmtrain.app.data import BatchSampler, build_corpus
 
     if cfg.train.threads:
@@ -267,24 +217,8 @@ def run_trainer(
     with PeerNode(cfg.peers, role="trainer", heartbeat_ttl=6.0) as node:
         pipe = SwarmPipeline(node, pcfg, seed=cfg.train.seed * 1000 + index)
         pipe.wait_for_servers(120.0)
-        losses: list[float] = []
-        done_at: list[float] = []
         t0 = time.perf_counter()
-        n, per_step = settings.microbatches, settings.accumulate
-        completed = 0  # of this step's micro-batches
-        for i in range(n):
-            x, y = sampler.get(i)
-            try:
-                losses.append(pipe.train_microbatch(sampler.global_index(i), x, y))
-                done_at.append(time.time())
-                completed += 1
-            except NoServer as e:
-                logger.warning("micro-batch %d lost: %s", sampler.global_index(i), e)
-            if (i + 1) % per_step == 0 or i == n - 1:  # every server takes the step before the next
-                pipe.close_step(i // per_step, completed)
-                completed = 0
-            if on_progress is not None and losses:
-                on_progress(i + 1, losses[-1])
+        losses, done_at = _feed(pipe, sampler, settings, on_progress)
         st = pipe.tracker.stats
         return TrainerOutcome(
             index=index,
@@ -300,6 +234,37 @@ def run_trainer(
             done_at=done_at,
             fed_again=pipe.fed_again,
         )
+
+
+def _feed(
+    pipe: Any,
+    sampler: Any,
+    settings: SwarmConfig,
+    on_progress: Callable[[int, float], None] | None,
+) -> tuple[list[float], list[float]]:
+    """Feed the trainer's micro-batches through ``pipe``, closing a step after each ``accumulate``;
+    returns the losses and the wall-clock times of the completed ones. A micro-batch no server
+    answered is lost: logged, and the trainer goes on."""
+    from peers.swarm.client import NoServer
+
+    losses: list[float] = []
+    done_at: list[float] = []
+    n, per_step = settings.microbatches, settings.accumulate
+    completed = 0  # of this step's micro-batches
+    for i in range(n):
+        x, y = sampler.get(i)
+        try:
+            losses.append(pipe.train_microbatch(sampler.global_index(i), x, y))
+            done_at.append(time.time())
+            completed += 1
+        except NoServer as e:
+            logger.warning("micro-batch %d lost: %s", sampler.global_index(i), e)
+        if (i + 1) % per_step == 0 or i == n - 1:  # every server takes the step before the next
+            pipe.close_step(i // per_step, completed)
+            completed = 0
+        if on_progress is not None and losses:
+            on_progress(i + 1, losses[-1])
+    return losses, done_at
 
 
 @torch.no_grad()
@@ -320,7 +285,7 @@ def evaluate_stages(stages: list[GPTStage], cfg: Config) -> float:
     return total / len(batches)
 
 
-def train_baseline(cfg: Config, settings: SwarmSettings) -> tuple[float, list[GPTStage]]:
+def train_baseline(cfg: Config, settings: SwarmConfig) -> tuple[float, list[GPTStage]]:
     """The same stages trained in one process as the swarm trains them: step ``k`` on the mean
     gradient of the micro-batches ``accumulate * k .. accumulate * (k + 1) - 1`` of every trainer (the
     last step may be shorter); returns the final validation loss and the stages."""

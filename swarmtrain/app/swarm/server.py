@@ -39,7 +39,6 @@ from swarmtrain.app.models.stages import GPTStage, build_stages
 from swarmtrain.app.peer.preemption import LEAVE_RESERVE_S
 from swarmtrain.app.swarm.roles import (
     ServerOutcome,
-    SwarmSettings,
     optimizer_for,
     stage_digest,
     stage_limits,
@@ -48,6 +47,7 @@ from swarmtrain.app.swarm.roles import (
 )
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
+from swarmtrain.core.swarm_config import SwarmConfig
 
 if TYPE_CHECKING:
     from peers.swarm.server import Stopper
@@ -120,7 +120,7 @@ def _live_servers(node: Any, stages: int) -> list[Any]:
 
 
 def _open_stage(
-    node: Any, cfg: Config, settings: SwarmSettings, k: int, stop: Stopper, *, late: bool
+    node: Any, cfg: Config, settings: SwarmConfig, k: int, stop: Stopper, *, late: bool
 ) -> _Stage:
     """Build stage ``k``, start serving it, and (``late``) catch up with its replicas in a thread."""
     from compression import build_compressor
@@ -183,7 +183,7 @@ def _close_stage(stage: _Stage) -> None:
 def _move(
     node: Any,
     cfg: Config,
-    settings: SwarmSettings,
+    settings: SwarmConfig,
     cur: _Stage,
     dst: int,
     stop: Stopper,
@@ -207,7 +207,7 @@ def _move(
 def _watch(
     node: Any,
     cfg: Config,
-    settings: SwarmSettings,
+    settings: SwarmConfig,
     cur: _Stage,
     stop: Stopper,
     on_move: MoveCallback | None,
@@ -266,7 +266,7 @@ def _watch(
 
 def run_server(
     cfg: Config,
-    settings: SwarmSettings,
+    settings: SwarmConfig,
     stage: int | None,
     stop: Stopper,
     on_ready: Callable[[str, int], None] | None = None,

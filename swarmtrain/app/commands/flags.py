@@ -1,0 +1,124 @@
+"""A command's flags, declared once: as the fields of its options dataclass.
+
+Each field made by :func:`flag` is one flag: its name, type and default are the field's; its option
+names, help and bounds (``typer.Option``'s arguments) and the dotted config key it sets, if any, are
+the field's metadata. :func:`command` makes the typer command from those fields and
+:func:`config_overrides` the config's highest layer, so a flag cannot be added to one and missed by
+the other.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+import typer
+
+__all__ = ["FlagSpec", "flag", "flag_specs", "config_overrides", "given_flags", "command"]
+
+T = TypeVar("T")
+
+_META = "flag"
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """How a field is given on the command line.
+
+    Attributes:
+        decls: the option names, e.g. ``("--peers", "-n")``.
+        key: the dotted config key it sets (``None``: the command's own, read from the options).
+        options: ``typer.Option``'s other arguments (``help``, ``min``, ``max``, ``metavar``).
+        convert: what the config key gets from a given value (``None``: the value itself).
+    """
+
+    decls: tuple[str, ...]
+    key: str | None
+    options: dict[str, Any]
+    convert: Callable[[Any], Any] | None = None
+
+
+def flag(
+    default: Any,
+    *decls: str,
+    key: str | None = None,
+    convert: Callable[[Any], Any] | None = None,
+    **options: Any,
+) -> Any:
+    """A dataclass field that is the flag ``decls`` (``typer.Option(default, *decls, **options)``),
+    setting the config key ``key`` (to ``convert(value)`` with ``convert``) when given."""
+    return field(default=default, metadata={_META: FlagSpec(decls, key, options, convert)})
+
+
+def flag_specs(cls: type) -> dict[str, FlagSpec]:
+    """Field name -> its :class:`FlagSpec`, in declaration order.
+
+    Raises:
+        TypeError: a field of ``cls`` is not a :func:`flag`.
+    """
+    out: dict[str, FlagSpec] = {}
+    for f in fields(cls):
+        if _META not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{f.name} is not a flag()")
+        out[f.name] = f.metadata[_META]
+    return out
+
+
+def config_overrides(opts: Any) -> dict[str, Any]:
+    """The flags of ``opts`` (a dataclass of :func:`flag` fields) that set a config key, as
+    ``load_config``'s overrides: ``None`` (or an empty repeatable flag) is a flag not given."""
+    out: dict[str, Any] = {}
+    for name, spec in flag_specs(type(opts)).items():
+        if spec.key is None:
+            continue
+        value = getattr(opts, name)
+        if value is not None and spec.convert is not None:
+            value = spec.convert(value)
+        if isinstance(value, list | tuple):
+            value = list(value) or None
+        out[spec.key] = value
+    return out
+
+
+def command(options: type[T]) -> Callable[[Callable[[T], None]], Callable[..., None]]:
+    """Decorate ``body(opts)`` into a typer command whose parameters are the flags of ``options``
+    (its help: ``body``'s docstring)."""
+    hints = typing.get_type_hints(options)
+    defaults = {f.name: f.default for f in fields(options)}  # type: ignore[arg-type]
+    params = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=typer.Option(defaults[name], *spec.decls, **spec.options),
+            annotation=hints[name],
+        )
+        for name, spec in flag_specs(options).items()
+    ]
+
+    def wrap(body: Callable[[T], None]) -> Callable[..., None]:
+        @functools.wraps(body)
+        def cmd(**flags: Any) -> None:
+            body(options(**flags))
+
+        cmd.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        cmd.__annotations__ = {p.name: p.annotation for p in params}
+        return cmd
+
+    return wrap
+
+
+def given_flags(opts: Any, sections: tuple[str, ...], but: tuple[str, ...] = ()) -> list[str]:
+    """The flags given in ``opts`` (not ``None``) that set a key in one of the config ``sections``
+    (other than the keys ``but``), by their first name: for a refusal that names them."""
+    return [
+        spec.decls[0].split("/")[0]
+        for name, spec in flag_specs(type(opts)).items()
+        if spec.key is not None
+        and spec.key.split(".")[0] in sections
+        and spec.key not in but
+        and getattr(opts, name) is not None
+    ]
