@@ -401,6 +401,51 @@ async def _manifest(
     return m
 
 
+async def _holds(
+    node: Any, run: str, src: tuple[str, bytes, int, bytes], max_bytes: int, ledger: ByteLedger
+) -> frozenset[bytes] | None:
+    """The chunk hashes another donor of the round holds (its manifest); ``None``: it gave none."""
+    try:
+        return frozenset((await _manifest(node, run, src, max_bytes, ledger)).hashes)
+    except SwarmError as e:
+        logger.info("no manifest from donor %s: %s", src[0][:12], e)
+        return None
+
+
+@dataclass
+class _Pull:
+    """The chunks of one manifest pulled from the donors, by workers sharing ``progress``."""
+
+    node: Any
+    run: str
+    manifest: Manifest
+    progress: ChunkProgress
+    ledger: ByteLedger
+
+    async def work(self, donor: str, held: frozenset[bytes] | None) -> None:
+        """Take chunks ``donor`` holds (``None``: all) until none is left for it; a failed request
+        or a chunk with a wrong hash ends this donor's work."""
+        progress, plan = self.progress, self.manifest.plan
+        while progress.remaining:
+            i = progress.take(donor, held)
+            if i is None:
+                if not progress.could_take(donor, held):
+                    return
+                await asyncio.sleep(0.05)  # a chunk in flight elsewhere may come back
+                continue
+            try:
+                data = await _request(
+                    self.node, donor, self.run, self.manifest.hashes[i], i, plan[i][1], self.ledger
+                )
+            except SwarmError as e:
+                logger.info("chunk %d from %s failed: %s", i, donor[:12], e)
+                progress.failed(i, donor)
+                return
+            if not progress.verify(i, donor, data):
+                logger.warning("donor %s served chunk %d with a wrong hash: dropped", donor[:12], i)
+                return
+
+
 async def fetch_state(
     node: Any,
     run: str,
@@ -421,37 +466,14 @@ async def fetch_state(
     manifest = await _manifest(node, run, primary, max_bytes, ledger)
     progress.plan(manifest)
     has: dict[str, frozenset[bytes] | None] = {primary[0]: None}
-
-    async def learn(src: tuple[str, bytes, int, bytes]) -> None:
-        try:
-            has[src[0]] = frozenset((await _manifest(node, run, src, max_bytes, ledger)).hashes)
-        except SwarmError as e:
-            logger.info("no manifest from donor %s: %s", src[0][:12], e)
-
     others = [s for s in sources[1:MAX_DONORS] if s[0] not in progress.dropped and s[0] != primary[0]]
-    await asyncio.gather(*(learn(s) for s in others))
+    held = await asyncio.gather(*(_holds(node, run, s, max_bytes, ledger) for s in others))
+    has.update((s[0], h) for s, h in zip(others, held, strict=True) if h is not None)
     plan = manifest.plan
-
-    async def work(donor: str) -> None:
-        held = has[donor]
-        while progress.remaining:
-            i = progress.take(donor, held)
-            if i is None:
-                if not progress.could_take(donor, held):
-                    return
-                await asyncio.sleep(0.05)  # a chunk in flight elsewhere may come back
-                continue
-            try:
-                data = await _request(node, donor, run, manifest.hashes[i], i, plan[i][1], ledger)
-            except SwarmError as e:
-                logger.info("chunk %d from %s failed: %s", i, donor[:12], e)
-                progress.failed(i, donor)
-                return
-            if not progress.verify(i, donor, data):
-                logger.warning("donor %s served chunk %d with a wrong hash: dropped", donor[:12], i)
-                return
-
-    await asyncio.gather(*(work(d) for _ in range(WORKERS_PER_DONOR) for d in has))  # each donor first
+    pull = _Pull(node, run, manifest, progress, ledger)
+    await asyncio.gather(
+        *(pull.work(d, has[d]) for _ in range(WORKERS_PER_DONOR) for d in has)
+    )  # each donor first
     if progress.remaining:
         raise SwarmError(f"{progress.remaining} of {len(plan)} chunks left that no live donor serves")
     data = progress.assemble()

@@ -29,20 +29,30 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import msgpack
 import torch
 
 from peers.dht.node import PeerNode, dht_time
+from peers.state.donors import (
+    MAX_VOUCHES,
+    Announcement,
+    candidates,
+    decode_announcement,
+    encode_announcement,
+    freshest_vouched,
+    parse_announcement,
+    state_key,
+    vouched_by,
+)
 from peers.state.state_chunks import CHUNK_BYTES, MAX_DONORS, ChunkProgress, ChunkServer, fetch_state
 from peers.wire.ledger import ByteLedger
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
-from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
     "StateServer",
     "download_state",
     "freshest_vouched",
     "decode_announcement",
+    "parse_announcement",
     "NoStateAnnounced",
     "StateProvider",
     "state_key",
@@ -52,17 +62,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]]
 META_KEY = "swarmtrain"
-_MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
-MAX_VOUCHES = 4  # (round, digest) pairs one announcement vouches for: its recent committed states
 
 
 class NoStateAnnounced(PeerTimeoutError):
     """Nobody announced a state to download: the run has none yet (its first peer starts it)."""
-
-
-def state_key(run_id: str) -> str:
-    """DHT key of the state announcements of ``run_id``."""
-    return f"{run_id}.state"
 
 
 def serialize_state(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
@@ -191,12 +194,9 @@ class StateServer:
             latest = self._latest
             if latest is None:
                 return
-            vouches = [[r, d] for r, d in self._vouches]
-        item = {"hash": latest[0], "nbytes": latest[1], "round": latest[2], "vouch": vouches}
-        item["manifest"] = latest[3]
-        if self.leaving:
-            item["leaving"] = True
-        value = msgpack.packb(item, use_bin_type=True)
+            vouches = list(self._vouches)
+        digest, nbytes, rnd, manifest = latest
+        value = encode_announcement(digest, nbytes, rnd, vouches, manifest, leaving=self.leaving)
         try:
             self.node.dht.store(
                 state_key(self.run_id),
@@ -227,190 +227,6 @@ class StateServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def decode_announcement(value: Any) -> tuple[bytes, int, int]:
-    """Parse a donor's DHT announcement ``{hash, nbytes, round, vouch}``: ``(sha256, nbytes, round)``.
-
-    Raises:
-        ProtocolError: not bytes, over 1 KiB, not bounded msgpack, or fields missing or ill-typed.
-    """
-    h, n, r = parse_announcement(value)[:3]
-    return h, n, r
-
-
-Vouches = frozenset[tuple[int, bytes]]
-
-
-def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches, bytes | None]:
-    """:func:`decode_announcement` plus the ``(round, digest)`` pairs the donor vouches for (at most
-    :data:`MAX_VOUCHES`; an announcement without them vouches for nothing) and the hash of the state's
-    chunk manifest (``peers.state.state_chunks``; ``None``: an older donor, whose state cannot be pulled).
-
-    Raises:
-        ProtocolError: as :func:`decode_announcement`, or a malformed ``vouch`` list.
-    """
-    if not isinstance(value, bytes) or len(value) > _MAX_ANNOUNCEMENT:
-        raise ProtocolError("state announcement is not bytes or too large")
-    obj = unpack(
-        value,
-        what="state announcement",
-        max_bytes=_MAX_ANNOUNCEMENT,
-        max_str=64,
-        max_bin=64,
-        max_array=_MAX_ANNOUNCEMENT,  # the vouch list is checked below; the length bounds any array
-        max_map=8,
-    )
-    if not isinstance(obj, dict):
-        raise ProtocolError("state announcement is not a map")
-    h, n, r = obj.get("hash"), obj.get("nbytes"), obj.get("round")
-    if not (isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0):
-        raise ProtocolError("state announcement fields missing or ill-typed")
-    raw = obj.get("vouch", [])
-    if not isinstance(raw, list) or len(raw) > MAX_VOUCHES:
-        raise ProtocolError(f"state announcement vouches for more than {MAX_VOUCHES} states")
-    vouches = set()
-    for v in raw:
-        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and v[0] >= 0):
-            raise ProtocolError("state announcement vouch is not [round, digest]")
-        if not (isinstance(v[1], bytes) and len(v[1]) == 32):
-            raise ProtocolError("state announcement vouch digest is not 32 bytes")
-        vouches.add((v[0], v[1]))
-    m = obj.get("manifest")
-    if m is not None and not (isinstance(m, bytes) and len(m) == 32):
-        raise ProtocolError("state announcement manifest hash is not 32 bytes")
-    return h, n, r, frozenset(vouches), m
-
-
-def _announcements(
-    node: PeerNode,
-    run_id: str,
-    timeout: float,
-    vouches: dict[str, Vouches] | None = None,
-    manifests: dict[str, bytes] | None = None,
-) -> list[tuple[int, str, bytes, int]]:
-    """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first; each
-    donor's vouches and manifest hash go into ``vouches`` and ``manifests`` (by peer ID) when given."""
-    try:
-        found = node.dht.get(state_key(run_id), latest=True, return_future=True).result(timeout)
-    except TimeoutError:
-        return []
-    if found is None or not isinstance(found.value, dict):
-        return []
-    out = []
-    for peer, item in found.value.items():
-        if peer == node.peer_id:
-            continue
-        try:
-            h, n, r, v, m = parse_announcement(item.value)
-        except ProtocolError:
-            continue  # one bad announcement is skipped, the others still count
-        out.append((r, str(peer), h, n))
-        if manifests is not None and m is not None:
-            manifests[str(peer)] = m
-        if vouches is not None:
-            vouches[str(peer)] = v
-    return sorted(out, key=lambda a: (-a[0], a[1]))
-
-
-#: rounds a donor's announcement may be ahead of the most advanced other peer (records are published
-#: after a round, announcements right after its commit)
-ROUND_SLACK = 2
-
-
-def _witnessed(
-    node: PeerNode, run: str, found: list[tuple[int, str, bytes, int]], errors: list[str]
-) -> list[tuple[int, str, bytes, int]]:
-    """The announcements whose round the *other* peers bear out: at most :data:`ROUND_SLACK` past the
-    highest round any other peer (not the announcer, not this one) announced or published in its
-    record. A donor alone cannot claim round 10^12 to be picked first. Other donors' announcements
-    count as well as records: records lag (a peer re-publishes its record after a round, and a loaded
-    DHT stores it a few rounds late when rounds take a second), announcements do not, so honest donors
-    bear each other out. Peers at round 0 (newcomers) are no witnesses; with none, every announcement
-    stands."""
-    if not found:
-        return found
-    try:
-        records = [(r.peer_id, r.round) for r in node.live_peers(run, timeout=15.0)]
-    except SwarmError:
-        return found
-    rounds = [(p, r) for p, r in records + [(a[1], a[0]) for a in found] if r > 0 and p != node.peer_id]
-    out = []
-    for a in found:
-        seen = [r for p, r in rounds if p != a[1]]
-        if seen and a[0] > max(seen) + ROUND_SLACK:
-            errors.append(f"{a[1][:12]}: announced round {a[0]}, the others are at {max(seen)}")
-            continue
-        out.append(a)
-    return out
-
-
-def _vouched(
-    found: list[tuple[int, str, bytes, int]], vouches: Mapping[str, Vouches], k: int, errors: list[str]
-) -> list[tuple[tuple[int, str, bytes, int], bytes | None]]:
-    """The announcements whose state enough independent donors vouch for, each with the digest they
-    vouch for: a donor's state of round ``r`` counts when at least ``min(k, donors)`` distinct donors
-    (itself included) vouch for the same ``(r, digest)`` that it vouches for; ``donors`` is how many
-    distinct donors announced. With one donor (or ``k <= 1``) every announcement stands, with the
-    digest it vouches for if any. A lone admitted donor cannot make a newcomer adopt a state the
-    others did not commit."""
-    donors = {a[1] for a in found}
-    need = min(k, len(donors))
-    out: list[tuple[tuple[int, str, bytes, int], bytes | None]] = []
-    for a in found:
-        own = [d for r, d in vouches.get(a[1], frozenset()) if r == a[0]]
-        if need <= 1:
-            out.append((a, own[0] if len(own) == 1 else None))
-            continue
-        if len(own) != 1:
-            errors.append(f"{a[1][:12]}: its state of round {a[0]} is not one it committed")
-            continue
-        support = sum(1 for p in donors if (a[0], own[0]) in vouches.get(p, frozenset()))
-        if support < need:
-            errors.append(f"{a[1][:12]}: round {a[0]} vouched for by {support} of the {need} donors needed")
-            continue
-        out.append((a, own[0]))
-    return out
-
-
-def _candidates(
-    node: PeerNode,
-    run: str,
-    exclude: frozenset[str],
-    vouchers: int,
-    errors: list[str],
-    manifests: dict[str, bytes] | None = None,
-) -> list[tuple[tuple[int, str, bytes, int], bytes | None]]:
-    """The announcements a newcomer may take, best (highest round) first, each with the digest the
-    donors vouch for: read once, bounded and parsed, then witnessed and vouched for."""
-    vouches: dict[str, Vouches] = {}
-    found = [a for a in _announcements(node, run, 15.0, vouches, manifests) if a[1] not in exclude]
-    found = _witnessed(node, run, found, errors)
-    return _vouched(found, vouches, vouchers, errors)
-
-
-def freshest_vouched(
-    node: PeerNode,
-    *,
-    run_id: str | None = None,
-    wait_for_donor: float = 0.0,
-    exclude: frozenset[str] = frozenset(),
-    vouchers: int = 1,
-) -> tuple[int, bytes] | None:
-    """The ``(round, shared-parameter digest)`` of the freshest state the run's donors vouch for, by
-    the rules :func:`download_state` takes a state by (witnessed round, ``vouchers``); ``None`` when no
-    donor announced one within ``wait_for_donor`` seconds or the freshest carries no vouch. A peer
-    that holds this very state (its own, saved when it committed that round) needs no download."""
-    run = run_id or node.run_id
-    deadline = time.monotonic() + wait_for_donor
-    while True:
-        chosen = _candidates(node, run, exclude, vouchers, [])
-        if chosen:
-            (rnd, _, _, _), shared = chosen[0]
-            return None if shared is None else (rnd, shared)
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.5)
 
 
 #: a callable that checks a downloaded state before it is taken: ``(tensors, meta, digest)`` where
@@ -451,7 +267,7 @@ def download_state(
         fresh_wait: see ``min_round``.
         exclude: peers not to download from (e.g. the ones this peer has banned).
         vouchers: k: a state is taken only when ``min(k, donors)`` distinct donors vouch for its
-            round and shared-parameter digest (see :func:`_vouched`); 1: any donor's state.
+            round and shared-parameter digest (``peers.state.donors.vouched``); 1: any donor's state.
         check: called with each parsed state and the digest vouched for before it is taken; its
             ``ProtocolError`` skips that donor (the caller checks the state really has that digest).
         progress: the chunk bookkeeping (who served what), for callers that want to see it; verified
@@ -465,82 +281,109 @@ def download_state(
     Raises:
         PeerTimeoutError: no donor answered with a valid state in time.
     """
-    run = run_id or node.run_id
     led = ledger if ledger is not None else node.ledger
-    deadline = time.monotonic() + timeout
-    donor_deadline = time.monotonic() + min(wait_for_donor, timeout)
-    fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
-    errors: list[str] = []
-    progress = progress if progress is not None else ChunkProgress()
-    while True:
-        manifests: dict[str, bytes] = {}
-        chosen = _candidates(node, run, exclude, vouchers, errors, manifests)
-        progress.dropped.clear()  # a new pass: a donor that broke off may be back
-        if time.monotonic() < fresh_deadline:
-            chosen = [c for c in chosen if c[0][0] >= min_round]
-            if not chosen:
-                time.sleep(0.2)
-                continue
+    pull = StatePull(node, run_id or node.run_id, led, max_bytes, check, progress)
+    return pull.run(timeout, wait_for_donor, min_round, fresh_wait, exclude, vouchers)
+
+
+class StatePull:
+    """One download of a state (:func:`download_state`): passes over the donors' announcements until
+    one donor's state, pulled in chunks from it and the donors that vouch alike, parses and passes
+    ``check``; what failed is gathered for the error."""
+
+    def __init__(
+        self,
+        node: PeerNode,
+        run: str,
+        ledger: ByteLedger,
+        max_bytes: int,
+        check: StateCheck | None,
+        progress: ChunkProgress | None,
+    ) -> None:
+        self.node, self.run_id, self.ledger = node, run, ledger
+        self.max_bytes, self.check = max_bytes, check
+        self.progress = progress if progress is not None else ChunkProgress()
+        self.errors: list[str] = []
+
+    def run(
+        self,
+        timeout: float,
+        wait_for_donor: float,
+        min_round: int,
+        fresh_wait: float,
+        exclude: frozenset[str],
+        k: int,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Pass over the candidates until a state is taken (``download_state``'s arguments)."""
+        deadline = time.monotonic() + timeout
+        donor_deadline = time.monotonic() + min(wait_for_donor, timeout)
+        fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
+        while True:
+            manifests: dict[str, bytes] = {}
+            chosen = candidates(self.node, self.run_id, exclude, k, self.errors, manifests)
+            self.progress.dropped.clear()  # a new pass: a donor that broke off may be back
+            if time.monotonic() < fresh_deadline:
+                chosen = [c for c in chosen if c[0][0] >= min_round]
+                if not chosen:
+                    time.sleep(0.2)
+                    continue
+            got = self._take_first(chosen, manifests, deadline)
+            if got is not None:
+                return got
+            if time.monotonic() >= donor_deadline:
+                if not self.errors:
+                    raise NoStateAnnounced("no donor served a valid state (none announced)")
+                raise PeerTimeoutError(f"no donor served a valid state ({'; '.join(self.errors)[:300]})")
+            time.sleep(0.5)
+
+    def _take_first(
+        self, chosen: list[tuple[Announcement, bytes | None]], manifests: dict[str, bytes], deadline: float
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """The first of ``chosen`` (best first) whose state is served and passes; ``None``: none."""
         for (rnd, peer, digest, nbytes), shared in chosen:
-            if nbytes > max_bytes or peer not in manifests:
-                errors.append(f"{peer[:12]}: {nbytes} bytes over the cap, or no manifest announced")
+            if nbytes > self.max_bytes or peer not in manifests:
+                self.errors.append(f"{peer[:12]}: {nbytes} bytes over the cap, or no manifest announced")
                 continue
             # the donors of this round that vouch alike hold the same tensors: pull from them all
             sources = [(peer, digest, nbytes, manifests[peer])] + [
                 (a[1], a[2], a[3], manifests[a[1]])
                 for a, v in chosen
-                if a[0] == rnd and v == shared and a[1] != peer and a[1] in manifests and a[3] <= max_bytes
+                if a[0] == rnd
+                and v == shared
+                and a[1] != peer
+                and a[1] in manifests
+                and a[3] <= self.max_bytes
             ][: MAX_DONORS - 1]
             left = deadline - time.monotonic()
             if left <= 0:
-                raise PeerTimeoutError(f"state download timed out ({'; '.join(errors)[:300]})")
+                raise PeerTimeoutError(f"state download timed out ({'; '.join(self.errors)[:300]})")
             try:
-                tensors, meta = _take_from(node, rnd, sources, shared, run, led, left, check, progress)
+                tensors, meta = self._take_from(rnd, sources, shared, left)
             except SwarmError as e:
-                errors.append(f"{peer[:12]}: {e}")
+                self.errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
                 continue
-            meta["vouched_by"] = _vouched_by(chosen, rnd, shared)  # counted here, never the donor's
+            meta["vouched_by"] = vouched_by(chosen, rnd, shared)  # counted here, never the donor's
             return tensors, meta
-        if time.monotonic() >= donor_deadline:
-            if not errors:
-                raise NoStateAnnounced("no donor served a valid state (none announced)")
-            raise PeerTimeoutError(f"no donor served a valid state ({'; '.join(errors)[:300]})")
-        time.sleep(0.5)
+        return None
 
+    def _take_from(
+        self, rnd: int, sources: list[tuple[str, bytes, int, bytes]], shared: bytes | None, timeout: float
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Download the state ``sources[0]`` announced (from all ``sources``), parse it and let
+        ``check`` vet it.
 
-def _vouched_by(
-    chosen: list[tuple[tuple[int, str, bytes, int], bytes | None]], rnd: int, shared: bytes | None
-) -> int:
-    """How many distinct donors of ``chosen`` vouch for round ``rnd`` with digest ``shared`` (0: none)."""
-    return len({a[1] for a, v in chosen if a[0] == rnd and v == shared}) if shared is not None else 0
-
-
-def _take_from(
-    node: PeerNode,
-    rnd: int,
-    sources: list[tuple[str, bytes, int, bytes]],
-    shared: bytes | None,
-    run: str,
-    ledger: ByteLedger,
-    timeout: float,
-    check: StateCheck | None,
-    progress: ChunkProgress,
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Download the state ``sources[0]`` announced (from all ``sources``), parse it and let ``check``
-    vet it.
-
-    Raises:
-        SwarmError: the donors failed, or served something else than announced.
-    """
-    peer, _, nbytes, _ = sources[0]
-    coro = fetch_state(node, run, sources, ledger, progress, max_bytes=nbytes)
-    data = node.loop.run(coro, timeout)
-    tensors, meta = parse_state(data)
-    if meta.get("round") != rnd:
-        raise ProtocolError("state meta round differs from the announcement")
-    if check is not None:
-        check(tensors, meta, shared)
-    logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
-    meta["donor"] = peer  # whatever the donor wrote there: who served it (its manifest)
-    return tensors, meta
+        Raises:
+            SwarmError: the donors failed, or served something else than announced.
+        """
+        peer, _, nbytes, _ = sources[0]
+        coro = fetch_state(self.node, self.run_id, sources, self.ledger, self.progress, max_bytes=nbytes)
+        data = self.node.loop.run(coro, timeout)
+        tensors, meta = parse_state(data)
+        if meta.get("round") != rnd:
+            raise ProtocolError("state meta round differs from the announcement")
+        if self.check is not None:
+            self.check(tensors, meta, shared)
+        logger.info("downloaded state of round %d (%d bytes) from %s", rnd, nbytes, peer[:12])
+        meta["donor"] = peer  # whatever the donor wrote there: who served it (its manifest)
+        return tensors, meta

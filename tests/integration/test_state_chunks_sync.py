@@ -73,11 +73,12 @@ def worker(rank: int, initial: list[str], q: Any, scenario: str) -> None:
 
 
 def _download(node: Any, q: Any, rank: int, scenario: str) -> None:
+    from peers.state.donors import announcements
     from peers.state.state_chunks import ChunkProgress
-    from peers.state.state_transfer import _announcements, download_state
+    from peers.state.state_transfer import download_state
 
     deadline = time.monotonic() + 60
-    while len(_announcements(node, RUN, 15.0)) < DONORS and time.monotonic() < deadline:
+    while len(announcements(node, RUN, 15.0)) < DONORS and time.monotonic() < deadline:
         time.sleep(0.2)  # every donor announced: the download can pull from all of them
     progress = ChunkProgress()
     out: dict[str, Any] = {}

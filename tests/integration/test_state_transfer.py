@@ -111,7 +111,7 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
     newcomer asks for round 6 or later, then for round 9 or later with a short ``fresh_wait``."""
     from peers import PeerNode, StateServer, download_state
     from peers.dht.process import GracefulExit
-    from peers.state.state_transfer import _announcements
+    from peers.state.donors import announcements
 
     with (
         reporting_errors(q, rank),
@@ -132,7 +132,7 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
             server.close()
             return
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
-        first_seen = [a[0] for a in _announcements(node, "t-fresh", 15.0)]
+        first_seen = [a[0] for a in announcements(node, "t-fresh", 15.0)]
         t0 = time.monotonic()
         t, meta = download_state(node, timeout=60, wait_for_donor=0.0, min_round=6, fresh_wait=30.0)
         waited = time.monotonic() - t0

@@ -1,4 +1,4 @@
-"""Which donors' states enough other donors vouch for (``peers.state.state_transfer._vouched``), and the
+"""Which donors' states enough other donors vouch for (``peers.state.donors.vouched``), and the
 announcement's vouch list on the wire. The real-peer case (an admitted forger) is in
 ``tests/integration/test_state_transfer.py``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from peers.state.state_transfer import MAX_VOUCHES, _vouched, parse_announcement
+from peers.state.donors import MAX_VOUCHES, parse_announcement, vouched
 from swarmtrain.core.errors import ProtocolError
 
 D, E = b"\x01" * 32, b"\x02" * 32  # the honest digest, a forged one
@@ -16,7 +16,7 @@ D, E = b"\x01" * 32, b"\x02" * 32  # the honest digest, a forged one
 def _pick(found: list[tuple[int, str]], vouches: dict[str, set[tuple[int, bytes]]], k: int = 2) -> list[str]:
     anns = [(r, p, b"h" * 32, 10) for r, p in found]
     errors: list[str] = []
-    return [a[1] for a, _ in _vouched(anns, {p: frozenset(v) for p, v in vouches.items()}, k, errors)]
+    return [a[1] for a, _ in vouched(anns, {p: frozenset(v) for p, v in vouches.items()}, k, errors)]
 
 
 def test_a_lone_forger_is_not_vouched_for_but_honest_donors_are() -> None:
@@ -40,7 +40,7 @@ def test_a_donor_one_round_ahead_vouches_for_the_others_state() -> None:
 
 def test_a_forger_claiming_the_honest_digest_is_vouched_for_and_left_to_the_state_check() -> None:
     anns = [(5, "f", b"h" * 32, 10), (5, "a", b"h" * 32, 10)]
-    out = _vouched(anns, {"f": frozenset({(5, D)}), "a": frozenset({(5, D)})}, 2, [])
+    out = vouched(anns, {"f": frozenset({(5, D)}), "a": frozenset({(5, D)})}, 2, [])
     assert [(a[1], d) for a, d in out] == [("f", D), ("a", D)]  # the caller's check compares the digest
 
 

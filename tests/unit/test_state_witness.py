@@ -1,4 +1,4 @@
-"""Which donors' announced rounds the other peers bear out (``peers.state.state_transfer._witnessed``).
+"""Which donors' announced rounds the other peers bear out (``peers.state.donors.witnessed``).
 
 Pure logic on records and announcements; the real-peer case (a forged far-future round refused) is in
 ``tests/integration/test_state_transfer.py``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from peers.dht.records import PeerRecord
-from peers.state.state_transfer import ROUND_SLACK, _witnessed
+from peers.state.donors import ROUND_SLACK, witnessed
 
 
 class _Node:
@@ -28,7 +28,7 @@ def _ann(rnd: int, peer: str) -> tuple[int, str, bytes, int]:
 
 def _kept(node: Any, found: list[tuple[int, str, bytes, int]]) -> list[str]:
     errors: list[str] = []
-    return [a[1] for a in _witnessed(node, "run", found, errors)]
+    return [a[1] for a in witnessed(node, "run", found, errors)]
 
 
 def test_honest_donors_bear_each_other_out_when_the_records_lag() -> None:
