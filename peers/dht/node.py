@@ -160,10 +160,6 @@ class PeerNode:
         client_mode: bool = False,
         publish_record: bool = True,
     ) -> None:
-        import hivemind
-
-        from swarmtrain.core import __version__
-
         if not RUN_ID_PATTERN.match(config.run_id):
             raise ConfigError(f"run_id {config.run_id!r}: use 1-64 letters, digits, '_', '.', '-'")
         if heartbeat_ttl < 1.0:
@@ -175,12 +171,7 @@ class PeerNode:
         self.heartbeat_ttl = float(heartbeat_ttl)
         self.ledger = ByteLedger()
         initial = validate_maddrs(list(config.initial_peers), "initial_peers")
-        host = validate_maddrs(list(config.host_maddrs), "host_maddrs")
-        announce = validate_maddrs(list(config.announce_maddrs), "announce_maddrs")
-        kwargs: dict[str, Any] = {"host_maddrs": host, "startup_timeout": startup_timeout}
-        if announce:
-            kwargs["announce_maddrs"] = announce
-        kwargs.update(self._trust(config, publish_record))
+        kwargs = self._dht_options(config, startup_timeout, publish_record)
         #: who may send to this node's handlers (the collective's, the state server's)
         self.admitted = AdmittedPeers(self.admission, lambda: [x.peer_id for x in self.live_peers(timeout=5)])
         self._closed = False
@@ -189,6 +180,34 @@ class PeerNode:
         self._stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self.loop = LoopThread(f"swarmtrain-p2p-{role}")
+        self._start_dht(initial, client_mode, kwargs, startup_timeout)
+        self._publish_record = publish_record
+        self._start_record(config, publish_record)
+        self.manifest_server = self._serve_manifest(config)
+        logger.info("peer %s up, role %s, maddrs %s", self.peer_id, role, self.visible_maddrs)
+
+    def _dht_options(
+        self, config: PeersConfig, startup_timeout: float, publish_record: bool
+    ) -> dict[str, Any]:
+        """The ``hivemind.DHT`` keyword arguments: listen and announce addresses, the trust settings."""
+        host = validate_maddrs(list(config.host_maddrs), "host_maddrs")
+        announce = validate_maddrs(list(config.announce_maddrs), "announce_maddrs")
+        kwargs: dict[str, Any] = {"host_maddrs": host, "startup_timeout": startup_timeout}
+        if announce:
+            kwargs["announce_maddrs"] = announce
+        kwargs.update(self._trust(config, publish_record))
+        return kwargs
+
+    def _start_dht(
+        self, initial: list[str], client_mode: bool, kwargs: dict[str, Any], timeout: float
+    ) -> None:
+        """Start the DHT and its p2p daemon (tied to this process), and the P2P replica on ``loop``.
+
+        Raises:
+            SwarmError: the DHT did not start (what was started is stopped again).
+        """
+        import hivemind
+
         try:
             self.dht = hivemind.DHT(
                 initial_peers=initial or None, start=True, client_mode=client_mode, **kwargs
@@ -198,12 +217,18 @@ class PeerNode:
             raise SwarmError(f"the DHT did not start: {type(e).__name__}: {e}") from None
         try:
             self.dht.run_coroutine(_tie_to_parent)
-            self.p2p = self.loop.run(self.dht.replicate_p2p(), startup_timeout)
+            self.p2p = self.loop.run(self.dht.replicate_p2p(), timeout)
             self.peer_id = str(self.dht.peer_id.to_base58())
             self.visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         except BaseException:
             self._stop_dht()
             raise
+
+    def _start_record(self, config: PeersConfig, publish_record: bool) -> None:
+        """This peer's record; when it is published, the heartbeat that renews it and the probe handler."""
+        from swarmtrain.core import __version__
+
+        role = self.role
         self._record = PeerRecord(
             peer_id=self.peer_id,
             run_id=self.run_id,
@@ -213,7 +238,6 @@ class PeerNode:
             maddrs=tuple(self.visible_maddrs),
             time=dht_time(),
         )
-        self._publish_record = publish_record
         if publish_record:
             self._store_record(self._record, dht_time() + self.heartbeat_ttl)
             self._hb_thread = threading.Thread(
@@ -221,8 +245,6 @@ class PeerNode:
             )
             self._hb_thread.start()
             serve_probes(self)  # every listed peer answers `swarmtrain doctor`'s RTT/bandwidth probes
-        self.manifest_server = self._serve_manifest(config)
-        logger.info("peer %s up, role %s, maddrs %s", self.peer_id, role, self.visible_maddrs)
 
     def _serve_manifest(self, config: PeersConfig) -> Any:
         """Serve the run manifest named by ``config.manifest`` (``peers.dht.manifest_service``), if any.

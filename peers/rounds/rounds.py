@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -280,56 +280,67 @@ class Matchmaker:
         # before it arrived (it is late) shows only in the group record. A pushed join alone needs no
         # new read. A peer that saw a smaller joiner never leads this round (join records only
         # accumulate) and reads the group key only, the fallback for a lost push.
-        may_lead = True
-        recorded: set[str] = set()  # joiners seen in the DHT records
-        group, pushed = self._inbox(kind, round_id, 0.0, -1)
+        g = _Gathered(*self._inbox(kind, round_id, 0.0, -1))
         read_joins = True
         grace = self.join_window + 2 * LEADER_CHECK_S  # a live leader's list comes by then
         watch = _LeaderWatch(self.pushes.connected, set(self.last_members) - {self.peer_id}, grace)
-        joined = [self.peer_id]
         seen_at: dict[str, float] = {}  # when each joiner was first seen (a leader's join spread)
         while True:
-            if group is not None:
-                return group
+            if g.group is not None:
+                return g.group
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RoundTimeout(f"no group for round {round_id} before the deadline")
-            if not may_lead:  # wait for the leader's list: pushed, or read from the DHT next poll
-                # (a slow read must not hold up the leader check)
-                group = self._adopt(kind, round_id, self._get(group_key, min(left, LEADER_CHECK_S)))
-                if group is None:
-                    group, pushed = self._inbox(kind, round_id, self.poll, len(pushed))
-                if group is None and watch.due():  # step 6, on a fresh view of the joiners
-                    recorded |= set(self._get(join_key, min(deadline - time.monotonic(), LEADER_CHECK_S)))
-                    joined = self._joiners(recorded | pushed)
-                    may_lead = joined[0] == self.peer_id
-                    watch.check(joined[0], round_id, quorum=len(joined) >= self.min_peers)
+            if not g.may_lead:
+                self._follow(g, kind, round_id, deadline, (join_key, group_key), watch)
                 continue
             if read_joins:
                 reads = first_read or (self._start_get(join_key), self._start_get(group_key))
                 first_read = None
-                recorded |= set(self._get(join_key, left, reads[0]))
-                group = self._adopt(
+                g.recorded |= set(self._get(join_key, left, reads[0]))
+                g.group = self._adopt(
                     kind, round_id, self._get(group_key, deadline - time.monotonic(), reads[1])
                 )
-                if group is not None:
-                    return group
-            joined = self._joiners(recorded | pushed)
-            may_lead = joined[0] == self.peer_id
+                if g.group is not None:
+                    return g.group
+            joined = self._joiners(g.recorded | g.pushed)
+            g.may_lead = joined[0] == self.peer_id
             now = time.monotonic()
             for p in joined:
                 seen_at.setdefault(p, now)
-            if may_lead and self._may_close(joined, close_at):
+            if g.may_lead and self._may_close(joined, close_at):
                 if self.deadlines is not None:  # when each member it takes in (itself too) arrived
                     arrived = close_at - self.window_used
                     self.deadlines.observe_arrivals(seen_at[p] - arrived for p in joined[:_MAX_MEMBERS])
                 return self._publish(kind, round_id, tuple(joined[:_MAX_MEMBERS]), group_key)
             # sleep until a pushed list or join arrives or the next poll is due; a pushed join alone
             # needs no new DHT read (the records were read at least once; they are re-read each poll)
-            n_before = len(pushed)
+            n_before = len(g.pushed)
             t0 = time.monotonic()
-            group, pushed = self._inbox(kind, round_id, self.poll, n_before)
-            read_joins = len(pushed) == n_before or time.monotonic() - t0 >= self.poll
+            g.group, g.pushed = self._inbox(kind, round_id, self.poll, n_before)
+            read_joins = len(g.pushed) == n_before or time.monotonic() - t0 >= self.poll
+
+    def _follow(
+        self,
+        g: _Gathered,
+        kind: str,
+        round_id: int,
+        deadline: float,
+        keys: tuple[str, str],
+        watch: _LeaderWatch,
+    ) -> None:
+        """A peer that does not lead: wait for the leader's list, pushed or read from the DHT next poll
+        (a slow read must not hold up the leader check); step 6 when the leader check is due."""
+        join_key, group_key = keys
+        left = deadline - time.monotonic()
+        g.group = self._adopt(kind, round_id, self._get(group_key, min(left, LEADER_CHECK_S)))
+        if g.group is None:
+            g.group, g.pushed = self._inbox(kind, round_id, self.poll, len(g.pushed))
+        if g.group is None and watch.due():  # step 6, on a fresh view of the joiners
+            g.recorded |= set(self._get(join_key, min(deadline - time.monotonic(), LEADER_CHECK_S)))
+            joined = self._joiners(g.recorded | g.pushed)
+            g.may_lead = joined[0] == self.peer_id
+            watch.check(joined[0], round_id, quorum=len(joined) >= self.min_peers)
 
     def _joiners(self, seen: set[str] | frozenset[str]) -> list[str]:
         """The joiners this peer knows of, itself included and the banned left out, sorted (the first
@@ -363,6 +374,16 @@ class Matchmaker:
         self.pushes.group(kind, round_id, members, value)
         self._store(group_key, self.peer_id, value, dht_time() + _GROUP_TTL)
         return self._group_of(kind, round_id, members)
+
+
+@dataclass
+class _Gathered:
+    """What a peer gathering a round's group knows so far (``Matchmaker._gather``)."""
+
+    group: Group | None  # the round's list, once adopted
+    pushed: frozenset[str]  # joiners that pushed their join to this peer
+    recorded: set[str] = field(default_factory=set)  # joiners seen in the DHT records
+    may_lead: bool = True  # no smaller joiner seen yet
 
 
 class _LeaderWatch:
