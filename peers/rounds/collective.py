@@ -33,7 +33,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -72,6 +73,22 @@ __all__ = ["P2PCollective", "MAX_STREAMS_PER_PEER"]
 
 logger = logging.getLogger(__name__)
 _PRE_GROUP_MAX = 16 << 20  # ceiling of the per-sender pre-group data allowance
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one round went for this peer: its number and members, the bytes it sent and received,
+    and why it failed (``reason``; ``late``: it fell behind the others)."""
+
+    round_id: int
+    members: tuple[str, ...]
+    sent: int
+    received: int
+    reason: str = ""
+    late: bool = False
 
 
 def _check_settings(min_peers: int, expected_peers: int | None, chunk_elems: int, join_window: float) -> None:
@@ -375,28 +392,44 @@ class P2PCollective:
             if not t.is_floating_point():
                 raise ConfigError(f"all_reduce: tensor {name!r} is not floating point")
         red: Reducer = reducer if reducer is not None else MeanReducer()
+        numel = sum(t.numel() for t in tensors.values())
+
+        def data(io: RoundIO) -> dict[str, torch.Tensor]:
+            check = self._reduce_check(io.group)
+            return reduce_round(
+                io, tensors, compressor, red, float(weight), chunk_elems=self.chunk_elems, check=check
+            )
+
+        o, out = self._round(
+            kind, timeout, lambda n: reduce_budget(numel, n, self.chunk_elems, compressor), data
+        )
+        if out is None:
+            return RoundResult(
+                o.round_id, o.members, o.sent, o.received, False, {}, reason=o.reason, late=o.late
+            )
+        return RoundResult(o.round_id, o.members, o.sent, o.received, True, out)
+
+    def _round(
+        self, kind: str, timeout: float, budget: Callable[[int], RoundBudget], data: Callable[[RoundIO], _T]
+    ) -> tuple[_Outcome, _T | None]:
+        """One round: the group (``_begin``), its data phase ``data``, the commit agreement; what
+        ``data`` returned once every member holds its result, ``None`` when the round failed for this
+        peer (the others are told to abort). A round whose group did not form is round -1, not
+        finished."""
         with self._call_lock:
-            r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
+            r, io = -1, None
             try:
-                numel = sum(t.numel() for t in tensors.values())
-                io = self._begin(
-                    kind, timeout, lambda n: reduce_budget(numel, n, self.chunk_elems, compressor)
-                )
+                io = self._begin(kind, timeout, budget)
                 r = io.round_id
-                check = self._reduce_check(io.group)
-                out = reduce_round(
-                    io, tensors, compressor, red, float(weight), chunk_elems=self.chunk_elems, check=check
-                )
+                out = data(io)
                 agree(io)  # commit only if every member holds its result
                 io.mark("agree")
-                sent, recv = self.ledger.round_bytes(kind, r)
-                return RoundResult(r, io.group.members, sent, recv, True, out)
+                return _Outcome(r, io.group.members, *self.ledger.round_bytes(kind, r)), out
             except (SwarmError, TimeoutError) as e:
                 self._failed(io, kind, r, e)
-                sent, recv = self.ledger.round_bytes(kind, r)
                 members = io.group.members if io is not None else ()
-                late = isinstance(e, RoundLate)
-                return RoundResult(r, members, sent, recv, False, {}, reason=str(e), late=late)
+                bytes_ = self.ledger.round_bytes(kind, r)
+                return _Outcome(r, members, *bytes_, reason=str(e), late=isinstance(e, RoundLate)), None
             finally:
                 if io is not None:
                     self._finish(r)
@@ -420,28 +453,20 @@ class P2PCollective:
         """
         if len(payload) > self.max_gather_bytes:
             raise ConfigError(f"payload of {len(payload)} bytes exceeds max_gather_bytes")
-        with self._call_lock:
-            r, io = -1, None  # a round whose group did not form reports round -1 and is not finished
-            try:
-                io = self._begin(kind, timeout, lambda n: gather_budget(self.max_gather_bytes))
-                r = io.round_id
-                frames = split_bytes(payload, PART_BYTES)
-                env = io.envelope("gather", index=io.group.index, frames=len(frames), nbytes=len(payload))
-                sends = io.send_to_others(env, frames)
-                got = io.collect("gather", io.group.digest)
-                io.settle(sends)
-                agree(io)
-                io.mark("agree")
-                payloads = {p: b"".join(d.frames) for p, d in got.items()}
-                payloads[self.peer_id] = bytes(payload)
-                sent, recv = self.ledger.round_bytes(kind, r)
-                return GatherResult(r, io.group.members, payloads, sent, recv, True)
-            except (SwarmError, TimeoutError) as e:
-                self._failed(io, kind, r, e)
-                sent, recv = self.ledger.round_bytes(kind, r)
-                members = io.group.members if io is not None else ()
-                late = isinstance(e, RoundLate)
-                return GatherResult(r, members, {}, sent, recv, False, reason=str(e), late=late)
-            finally:
-                if io is not None:
-                    self._finish(r)
+
+        def data(io: RoundIO) -> dict[str, Delivery]:
+            frames = split_bytes(payload, PART_BYTES)
+            env = io.envelope("gather", index=io.group.index, frames=len(frames), nbytes=len(payload))
+            sends = io.send_to_others(env, frames)
+            got = io.collect("gather", io.group.digest)
+            io.settle(sends)
+            return got
+
+        o, got = self._round(kind, timeout, lambda n: gather_budget(self.max_gather_bytes), data)
+        if got is None:
+            return GatherResult(
+                o.round_id, o.members, {}, o.sent, o.received, False, reason=o.reason, late=o.late
+            )
+        payloads = {p: b"".join(d.frames) for p, d in got.items()}
+        payloads[self.peer_id] = bytes(payload)
+        return GatherResult(o.round_id, o.members, payloads, o.sent, o.received, True)
