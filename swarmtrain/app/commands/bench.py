@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -253,38 +253,62 @@ def _base_overrides(steps: int, batch_size: int | None, preset: str | None) -> d
     return {k: v for k, v in base.items() if v is not None}
 
 
-@bench_app.command("strategies")
-def strategies(
-    strategy: str = typer.Option(
-        "diloco", "--strategy", help="Comma-separated: diloco, streaming_diloco, demo."
-    ),
-    codec: str = typer.Option("int8", "--codec", help="Comma-separated pseudo-gradient codecs."),
-    inner_steps: str = typer.Option("", "--inner-steps", "-H", help="Comma-separated H values [30]."),
-    outer_lr: str = typer.Option("", "--outer-lr", help="Comma-separated outer learning rates [config's]."),
-    outer_momentum: str = typer.Option(
-        "", "--outer-momentum", help="Comma-separated outer momenta [config's]."
-    ),
-    error_feedback: str = typer.Option("", "--error-feedback", help="Comma-separated: none, ef [config's]."),
-    sweep: list[str] | None = typer.Option(
-        None,
+# the flags of ``bench strategies``: comma-separated lists are the grid's axes (empty: the config's)
+_Strategies = Annotated[
+    str, typer.Option("--strategy", help="Comma-separated: diloco, streaming_diloco, demo.")
+]
+_Codecs = Annotated[str, typer.Option("--codec", help="Comma-separated pseudo-gradient codecs.")]
+_InnerSteps = Annotated[str, typer.Option("--inner-steps", "-H", help="Comma-separated H values [30].")]
+_OuterLrs = Annotated[
+    str, typer.Option("--outer-lr", help="Comma-separated outer learning rates [config's].")
+]
+_OuterMomenta = Annotated[
+    str, typer.Option("--outer-momentum", help="Comma-separated outer momenta [config's].")
+]
+_ErrorFeedback = Annotated[
+    str, typer.Option("--error-feedback", help="Comma-separated: none, ef [config's].")
+]
+_Sweeps = Annotated[
+    list[str] | None,
+    typer.Option(
         "--sweep",
         help="Sweep any config field too: [STRATEGY:]SECTION.FIELD=V1,V2,... (repeatable), e.g. "
         "demo:train.lr=3e-4,1e-3 or strategy.mixing=0.3,0.5 (strategy.* fields only where the "
         "strategy has them).",
     ),
-    workers: int = typer.Option(4, "--workers", min=1, help="In-process workers per point."),
-    steps: int = typer.Option(300, "--steps", min=1, help="Local steps per worker."),
-    batch_size: int | None = typer.Option(
-        None, "--batch-size", min=1, help="Sequences per worker and step [16]."
+]
+_Workers = Annotated[int, typer.Option("--workers", min=1, help="In-process workers per point.")]
+_Steps = Annotated[int, typer.Option("--steps", min=1, help="Local steps per worker.")]
+_BatchSize = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Sequences per worker and step [16].")
+]
+_Preset = Annotated[str | None, typer.Option("--preset", help="Model preset [tiny].")]
+_Config = Annotated[Path | None, typer.Option("--config", help="A TOML config below the flags.")]
+_RealPeers = Annotated[
+    int,
+    typer.Option(
+        "--real-peers", min=0, help="Re-run the K best points and the reference with real peer processes."
     ),
-    preset: str | None = typer.Option(None, "--preset", help="Model preset [tiny]."),
-    config: Path | None = typer.Option(None, "--config", help="A TOML config below the flags."),
-    real_peers: int = typer.Option(
-        0, "--real-peers", min=0, help="Re-run the K best points and the reference with real peer processes."
-    ),
-    json_path: Path = typer.Option(
-        Path("bench-strategies.json"), "--json", help="JSON; CSV and PNG beside it."
-    ),
+]
+_JsonPath = Annotated[Path, typer.Option("--json", help="JSON; CSV and PNG beside it.")]
+
+
+@bench_app.command("strategies")
+def strategies(
+    strategy: _Strategies = "diloco",
+    codec: _Codecs = "int8",
+    inner_steps: _InnerSteps = "",
+    outer_lr: _OuterLrs = "",
+    outer_momentum: _OuterMomenta = "",
+    error_feedback: _ErrorFeedback = "",
+    sweep: _Sweeps = None,
+    workers: _Workers = 4,
+    steps: _Steps = 300,
+    batch_size: _BatchSize = None,
+    preset: _Preset = None,
+    config: _Config = None,
+    real_peers: _RealPeers = 0,
+    json_path: _JsonPath = Path("bench-strategies.json"),
 ) -> None:
     """Sweep strategies and settings in one process (the in-process harness) against fp32 DataParallel.
 
@@ -294,14 +318,7 @@ def strategies(
     """
     from rich.console import Console
 
-    from swarmtrain.app.bench.strategies import (
-        grid_points,
-        load_point,
-        run_grid,
-        settings,
-        table_lines,
-        write_outputs,
-    )
+    from swarmtrain.app.bench.strategies import grid_points, load_point, run_grid, settings, write_outputs
 
     grid = _grid_from_flags(
         strategy, codec, inner_steps, outer_lr, outer_momentum, error_feedback, sweep or ()
@@ -329,6 +346,13 @@ def strategies(
         real_run=run_simulation,
         on_row=on_row,
     )
+    _report(rows, meta, json_path, console)
+
+
+def _report(rows: list[dict[str, Any]], meta: dict[str, Any], json_path: Path, console: Any) -> None:
+    """The grid's table on stdout; its JSON, CSV and PNG written (each path on stderr)."""
+    from swarmtrain.app.bench.strategies import table_lines, write_outputs
+
     for line in table_lines(rows):
         typer.echo(line)
     for path in write_outputs(rows, meta, json_path):

@@ -10,9 +10,14 @@ table and a verdict, or JSON with ``--json``. Exit status 1 when a check failed 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
+    from swarmtrain.app.doctor.result import Check
 
 __all__ = ["register", "doctor"]
 
@@ -32,34 +37,57 @@ def _manifest_settings(maddrs: list[str], timeout: float) -> dict[str, object] |
     return manifest.settings
 
 
+_InitialPeers = Annotated[
+    list[str] | None,
+    typer.Option("--initial-peers", help="Any peer of the run (repeatable); without: local checks only."),
+]
+_Config = Annotated[
+    Path | None, typer.Option("--config", "-c", help="The run's TOML config (preset, run ID).")
+]
+_RunId = Annotated[str | None, typer.Option("--run-id", help="The run to check against.")]
+_Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+_Peers = Annotated[int, typer.Option("--peers", min=0, max=16, help="How many live peers to probe.")]
+_Timeout = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds for each network step.")]
+
+
 def doctor(
-    initial_peers: list[str] | None = typer.Option(
-        None, "--initial-peers", help="Any peer of the run (repeatable); without: local checks only."
-    ),
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="The run's TOML config (preset, run ID)."
-    ),
-    run_id: str | None = typer.Option(None, "--run-id", help="The run to check against."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    n_peers: int = typer.Option(3, "--peers", min=0, max=16, help="How many live peers to probe."),
-    timeout: float = typer.Option(30.0, "--timeout", min=1.0, help="Seconds for each network step."),
+    initial_peers: _InitialPeers = None,
+    config: _Config = None,
+    run_id: _RunId = None,
+    json_out: _Json = False,
+    n_peers: _Peers = 3,
+    timeout: _Timeout = 30.0,
 ) -> None:
     """Check this machine for a run (p2p, reachability, links, throughput, memory); print a verdict."""
-    import torch
-
-    from peers.wire.transport import LoopThread
     from swarmtrain.app.commands.peers import split_maddrs
-    from swarmtrain.app.doctor.local import check_daemon, check_memory, check_throughput
-    from swarmtrain.app.doctor.network import check_run
-    from swarmtrain.app.doctor.reachability import ReachabilityWatch, reachability_check
-    from swarmtrain.app.doctor.result import Check
     from swarmtrain.app.doctor.verdict import decide, format_report, report_dict
-    from swarmtrain.core.config import load_config
     from swarmtrain.core.jsonsafe import dumps
 
     maddrs = split_maddrs(initial_peers)
+    cfg = _doctor_config(maddrs, config, run_id, timeout)
+    peers_cfg = cfg.peers.model_copy(update={"identity_path": None, "token": None})  # writes nothing
+
+    def progress(what: str) -> None:
+        if not json_out:
+            print(f"... {what}", file=sys.stderr, flush=True)
+
+    checks, peer_throughput = _run_checks(cfg, peers_cfg, maddrs, n_peers, timeout, progress)
+    verdict = decide(checks, peer_throughput)
+    if json_out:
+        typer.echo(dumps(report_dict(checks, verdict, run_id=peers_cfg.run_id, preset=cfg.model.preset)))
+    else:
+        typer.echo(format_report(checks, verdict))
+    if verdict.exit_code:
+        raise typer.Exit(verdict.exit_code)
+
+
+def _doctor_config(maddrs: list[str], config: Path | None, run_id: str | None, timeout: float) -> Any:
+    """The run's config: the file and flags, over the settings of the manifest the initial peer serves
+    when neither names the run; the doctor's own node listens on 127.0.0.1 only."""
+    from swarmtrain.core.config import load_config
+
     base = _manifest_settings(maddrs, timeout) if maddrs and config is None and run_id is None else None
-    cfg = load_config(
+    return load_config(
         config,
         {
             "peers.run_id": run_id,
@@ -68,15 +96,27 @@ def doctor(
         },
         base=base,
     )
-    peers_cfg = cfg.peers.model_copy(update={"identity_path": None, "token": None})  # writes nothing
-    checks: list[Check] = []
 
-    def progress(what: str) -> None:
-        if not json_out:
-            print(f"... {what}", file=sys.stderr, flush=True)
+
+def _run_checks(
+    cfg: Any,
+    peers_cfg: Any,
+    maddrs: list[str],
+    n_peers: int,
+    timeout: float,
+    progress: Callable[[str], None],
+) -> tuple[list[Check], list[float]]:
+    """Every check in the report's order (daemon, reachability, the run's links, throughput per
+    device, memory) and the probed peers' throughput. AutoNAT's answer is awaited last: it runs in
+    the background while the rest is measured."""
+    from peers.wire.transport import LoopThread
+    from swarmtrain.app.doctor.local import check_daemon
+    from swarmtrain.app.doctor.network import check_run
+    from swarmtrain.app.doctor.reachability import ReachabilityWatch, reachability_check
+    from swarmtrain.app.doctor.result import Check
 
     progress("starting the p2p daemon")
-    checks.append(check_daemon(timeout))
+    checks: list[Check] = [check_daemon(timeout)]
     peer_throughput: list[float] = []
     watch: ReachabilityWatch | None = None
     loop: LoopThread | None = None
@@ -91,13 +131,10 @@ def doctor(
             checks += links.checks
             peer_throughput = links.peer_throughput
         elif not maddrs:
-            for name in ("reachability", "dht", "peers"):
-                checks.append(Check(name, "skip", "-", f"skipped: {_NO_PEERS}"))
-        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        for dev in devices:
-            progress(f"timing training steps of {cfg.model.preset!r} on {dev}")
-            checks.append(check_throughput(cfg, dev))
-        checks.append(check_memory(cfg, "cuda" in devices))
+            checks += [
+                Check(name, "skip", "-", f"skipped: {_NO_PEERS}") for name in ("reachability", "dht", "peers")
+            ]
+        checks += _local_checks(cfg, progress)
         if watch is not None:
             progress("waiting for AutoNAT's answer")
             checks.insert(1, reachability_check(watch.result(min(timeout, 20.0))))
@@ -106,13 +143,22 @@ def doctor(
             watch.close()
         if loop is not None:
             loop.stop()
-    verdict = decide(checks, peer_throughput)
-    if json_out:
-        typer.echo(dumps(report_dict(checks, verdict, run_id=peers_cfg.run_id, preset=cfg.model.preset)))
-    else:
-        typer.echo(format_report(checks, verdict))
-    if verdict.exit_code:
-        raise typer.Exit(verdict.exit_code)
+    return checks, peer_throughput
+
+
+def _local_checks(cfg: Any, progress: Callable[[str], None]) -> list[Check]:
+    """Training throughput of the run's preset on CPU (and CUDA where present), then memory."""
+    import torch
+
+    from swarmtrain.app.doctor.local import check_memory, check_throughput
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    checks: list[Check] = []
+    for dev in devices:
+        progress(f"timing training steps of {cfg.model.preset!r} on {dev}")
+        checks.append(check_throughput(cfg, dev))
+    checks.append(check_memory(cfg, "cuda" in devices))
+    return checks
 
 
 def register(app: typer.Typer) -> None:

@@ -7,13 +7,13 @@ the same run. Heavy imports (torch) happen inside the command so ``--help`` stay
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["register", "data_overrides"]
+__all__ = ["register", "train", "data_overrides"]
 
 
 def data_overrides(paths: list[str]) -> dict[str, Any]:
@@ -22,75 +22,104 @@ def data_overrides(paths: list[str]) -> dict[str, Any]:
     return {"data.paths": list(paths)} if paths else {}
 
 
+# the flags of ``train`` (unset: the lower layers' value)
+_Config = Annotated[str | None, typer.Option("--config", "-c", help="TOML config file.")]
+_Preset = Annotated[str | None, typer.Option("--preset", help="Model size: tiny, small or gpt2-124m.")]
+_Steps = Annotated[int | None, typer.Option("--steps", help="Total optimizer steps (sets the LR schedule).")]
+_MaxTime = Annotated[float | None, typer.Option("--max-time", help="Stop after this many seconds.")]
+_BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Sequences per micro-batch.")]
+_GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batches per step.")]
+_Lr = Annotated[float | None, typer.Option("--lr", help="Peak learning rate.")]
+_Optimizer = Annotated[
+    str | None,
+    typer.Option(
+        "--optimizer", help="Inner optimizer: adamw, adamw8bit (8-bit states; needs bitsandbytes) or sgd."
+    ),
+]
+_Device = Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+_Compile = Annotated[bool | None, typer.Option("--compile/--no-compile", help="Use torch.compile.")]
+_Data = Annotated[
+    list[str] | None,
+    typer.Option("--data", help="Text file/folder or .bin token file (repeatable); default: Python stdlib."),
+]
+_OutDir = Annotated[str | None, typer.Option("--out-dir", help="Where metrics and checkpoints go.")]
+_Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the init and the data order.")]
+_Threads = Annotated[
+    int | None, typer.Option("--threads", help="CPU threads for torch (default: all cores).")
+]
+_CheckpointInterval = Annotated[
+    int | None,
+    typer.Option("--checkpoint-interval", help="Save a checkpoint every N steps (always at the end)."),
+]
+_Resume = Annotated[str | None, typer.Option("--resume", help="Checkpoint folder to continue from.")]
+_Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``train`` command to ``app``."""
+    app.command("train")(train)
 
-    @app.command("train")
-    def train(
-        config: str | None = typer.Option(None, "--config", "-c", help="TOML config file."),
-        preset: str | None = typer.Option(None, "--preset", help="Model size: tiny, small or gpt2-124m."),
-        steps: int | None = typer.Option(
-            None, "--steps", help="Total optimizer steps (sets the LR schedule)."
-        ),
-        max_time: float | None = typer.Option(None, "--max-time", help="Stop after this many seconds."),
-        batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per micro-batch."),
-        grad_accum: int | None = typer.Option(None, "--grad-accum", help="Micro-batches per step."),
-        lr: float | None = typer.Option(None, "--lr", help="Peak learning rate."),
-        optimizer: str | None = typer.Option(
-            None,
-            "--optimizer",
-            help="Inner optimizer: adamw, adamw8bit (8-bit states; needs bitsandbytes) or sgd.",
-        ),
-        device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
-        compile_: bool | None = typer.Option(None, "--compile/--no-compile", help="Use torch.compile."),
-        data: list[str] | None = typer.Option(
-            None, "--data", help="Text file/folder or .bin token file (repeatable); default: Python stdlib."
-        ),
-        out_dir: str | None = typer.Option(None, "--out-dir", help="Where metrics and checkpoints go."),
-        seed: int | None = typer.Option(None, "--seed", help="Seed of the init and the data order."),
-        threads: int | None = typer.Option(
-            None, "--threads", help="CPU threads for torch (default: all cores)."
-        ),
-        checkpoint_interval: int | None = typer.Option(
-            None, "--checkpoint-interval", help="Save a checkpoint every N steps (always at the end)."
-        ),
-        resume: str | None = typer.Option(None, "--resume", help="Checkpoint folder to continue from."),
-        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Show a progress bar."),
-    ) -> None:
-        """Train a byte-level GPT on this machine alone.
 
-        With no options: the tiny preset on the Python standard library's sources, on CUDA when
-        available. Prints the final train/val loss and where metrics and the checkpoint went.
-        """
-        from swarmtrain.core.config import load_config
+def train(
+    config: _Config = None,
+    preset: _Preset = None,
+    steps: _Steps = None,
+    max_time: _MaxTime = None,
+    batch_size: _BatchSize = None,
+    grad_accum: _GradAccum = None,
+    lr: _Lr = None,
+    optimizer: _Optimizer = None,
+    device: _Device = None,
+    compile_: _Compile = None,
+    data: _Data = None,
+    out_dir: _OutDir = None,
+    seed: _Seed = None,
+    threads: _Threads = None,
+    checkpoint_interval: _CheckpointInterval = None,
+    resume: _Resume = None,
+    progress: _Progress = None,
+) -> None:
+    """Train a byte-level GPT on this machine alone.
 
-        overrides: dict[str, Any] = {
-            "model.preset": preset,
-            "train.steps": steps,
-            "train.max_time": max_time,
-            "train.batch_size": batch_size,
-            "train.grad_accum": grad_accum,
-            "train.lr": lr,
-            "train.optimizer": optimizer,
-            "train.device": device,
-            "train.compile": compile_,
-            "train.out_dir": out_dir,
-            "train.seed": seed,
-            "train.threads": threads,
-            "train.checkpoint_interval": checkpoint_interval,
-            "train.progress": progress,
-        }
-        overrides.update(data_overrides(list(data or [])))
-        base = None
-        if resume is not None:
-            from swarmtrain.app.train.checkpoint import read_meta
+    With no options: the tiny preset on the Python standard library's sources, on CUDA when
+    available. Prints the final train/val loss and where metrics and the checkpoint went.
+    """
+    from swarmtrain.core.config import load_config
 
-            saved = read_meta(resume).get("config")
-            if not isinstance(saved, dict):
-                raise ConfigError(f"--resume: {resume} holds no run config")
-            base = saved
-        cfg = load_config(config, overrides, base=base)
-        _run(cfg, resume)
+    overrides: dict[str, Any] = {
+        "model.preset": preset,
+        "train.steps": steps,
+        "train.max_time": max_time,
+        "train.batch_size": batch_size,
+        "train.grad_accum": grad_accum,
+        "train.lr": lr,
+        "train.optimizer": optimizer,
+        "train.device": device,
+        "train.compile": compile_,
+        "train.out_dir": out_dir,
+        "train.seed": seed,
+        "train.threads": threads,
+        "train.checkpoint_interval": checkpoint_interval,
+        "train.progress": progress,
+    }
+    overrides.update(data_overrides(list(data or [])))
+    base = _resumed_config(resume) if resume is not None else None
+    cfg = load_config(config, overrides, base=base)
+    _run(cfg, resume)
+
+
+def _resumed_config(resume: str) -> dict[str, Any]:
+    """The run config saved in the checkpoint ``resume`` (the lowest layer of a resumed run's).
+
+    Raises:
+        ConfigError: the checkpoint holds none.
+    """
+    from swarmtrain.app.train.checkpoint import read_meta
+
+    saved = read_meta(resume).get("config")
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--resume: {resume} holds no run config")
+    return saved
 
 
 def _run(cfg: Any, resume: str | None) -> None:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
+    from peers.trust.admission import RunKey
 
 __all__ = ["register", "run_init", "token_issue", "identity"]
 
@@ -40,11 +43,47 @@ def run_init(
 ) -> None:
     """Create a run: its key (secret), its signed manifest, a shared config, and the bootstrap node's
     identity and token. Volunteers then need only the bootstrap's address (and a token)."""
-    from peers.dht.node import RUN_ID_PATTERN
-    from peers.keys.identity import ensure_identity
-    from peers.trust.admission import POLICIES, RunKey, encode_token_text
-    from swarmtrain.app.peer.run_manifest import make_manifest
     from swarmtrain.core.config import load_config
+
+    options = _run_options(run_id, admission, strategy, inner_steps, compressor, reducer, tolerate)
+    cfg = load_config(None, options, env={})  # checks every value before anything is written
+    key, boot_id, cfg_path, manifest_path = _write_run(directory, cfg)
+    typer.echo(f"run key (keep it secret): {directory / 'run.key'}")
+    typer.echo(f"signed run manifest (served by the bootstrap): {manifest_path}")
+    typer.echo(f"config of the run's own peers: {cfg_path}")
+    boot = f"swarmtrain dht --manifest {manifest_path} --identity {directory / 'bootstrap.key'}"
+    if admission == "token":
+        from peers.trust.admission import encode_token_text
+
+        tok = encode_token_text(key.issue(run_id, boot_id, time.time() + hours * _HOUR))
+        boot += f" --token {tok}"
+    typer.echo(f"start the bootstrap node:\n  {boot}")
+    typer.echo("volunteers join with its address: swarmtrain join --initial-peers ADDR")
+    if admission == "token":
+        typer.echo(
+            "admit a volunteer (they print their peer ID with `swarmtrain identity FILE`; they pass\n"
+            "the token and that file: join --initial-peers ADDR --identity FILE --token TOKEN):\n"
+            f"  swarmtrain token issue --run-key {directory / 'run.key'} --config {cfg_path} PEER_ID"
+        )
+
+
+def _run_options(
+    run_id: str,
+    admission: str,
+    strategy: str,
+    inner_steps: int | None,
+    compressor: str,
+    reducer: str | None,
+    tolerate: int | None,
+) -> dict[str, object]:
+    """``run init``'s flags as config overrides, with the admission policy's reducer defaults (an
+    open run tolerates one Byzantine peer with ``centered_clip``).
+
+    Raises:
+        ConfigError: an unknown admission policy or a malformed run ID.
+    """
+    from peers.dht.node import RUN_ID_PATTERN
+    from peers.trust.admission import POLICIES
     from swarmtrain.core.errors import ConfigError
 
     if admission not in POLICIES:
@@ -65,7 +104,22 @@ def run_init(
     }
     if strategy in ("diloco", "streaming_diloco"):
         options["strategy.inner_steps"] = inner_steps
-    cfg = load_config(None, options, env={})  # checks every value before anything is written
+    return options
+
+
+def _write_run(directory: Path, cfg: Any) -> tuple[RunKey, str, Path, Path]:
+    """Write the run into ``directory``: its key, the bootstrap's identity, the signed manifest and the
+    config of the run's own peers (``cfg`` with the run's public key). Returns the run key, the
+    bootstrap's peer ID, the config's path and the manifest's.
+
+    Raises:
+        ConfigError: the folder already holds a run, or cannot be created.
+    """
+    from peers.keys.identity import ensure_identity
+    from peers.trust.admission import RunKey
+    from swarmtrain.app.peer.run_manifest import make_manifest
+    from swarmtrain.core.errors import ConfigError
+
     cfg_path = directory / _CONFIG
     if cfg_path.exists():
         raise ConfigError(f"{cfg_path} exists; run init never overwrites a run")
@@ -76,26 +130,12 @@ def run_init(
     key = RunKey.generate(directory / "run.key")
     boot_id = ensure_identity(directory / "bootstrap.key")
     cfg.peers.run_public_key = key.public_hex
-    if admission == "allowlist":
+    if cfg.peers.admission == "allowlist":
         cfg.peers.allowlist = [boot_id]
     manifest_path = (directory / "run.manifest").resolve()
     manifest_path.write_bytes(make_manifest(cfg, key))
     cfg_path.write_text(_config_text(cfg, manifest_path))
-    typer.echo(f"run key (keep it secret): {directory / 'run.key'}")
-    typer.echo(f"signed run manifest (served by the bootstrap): {manifest_path}")
-    typer.echo(f"config of the run's own peers: {cfg_path}")
-    boot = f"swarmtrain dht --manifest {manifest_path} --identity {directory / 'bootstrap.key'}"
-    if admission == "token":
-        tok = encode_token_text(key.issue(run_id, boot_id, time.time() + hours * _HOUR))
-        boot += f" --token {tok}"
-    typer.echo(f"start the bootstrap node:\n  {boot}")
-    typer.echo("volunteers join with its address: swarmtrain join --initial-peers ADDR")
-    if admission == "token":
-        typer.echo(
-            "admit a volunteer (they print their peer ID with `swarmtrain identity FILE`; they pass\n"
-            "the token and that file: join --initial-peers ADDR --identity FILE --token TOKEN):\n"
-            f"  swarmtrain token issue --run-key {directory / 'run.key'} --config {cfg_path} PEER_ID"
-        )
+    return key, boot_id, cfg_path, manifest_path
 
 
 def _config_text(cfg: Any, manifest_path: Path) -> str:

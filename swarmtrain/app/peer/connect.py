@@ -146,16 +146,23 @@ def connect(
         ConfigError: an unknown strategy or codec, an option the strategy does not have, a bad value.
         SwarmError: the node did not start (e.g. no initial peer answered).
     """
-    from compression import build_compressor
-    from optimizers import StrategyContext, build_strategy
-    from peers import P2PCollective, PeerNode
-    from peers.reducers import build_reducer
-
     if not 0 <= port <= 65535:
         raise ConfigError(f"port {port} is not in 0..65535")
     if expected_peers is not None and expected_peers < min_peers:
         raise ConfigError(f"expected_peers ({expected_peers}) must be >= min_peers ({min_peers})")
     options = strategy_config(strategy, **strategy_options)
+    comp_cfg, peers_cfg = _configs(run_id, initial_peers, compression, min_peers, f"/ip4/{host}/tcp/{port}")
+    return _start(model, optimizer, options, comp_cfg, peers_cfg, expected_peers)
+
+
+def _configs(
+    run_id: str,
+    initial_peers: Sequence[str],
+    compression: str | CompressionConfig,
+    min_peers: int,
+    host_maddr: str,
+) -> tuple[CompressionConfig, PeersConfig]:
+    """:func:`connect`'s arguments as the codec's and the peer's validated config sections."""
     try:
         comp_cfg = (
             compression
@@ -165,17 +172,38 @@ def connect(
         peers_cfg = PeersConfig(
             run_id=run_id,
             initial_peers=list(initial_peers),
-            host_maddrs=[f"/ip4/{host}/tcp/{port}"],
+            host_maddrs=[host_maddr],
             min_peers=min_peers,
         )
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
+    return comp_cfg, peers_cfg
+
+
+def _start(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    options: Any,
+    comp_cfg: CompressionConfig,
+    peers_cfg: PeersConfig,
+    expected_peers: int | None,
+) -> SwarmPeer:
+    """Start the node, then the collective and the strategy over it (as the peer loop does); a
+    failure after the node started shuts it down."""
+    from compression import build_compressor
+    from optimizers import StrategyContext, build_strategy
+    from peers import P2PCollective, PeerNode
+    from peers.reducers import build_reducer
+
     compressor = build_compressor(comp_cfg)
     reducer = build_reducer(peers_cfg.reducer, peers_cfg.byzantine_f, **peers_cfg.reducer_options)
     node = PeerNode(peers_cfg, role="trainer")  # as the peer loop starts its node
     try:
         collective = P2PCollective(
-            node, min_peers=min_peers, expected_peers=expected_peers, join_window=peers_cfg.join_window
+            node,
+            min_peers=peers_cfg.min_peers,
+            expected_peers=expected_peers,
+            join_window=peers_cfg.join_window,
         )
         ctx = StrategyContext(model, optimizer, options, comp_cfg, collective, reducer, compressor)
         return SwarmPeer(node, collective, build_strategy(ctx), model)

@@ -264,6 +264,52 @@ def _watch(
     return cur
 
 
+def _leave(node: Any, cfg: Config, cur: _Stage) -> tuple[Any, bool]:
+    """Leave the stage ``cur`` within the preemption grace: close the step in progress, then average
+    a last time with its servers that leave too. Returns the final round and whether this server
+    was behind (its parameters are then not counted in that round)."""
+    from peers.swarm.replicas import FINAL_ROUND
+    from swarmtrain.app.swarm.roles import final_sync
+
+    # told to leave (the run's end, or a preemption notice): done within the grace, less a reserve
+    leave_by = time.monotonic() + cfg.peers.preempt_grace - LEAVE_RESERVE_S
+    # micro-batches of the current step served here count in the trainers' step: stay for its
+    # close (refusing new ones) so their gradients join the stage's sum; half the time left at most
+    cur.server.stop(finish_step=min(FINISH_STEP_S, max(0.0, leave_by - time.monotonic()) / 2))
+    # still catching up (a late start or restart, no snapshot loaded yet): its parameters may be
+    # its initial ones even when it saw no step it missed
+    behind = bool(cur.server.steps.behind or cur.server.steps.syncing or cur.catching_up())
+    # a server that missed a step holds parameters the stage moved on from: it takes the others'
+    final = final_sync(node, cur.sync, FINAL_ROUND, weight=0.0 if behind else 1.0, deadline=leave_by)
+    cur.sync.close()
+    return final, behind
+
+
+def _outcome(node: Any, cur: _Stage, final: Any, behind: bool) -> ServerOutcome:
+    """What a server that left stage ``cur`` reports: its counters, syncs, digest and state."""
+    with torch.no_grad():
+        state = {name: tensor_bytes(v) for name, v in cur.module.state_dict().items()}
+    return ServerOutcome(
+        stage=cur.index,
+        peer_id=node.peer_id,
+        served=cur.count("served"),
+        refused=cur.count("refused"),
+        version=cur.server.version,
+        duplicates=cur.count("duplicates"),
+        step_failures=cur.count("step_failures"),
+        syncs_committed=cur.sync.committed,
+        syncs_failed=cur.sync.failed,
+        final_sync=final.committed,
+        final_group=len(final.participants) if final.committed else 0,
+        digest=stage_digest(cur.module),
+        ledger=node.ledger.totals(),
+        state=state,
+        moves=cur.moves,
+        in_step=not behind,
+        device=str(next(cur.module.parameters()).device),
+    )
+
+
 def run_server(
     cfg: Config,
     settings: SwarmConfig,
@@ -284,8 +330,6 @@ def run_server(
     """
     from peers.dht.node import PeerNode
     from peers.swarm.rebalance import bottleneck_stage
-    from peers.swarm.replicas import FINAL_ROUND
-    from swarmtrain.app.swarm.roles import final_sync
 
     if stage is not None and not 0 <= stage < settings.stages:
         raise ConfigError(f"--stage {stage} is outside [0, {settings.stages})")
@@ -299,35 +343,5 @@ def run_server(
         if on_ready is not None:
             on_ready(node.peer_id, k)
         cur = _watch(node, cfg, settings, cur, stop, on_move, on_serving)
-        # told to leave (the run's end, or a preemption notice): done within the grace, less a reserve
-        leave_by = time.monotonic() + cfg.peers.preempt_grace - LEAVE_RESERVE_S
-        # micro-batches of the current step served here count in the trainers' step: stay for its
-        # close (refusing new ones) so their gradients join the stage's sum; half the time left at most
-        cur.server.stop(finish_step=min(FINISH_STEP_S, max(0.0, leave_by - time.monotonic()) / 2))
-        # still catching up (a late start or restart, no snapshot loaded yet): its parameters may be
-        # its initial ones even when it saw no step it missed
-        behind = cur.server.steps.behind or cur.server.steps.syncing or cur.catching_up()
-        # a server that missed a step holds parameters the stage moved on from: it takes the others'
-        final = final_sync(node, cur.sync, FINAL_ROUND, weight=0.0 if behind else 1.0, deadline=leave_by)
-        cur.sync.close()
-        with torch.no_grad():
-            state = {name: tensor_bytes(v) for name, v in cur.module.state_dict().items()}
-        return ServerOutcome(
-            stage=cur.index,
-            peer_id=node.peer_id,
-            served=cur.count("served"),
-            refused=cur.count("refused"),
-            version=cur.server.version,
-            duplicates=cur.count("duplicates"),
-            step_failures=cur.count("step_failures"),
-            syncs_committed=cur.sync.committed,
-            syncs_failed=cur.sync.failed,
-            final_sync=final.committed,
-            final_group=len(final.participants) if final.committed else 0,
-            digest=stage_digest(cur.module),
-            ledger=node.ledger.totals(),
-            state=state,
-            moves=cur.moves,
-            in_step=not behind,
-            device=str(next(cur.module.parameters()).device),
-        )
+        final, behind = _leave(node, cfg, cur)
+        return _outcome(node, cur, final, behind)

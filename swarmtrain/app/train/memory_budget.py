@@ -209,32 +209,19 @@ def _codec_bytes(cfg: Config, numel: int) -> int:
     return int(numel * _CODEC_BITS.get(codec, 32.0) / 8)
 
 
-def memory_budget(cfg: Config, device_type: str = "cpu", spec: GPTSpec | None = None) -> MemoryBudget:
-    """Bytes per component for ``cfg`` on a ``device_type`` (``cuda`` or ``cpu``) device.
-
-    Args:
-        cfg: the run config (model, train.optimizer, strategy, compression).
-        device_type: where training runs; ``cuda`` turns on bf16 autocast unless ``train.bf16 = off``.
-        spec: the model's exact shape (default: resolved from ``cfg.model``).
-    """
-    spec = spec or resolve_spec(cfg.model)
-    shapes = param_shapes(spec)
-    n = sum(_numel(sh) for sh in shapes)
+def _state_components(cfg: Config, shapes: list[tuple[int, ...]], n: int) -> list[Component]:
+    """What a peer keeps between steps beyond its weights: inner optimizer states, the outer loop's
+    anchor and momentum, error-feedback residuals (DeMo: its local momentum)."""
     tc, st = cfg.train, cfg.strategy
-    bf16 = (device_type == "cuda" and tc.bf16 != "off") or tc.bf16 == "on"
-    optimizer = str(getattr(tc, "optimizer", "adamw"))
-    placement = str(getattr(st, "outer_state", "device"))
-    outer_where: Where = "device" if placement == "device" else "host"
     name = st.name
-    comps: list[Component] = [
-        Component("weights", 4 * n, "device", "persistent", "fp32 masters"),
-        Component("grads", 4 * n, "device", "step", "fp32"),
-    ]
+    comps: list[Component] = []
     if name != "demo":
+        optimizer = str(getattr(tc, "optimizer", "adamw"))
         inner, note = _inner_state_bytes(optimizer, shapes, tc.beta1)
         comps.append(Component("inner states", inner, "device", "persistent", f"{optimizer} {note}"))
-    outer_loop = name in ("diloco", "streaming_diloco")
-    if outer_loop:
+    if name in ("diloco", "streaming_diloco"):
+        placement = str(getattr(st, "outer_state", "device"))
+        outer_where: Where = "device" if placement == "device" else "host"
         momentum = getattr(st, "outer_momentum", 0.9) > 0
         mom_bytes = (n + 4 * math.ceil(n / BLOCK)) if placement == "cpu8" else 4 * n
         comps.append(
@@ -255,27 +242,52 @@ def memory_budget(cfg: Config, device_type: str = "cpu", spec: GPTSpec | None = 
             # the elements; at most half of them, with 2 peers)
             Component("residuals", (12 if ef == "ef" else 6) * n, "device", "persistent", f"{ef} residual")
         )
+    return comps
+
+
+def _sync_buffers(cfg: Config, shapes: list[tuple[int, ...]], n: int) -> list[Component]:
+    """The buffers a sync builds: what is sent (device) and what is received and decoded (host)."""
+    st = cfg.strategy
+    name = st.name
     if name in ("data_parallel", "diloco", "streaming_diloco"):
         share = 1.0 / getattr(st, "fragments", 1) if name == "streaming_diloco" else 1.0
         sent = int(n * share)
-        copies = 2 if outer_loop else 1
-        comps.append(
+        copies = 2 if name in ("diloco", "streaming_diloco") else 1
+        return [
             Component(
                 "buffers", 4 * copies * sent, "device", "sync", "flat" + ("+pseudo-grad" * (copies - 1))
-            )
-        )
-        comps.append(
-            Component("buffers", 4 * sent + _codec_bytes(cfg, sent), "host", "sync", "result+packets")
-        )
-    elif name == "demo":
+            ),
+            Component("buffers", 4 * sent + _codec_bytes(cfg, sent), "host", "sync", "result+packets"),
+        ]
+    if name == "demo":
         largest = max(_numel(sh) for sh in shapes)
-        comps.append(Component("buffers", 2 * 4 * largest, "device", "sync", "DCT of one tensor"))
+        return [Component("buffers", 2 * 4 * largest, "device", "sync", "DCT of one tensor")]
+    return []
+
+
+def memory_budget(cfg: Config, device_type: str = "cpu", spec: GPTSpec | None = None) -> MemoryBudget:
+    """Bytes per component for ``cfg`` on a ``device_type`` (``cuda`` or ``cpu``) device.
+
+    Args:
+        cfg: the run config (model, train.optimizer, strategy, compression).
+        device_type: where training runs; ``cuda`` turns on bf16 autocast unless ``train.bf16 = off``.
+        spec: the model's exact shape (default: resolved from ``cfg.model``).
+    """
+    spec = spec or resolve_spec(cfg.model)
+    shapes = param_shapes(spec)
+    n = sum(_numel(sh) for sh in shapes)
+    tc = cfg.train
+    bf16 = (device_type == "cuda" and tc.bf16 != "off") or tc.bf16 == "on"
     acts = activation_bytes(spec, tc.batch_size, bf16) + (2 * n if bf16 else 0)
-    comps.append(
+    comps = [
+        Component("weights", 4 * n, "device", "persistent", "fp32 masters"),
+        Component("grads", 4 * n, "device", "step", "fp32"),
+        *_state_components(cfg, shapes, n),
+        *_sync_buffers(cfg, shapes, n),
         Component(
             "activations", acts, "device", "step", f"B={tc.batch_size} T={spec.block_size}", estimated=True
-        )
-    )
+        ),
+    ]
     if device_type == "cpu":  # one RAM: label every line as host
         comps = [Component(c.name, c.total_bytes, "host", c.phase, c.note, c.estimated) for c in comps]
     comps = [c for c in comps if c.total_bytes > 0]
