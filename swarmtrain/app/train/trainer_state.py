@@ -8,10 +8,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from swarmtrain.app.data import BatchSampler, Corpus
+from swarmtrain.app.models import GPT
 from swarmtrain.app.train.checkpoint import (
     CheckpointError,
     read_checkpoint,
@@ -22,13 +24,29 @@ from swarmtrain.app.train.checkpoint import (
 from swarmtrain.app.train.inner_optim import check_optimizer_state
 from swarmtrain.app.train.state_checks import check_finite_state, check_fits
 from swarmtrain.core import __version__
-
-if TYPE_CHECKING:
-    from swarmtrain.app.train.trainer import Trainer
+from swarmtrain.core.config import Config
+from swarmtrain.core.protocols import Strategy
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_peer_state", "load_strategy_state", "named_state"]
 
 logger = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """The parts of a ``swarmtrain.app.train.trainer.Trainer`` its state is made of."""
+
+    config: Config
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    strategy: Strategy
+    sampler: BatchSampler
+    corpus: Corpus
+    step: int
+    tokens: int
+    wall_s: float
+    _fit_elapsed: float  # wall time of the running fit() call at its last checkpoint
+    bytes_sent: int
+    bytes_received: int
 
 
 def named_state(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
