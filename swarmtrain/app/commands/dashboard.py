@@ -10,50 +10,53 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from swarmtrain.app.commands.flags import command, config_overrides, flag
+from swarmtrain.app.commands.peers import given_maddrs
 
 if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
     from swarmtrain.app.dashboard import DashboardServer, History
 
-__all__ = ["register", "dashboard"]
+__all__ = ["register", "dashboard", "DashboardOptions"]
 
 
-_InitialPeers = Annotated[
-    list[str], typer.Option("--initial-peers", help="Any peer of the run (repeatable).")
-]
-_RunId = Annotated[str | None, typer.Option("--run-id", help="Run to show.")]
-_Config = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="The run's TOML config (its [peers] admission settings and run ID)."),
-]
-_Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to serve on (0: any free port).")]
-_Host = Annotated[
-    str, typer.Option("--host", help="Address to serve on (the default keeps the page on this machine).")
-]
-_Interval = Annotated[float, typer.Option("--interval", help="Seconds between reads of the run's records.")]
-_Timeout = Annotated[
-    float, typer.Option("--timeout", help="Seconds to wait for the DHT (start and each read).")
-]
-_Tolerate = Annotated[
-    int, typer.Option("--tolerate", min=0, help="f of the run's ban rule (bans need f + 1 accusers).")
-]
-_Strikes = Annotated[int, typer.Option("--ban-strikes", min=1, help="The run's peers.ban_strikes.")]
+@dataclass(frozen=True)
+class DashboardOptions:
+    """What ``swarmtrain dashboard`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given). ``--tolerate`` and ``--ban-strikes``
+    are the dashboard's own: the ban rule it reads the run's records with."""
+
+    initial_peers: list[str] = flag(
+        ...,
+        "--initial-peers",
+        key="peers.initial_peers",
+        convert=given_maddrs,
+        help="Any peer of the run (repeatable).",
+    )
+    run_id: str | None = flag(None, "--run-id", key="peers.run_id", help="Run to show.")
+    config: Path | None = flag(
+        None,
+        "--config",
+        "-c",
+        help="The run's TOML config (its [peers] admission settings and run ID).",
+    )
+    port: int = flag(8470, "--port", min=0, max=65535, help="Port to serve on (0: any free port).")
+    host: str = flag(
+        "127.0.0.1", "--host", help="Address to serve on (the default keeps the page on this machine)."
+    )
+    interval: float = flag(2.0, "--interval", help="Seconds between reads of the run's records.")
+    timeout: float = flag(30.0, "--timeout", help="Seconds to wait for the DHT (start and each read).")
+    tolerate: int = flag(1, "--tolerate", min=0, help="f of the run's ban rule (bans need f + 1 accusers).")
+    strikes: int = flag(3, "--ban-strikes", min=1, help="The run's peers.ban_strikes.")
 
 
-def dashboard(
-    initial_peers: _InitialPeers,
-    run_id: _RunId = None,
-    config: _Config = None,
-    port: _Port = 8470,
-    host: _Host = "127.0.0.1",
-    interval: _Interval = 2.0,
-    timeout: _Timeout = 30.0,
-    tolerate: _Tolerate = 1,
-    strikes: _Strikes = 3,
-) -> None:
+@command(DashboardOptions)
+def dashboard(opts: DashboardOptions) -> None:
     """Serve a live web page of the run: peers, loss curve, bytes per round, round outcomes, bans.
 
     The page is self-contained (no external assets; works offline) and reads the same records as
@@ -61,25 +64,26 @@ def dashboard(
     """
     import time
 
-    from swarmtrain.app.commands.peers import _peers_config, split_maddrs
+    from swarmtrain.app.commands.peers import _peers_config
     from swarmtrain.app.dashboard import DashboardServer, History
     from swarmtrain.core.errors import ConfigError
 
-    if not (math.isfinite(interval) and interval > 0):
-        raise ConfigError(f"--interval must be a positive number of seconds, not {interval}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise ConfigError(f"--timeout must be a positive number of seconds, not {timeout}")
-    maddrs = split_maddrs(initial_peers)
-    if not maddrs:
+    if not (math.isfinite(opts.interval) and opts.interval > 0):
+        raise ConfigError(f"--interval must be a positive number of seconds, not {opts.interval}")
+    if not (math.isfinite(opts.timeout) and opts.timeout > 0):
+        raise ConfigError(f"--timeout must be a positive number of seconds, not {opts.timeout}")
+    overrides = config_overrides(opts)
+    if not overrides["peers.initial_peers"]:
         raise ConfigError("--initial-peers: give the multiaddr of at least one peer of the run")
-    cfg = _peers_config(config, {"peers.run_id": run_id, "peers.initial_peers": maddrs})
+    cfg = _peers_config(opts.config, overrides)
     history = History(cfg.run_id)
+    host, port = opts.host, opts.port
     try:
         server = DashboardServer(host, port, lambda: history.snapshot(time.time()))
     except OSError as e:
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {e.strerror or e}") from None
     try:
-        _serve(cfg, server, history, interval, timeout, tolerate, strikes)
+        _serve(cfg, server, history, opts.interval, opts.timeout, opts.tolerate, opts.strikes)
     finally:
         server.close()
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from swarmtrain.app.commands.flags import command, config_overrides, flag
+from swarmtrain.app.commands.peers import given_maddrs
 
 if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
     from swarmtrain.app.doctor.result import Check
 
-__all__ = ["register", "doctor"]
+__all__ = ["register", "doctor", "DoctorOptions"]
 
 _NO_PEERS = "no --initial-peers"
 
@@ -37,43 +41,43 @@ def _manifest_settings(maddrs: list[str], timeout: float) -> dict[str, object] |
     return manifest.settings
 
 
-_InitialPeers = Annotated[
-    list[str] | None,
-    typer.Option("--initial-peers", help="Any peer of the run (repeatable); without: local checks only."),
-]
-_Config = Annotated[
-    Path | None, typer.Option("--config", "-c", help="The run's TOML config (preset, run ID).")
-]
-_RunId = Annotated[str | None, typer.Option("--run-id", help="The run to check against.")]
-_Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-_Peers = Annotated[int, typer.Option("--peers", min=0, max=16, help="How many live peers to probe.")]
-_Timeout = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds for each network step.")]
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What ``swarmtrain doctor`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given)."""
+
+    initial_peers: list[str] | None = flag(
+        None,
+        "--initial-peers",
+        key="peers.initial_peers",
+        convert=given_maddrs,
+        help="Any peer of the run (repeatable); without: local checks only.",
+    )
+    config: Path | None = flag(None, "--config", "-c", help="The run's TOML config (preset, run ID).")
+    run_id: str | None = flag(None, "--run-id", key="peers.run_id", help="The run to check against.")
+    json_out: bool = flag(False, "--json", help="Print JSON instead of a table.")
+    n_peers: int = flag(3, "--peers", min=0, max=16, help="How many live peers to probe.")
+    timeout: float = flag(30.0, "--timeout", min=1.0, help="Seconds for each network step.")
 
 
-def doctor(
-    initial_peers: _InitialPeers = None,
-    config: _Config = None,
-    run_id: _RunId = None,
-    json_out: _Json = False,
-    n_peers: _Peers = 3,
-    timeout: _Timeout = 30.0,
-) -> None:
+@command(DoctorOptions)
+def doctor(opts: DoctorOptions) -> None:
     """Check this machine for a run (p2p, reachability, links, throughput, memory); print a verdict."""
-    from swarmtrain.app.commands.peers import split_maddrs
     from swarmtrain.app.doctor.verdict import decide, format_report, report_dict
     from swarmtrain.core.jsonsafe import dumps
 
-    maddrs = split_maddrs(initial_peers)
-    cfg = _doctor_config(maddrs, config, run_id, timeout)
+    overrides = config_overrides(opts)
+    maddrs: list[str] = overrides["peers.initial_peers"] or []
+    cfg = _doctor_config(opts, overrides)
     peers_cfg = cfg.peers.model_copy(update={"identity_path": None, "token": None})  # writes nothing
 
     def progress(what: str) -> None:
-        if not json_out:
+        if not opts.json_out:
             print(f"... {what}", file=sys.stderr, flush=True)
 
-    checks, peer_throughput = _run_checks(cfg, peers_cfg, maddrs, n_peers, timeout, progress)
+    checks, peer_throughput = _run_checks(cfg, peers_cfg, maddrs, opts.n_peers, opts.timeout, progress)
     verdict = decide(checks, peer_throughput)
-    if json_out:
+    if opts.json_out:
         typer.echo(dumps(report_dict(checks, verdict, run_id=peers_cfg.run_id, preset=cfg.model.preset)))
     else:
         typer.echo(format_report(checks, verdict))
@@ -81,21 +85,15 @@ def doctor(
         raise typer.Exit(verdict.exit_code)
 
 
-def _doctor_config(maddrs: list[str], config: Path | None, run_id: str | None, timeout: float) -> Any:
+def _doctor_config(opts: DoctorOptions, overrides: dict[str, Any]) -> Any:
     """The run's config: the file and flags, over the settings of the manifest the initial peer serves
     when neither names the run; the doctor's own node listens on 127.0.0.1 only."""
     from swarmtrain.core.config import load_config
 
-    base = _manifest_settings(maddrs, timeout) if maddrs and config is None and run_id is None else None
-    return load_config(
-        config,
-        {
-            "peers.run_id": run_id,
-            "peers.initial_peers": maddrs or None,
-            "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
-        },
-        base=base,
-    )
+    maddrs = overrides["peers.initial_peers"]
+    by_manifest = maddrs and opts.config is None and opts.run_id is None
+    base = _manifest_settings(maddrs, opts.timeout) if by_manifest else None
+    return load_config(opts.config, {**overrides, "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}, base=base)
 
 
 def _run_checks(

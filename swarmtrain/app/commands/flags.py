@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import typer
 
-__all__ = ["FlagSpec", "flag", "flag_specs", "config_overrides", "given_flags", "command"]
+__all__ = ["FlagSpec", "flag", "argument", "flag_specs", "config_overrides", "given_flags", "command"]
 
 T = TypeVar("T")
 
@@ -34,12 +34,14 @@ class FlagSpec:
         key: the dotted config key it sets (``None``: the command's own, read from the options).
         options: ``typer.Option``'s other arguments (``help``, ``min``, ``max``, ``metavar``).
         convert: what the config key gets from a given value (``None``: the value itself).
+        positional: a command-line argument (``typer.Argument``; no option names), not an option.
     """
 
     decls: tuple[str, ...]
     key: str | None
     options: dict[str, Any]
     convert: Callable[[Any], Any] | None = None
+    positional: bool = False
 
 
 def flag(
@@ -52,6 +54,23 @@ def flag(
     """A dataclass field that is the flag ``decls`` (``typer.Option(default, *decls, **options)``),
     setting the config key ``key`` (to ``convert(value)`` with ``convert``) when given."""
     return field(default=default, metadata={_META: FlagSpec(decls, key, options, convert)})
+
+
+def argument(default: Any, **options: Any) -> Any:
+    """A dataclass field that is a positional argument (``typer.Argument(default, **options)``): the
+    command's own, setting no config key."""
+    return field(default=default, metadata={_META: FlagSpec((), None, options, positional=True)})
+
+
+def _parameter(name: str, spec: FlagSpec, default: Any, annotation: Any) -> inspect.Parameter:
+    """The typer parameter of one field."""
+    make: Callable[..., Any] = typer.Argument if spec.positional else typer.Option
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=make(default, *spec.decls, **spec.options),
+        annotation=annotation,
+    )
 
 
 def flag_specs(cls: type) -> dict[str, FlagSpec]:
@@ -90,13 +109,7 @@ def command(options: type[T]) -> Callable[[Callable[[T], None]], Callable[..., N
     hints = typing.get_type_hints(options)
     defaults = {f.name: f.default for f in fields(options)}  # type: ignore[arg-type]
     params = [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=typer.Option(defaults[name], *spec.decls, **spec.options),
-            annotation=hints[name],
-        )
-        for name, spec in flag_specs(options).items()
+        _parameter(name, spec, defaults[name], hints[name]) for name, spec in flag_specs(options).items()
     ]
 
     def wrap(body: Callable[[T], None]) -> Callable[..., None]:

@@ -11,15 +11,10 @@ from typing import Any
 import typer
 
 from swarmtrain.app.commands.flags import command, config_overrides, flag
+from swarmtrain.app.commands.peers import given_maddrs
 from swarmtrain.core.jsonsafe import dumps
 
 __all__ = ["register", "join", "run_join", "JoinOptions"]
-
-
-def _maddrs(values: list[str]) -> list[str] | None:
-    from swarmtrain.app.commands.peers import split_maddrs
-
-    return split_maddrs(values) or None
 
 
 @dataclass(frozen=True)
@@ -31,7 +26,7 @@ class JoinOptions:
         None,
         "--initial-peers",
         key="peers.initial_peers",
-        convert=_maddrs,
+        convert=given_maddrs,
         help="Multiaddrs of any live peer (e.g. printed by `swarmtrain dht`).",
     )
     config: Path | None = flag(None, "--config", "-c", help="TOML config file of the run.")
@@ -46,13 +41,13 @@ class JoinOptions:
         "or allowlist: this machine's (`swarmtrain identity` prints its peer ID).",
     )
     host_maddrs: list[str] | None = flag(
-        None, "--host-maddrs", key="peers.host_maddrs", convert=_maddrs, help="Multiaddrs to listen on."
+        None, "--host-maddrs", key="peers.host_maddrs", convert=given_maddrs, help="Multiaddrs to listen on."
     )
     announce_maddrs: list[str] | None = flag(
         None,
         "--announce-maddrs",
         key="peers.announce_maddrs",
-        convert=_maddrs,
+        convert=given_maddrs,
         help="Public multiaddrs to announce.",
     )
     token: str | None = flag(

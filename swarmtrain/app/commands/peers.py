@@ -10,17 +10,30 @@ happen inside the commands.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from swarmtrain.app.commands.flags import command, config_overrides, flag
 
 if TYPE_CHECKING:  # imported for real inside the commands, so --help stays fast
     from peers.dht.records import PeerRecord
 
 from swarmtrain.app.units import human_bytes
 
-__all__ = ["register", "dht", "status", "split_maddrs", "peer_rows", "peer_table"]
+__all__ = [
+    "register",
+    "dht",
+    "status",
+    "DhtOptions",
+    "StatusOptions",
+    "split_maddrs",
+    "given_maddrs",
+    "peer_rows",
+    "peer_table",
+]
 
 
 def split_maddrs(values: list[str] | None) -> list[str]:
@@ -63,26 +76,57 @@ _CONFIG_HELP = "The run's TOML config (its [peers] admission settings and run ID
 _TOKEN_HELP = "This peer's join token (runs with admission 'token'; `swarmtrain token issue`)."
 
 
-def dht(
-    host_maddrs: list[str] | None = typer.Option(
-        None, "--host-maddrs", help="Multiaddrs to listen on (default /ip4/0.0.0.0/tcp/0)."
-    ),
-    announce_maddrs: list[str] | None = typer.Option(
-        None, "--announce-maddrs", help="Public multiaddrs to announce (behind NAT / port forwarding)."
-    ),
-    initial_peers: list[str] | None = typer.Option(None, "--initial-peers", help="Other bootstrap nodes."),
-    identity: str | None = typer.Option(
+def given_maddrs(values: list[str] | None) -> list[str] | None:
+    """A multiaddr flag's values as its config key's (:func:`split_maddrs`; none: ``None``, not given)."""
+    return split_maddrs(values) or None
+
+
+@dataclass(frozen=True)
+class DhtOptions:
+    """What ``swarmtrain dht`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given)."""
+
+    host_maddrs: list[str] | None = flag(
+        None,
+        "--host-maddrs",
+        key="peers.host_maddrs",
+        convert=given_maddrs,
+        help="Multiaddrs to listen on (default /ip4/0.0.0.0/tcp/0).",
+    )
+    announce_maddrs: list[str] | None = flag(
+        None,
+        "--announce-maddrs",
+        key="peers.announce_maddrs",
+        convert=given_maddrs,
+        help="Public multiaddrs to announce (behind NAT / port forwarding).",
+    )
+    initial_peers: list[str] | None = flag(
+        None,
+        "--initial-peers",
+        key="peers.initial_peers",
+        convert=given_maddrs,
+        help="Other bootstrap nodes.",
+    )
+    identity: str | None = flag(
         None,
         "--identity",
+        key="peers.identity_path",
         help="Private key file; created if missing; keeps the peer ID across restarts.",
-    ),
-    run_id: str | None = typer.Option(None, "--run-id", help="Run ID to announce the node under."),
-    config: Path | None = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
-    token: str | None = typer.Option(None, "--token", help=_TOKEN_HELP),
-    manifest: Path | None = typer.Option(
-        None, "--manifest", help="The run's signed manifest (`swarmtrain run init`): served to volunteers."
-    ),
-) -> None:
+    )
+    run_id: str | None = flag(None, "--run-id", key="peers.run_id", help="Run ID to announce the node under.")
+    config: Path | None = flag(None, "--config", "-c", help=_CONFIG_HELP)
+    token: str | None = flag(None, "--token", key="peers.token", help=_TOKEN_HELP)
+    manifest: Path | None = flag(
+        None,
+        "--manifest",
+        key="peers.manifest",
+        convert=str,
+        help="The run's signed manifest (`swarmtrain run init`): served to volunteers.",
+    )
+
+
+@command(DhtOptions)
+def dht(opts: DhtOptions) -> None:
     """Run a bootstrap DHT node and print the multiaddrs to pass as --initial-peers.
 
     With --manifest the node serves the run's signed manifest, so volunteers need only its address
@@ -91,18 +135,7 @@ def dht(
     from peers.dht.node import PeerNode
     from peers.dht.process import GracefulExit
 
-    cfg = _peers_config(
-        config,
-        {
-            "peers.run_id": run_id,
-            "peers.initial_peers": split_maddrs(initial_peers) or None,
-            "peers.host_maddrs": split_maddrs(host_maddrs) or None,
-            "peers.announce_maddrs": split_maddrs(announce_maddrs) or None,
-            "peers.identity_path": identity,
-            "peers.token": token,
-            "peers.manifest": str(manifest) if manifest is not None else None,
-        },
-    )
+    cfg = _peers_config(opts.config, config_overrides(opts))
     with GracefulExit() as stop, PeerNode(cfg, role="bootstrap") as node:
         typer.echo(f"peer id: {node.peer_id}")
         typer.echo("initial peers (pass one or more as --initial-peers):")
@@ -113,17 +146,25 @@ def dht(
         typer.echo("shutting down")
 
 
-def status(
-    initial_peers: list[str] = typer.Option(..., "--initial-peers", help="Any peer of the run."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Run whose peers to list."),
-    config: Path | None = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the DHT."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    tolerate: int = typer.Option(
-        1, "--tolerate", min=0, help="f of the run's ban rule (bans need f + 1 accusers)."
-    ),
-    strikes: int = typer.Option(3, "--ban-strikes", min=1, help="The run's peers.ban_strikes."),
-) -> None:
+@dataclass(frozen=True)
+class StatusOptions:
+    """What ``swarmtrain status`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given). ``--tolerate`` and ``--ban-strikes``
+    are the command's own: the ban rule it reads the run's records with."""
+
+    initial_peers: list[str] = flag(
+        ..., "--initial-peers", key="peers.initial_peers", convert=given_maddrs, help="Any peer of the run."
+    )
+    run_id: str | None = flag(None, "--run-id", key="peers.run_id", help="Run whose peers to list.")
+    config: Path | None = flag(None, "--config", "-c", help=_CONFIG_HELP)
+    timeout: float = flag(30.0, "--timeout", help="Seconds to wait for the DHT.")
+    json_out: bool = flag(False, "--json", help="Print JSON instead of a table.")
+    tolerate: int = flag(1, "--tolerate", min=0, help="f of the run's ban rule (bans need f + 1 accusers).")
+    strikes: int = flag(3, "--ban-strikes", min=1, help="The run's peers.ban_strikes.")
+
+
+@command(StatusOptions)
+def status(opts: StatusOptions) -> None:
     """Print a table of the run's live peers and exit: ID, role, step, round, tokens/s, loss, bytes
     sent and received, committed/late/failed rounds, version (fits the terminal; 80 columns piped).
 
@@ -137,11 +178,12 @@ def status(
     from peers.trust.suspicion import compute_bans
     from swarmtrain.core.jsonsafe import dumps
 
-    cfg = _peers_config(config, {"peers.run_id": run_id, "peers.initial_peers": split_maddrs(initial_peers)})
+    cfg = _peers_config(opts.config, config_overrides(opts))
+    timeout = opts.timeout
     with RunReader(cfg, startup_timeout=timeout) as reader:  # reads records; writes nothing
         records = reader.live_peers(timeout=timeout)
-        bans = compute_bans(read_tables(reader, cfg.run_id, timeout), tolerate, strikes=strikes)
-    if json_out:
+        bans = compute_bans(read_tables(reader, cfg.run_id, timeout), opts.tolerate, strikes=opts.strikes)
+    if opts.json_out:
         rows = [{**asdict(r), "banned": bans.get(r.peer_id)} for r in records]
         typer.echo(dumps(rows, default=str))
         return

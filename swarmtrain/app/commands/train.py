@@ -7,52 +7,74 @@ the same run. Heavy imports (torch) happen inside the command so ``--help`` stay
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Any
 
 import typer
 
+from swarmtrain.app.commands.flags import command, config_overrides, flag
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["register", "train", "data_overrides"]
+__all__ = ["register", "train", "TrainOptions"]
 
 
-def data_overrides(paths: list[str]) -> dict[str, Any]:
-    """``--data`` values -> ``data.paths``; the config infers ``data.source`` from them (all ``.bin`` or
-    token folders: bin, else text), over any source a lower layer set for other paths."""
-    return {"data.paths": list(paths)} if paths else {}
+@dataclass(frozen=True)
+class TrainOptions:
+    """What ``swarmtrain train`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given, the lower layers' value)."""
 
-
-# the flags of ``train`` (unset: the lower layers' value)
-_Config = Annotated[str | None, typer.Option("--config", "-c", help="TOML config file.")]
-_Preset = Annotated[str | None, typer.Option("--preset", help="Model size: tiny, small or gpt2-124m.")]
-_Steps = Annotated[int | None, typer.Option("--steps", help="Total optimizer steps (sets the LR schedule).")]
-_MaxTime = Annotated[float | None, typer.Option("--max-time", help="Stop after this many seconds.")]
-_BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Sequences per micro-batch.")]
-_GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batches per step.")]
-_Lr = Annotated[float | None, typer.Option("--lr", help="Peak learning rate.")]
-_Optimizer = Annotated[
-    str | None,
-    typer.Option(
-        "--optimizer", help="Inner optimizer: adamw, adamw8bit (8-bit states; needs bitsandbytes) or sgd."
-    ),
-]
-_Device = Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-_Compile = Annotated[bool | None, typer.Option("--compile/--no-compile", help="Use torch.compile.")]
-_Data = Annotated[
-    list[str] | None,
-    typer.Option("--data", help="Text file/folder or .bin token file (repeatable); default: Python stdlib."),
-]
-_OutDir = Annotated[str | None, typer.Option("--out-dir", help="Where metrics and checkpoints go.")]
-_Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the init and the data order.")]
-_Threads = Annotated[
-    int | None, typer.Option("--threads", help="CPU threads for torch (default: all cores).")
-]
-_CheckpointInterval = Annotated[
-    int | None,
-    typer.Option("--checkpoint-interval", help="Save a checkpoint every N steps (always at the end)."),
-]
-_Resume = Annotated[str | None, typer.Option("--resume", help="Checkpoint folder to continue from.")]
-_Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+    config: str | None = flag(None, "--config", "-c", help="TOML config file.")
+    preset: str | None = flag(
+        None, "--preset", key="model.preset", help="Model size: tiny, small or gpt2-124m."
+    )
+    steps: int | None = flag(
+        None, "--steps", key="train.steps", help="Total optimizer steps (sets the LR schedule)."
+    )
+    max_time: float | None = flag(
+        None, "--max-time", key="train.max_time", help="Stop after this many seconds."
+    )
+    batch_size: int | None = flag(
+        None, "--batch-size", key="train.batch_size", help="Sequences per micro-batch."
+    )
+    grad_accum: int | None = flag(
+        None, "--grad-accum", key="train.grad_accum", help="Micro-batches per step."
+    )
+    lr: float | None = flag(None, "--lr", key="train.lr", help="Peak learning rate.")
+    optimizer: str | None = flag(
+        None,
+        "--optimizer",
+        key="train.optimizer",
+        help="Inner optimizer: adamw, adamw8bit (8-bit states; needs bitsandbytes) or sgd.",
+    )
+    device: str | None = flag(None, "--device", key="train.device", help="auto, cpu, cuda or cuda:N.")
+    compile_: bool | None = flag(
+        None, "--compile/--no-compile", key="train.compile", help="Use torch.compile."
+    )
+    # the config infers data.source from the paths (all .bin or token folders: bin, else text), over
+    # any source a lower layer set for other paths
+    data: list[str] | None = flag(
+        None,
+        "--data",
+        key="data.paths",
+        help="Text file/folder or .bin token file (repeatable); default: Python stdlib.",
+    )
+    out_dir: str | None = flag(
+        None, "--out-dir", key="train.out_dir", help="Where metrics and checkpoints go."
+    )
+    seed: int | None = flag(None, "--seed", key="train.seed", help="Seed of the init and the data order.")
+    threads: int | None = flag(
+        None, "--threads", key="train.threads", help="CPU threads for torch (default: all cores)."
+    )
+    checkpoint_interval: int | None = flag(
+        None,
+        "--checkpoint-interval",
+        key="train.checkpoint_interval",
+        help="Save a checkpoint every N steps (always at the end).",
+    )
+    resume: str | None = flag(None, "--resume", help="Checkpoint folder to continue from.")
+    progress: bool | None = flag(
+        None, "--progress/--no-progress", key="train.progress", help="Show a progress bar."
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -60,25 +82,8 @@ def register(app: typer.Typer) -> None:
     app.command("train")(train)
 
 
-def train(
-    config: _Config = None,
-    preset: _Preset = None,
-    steps: _Steps = None,
-    max_time: _MaxTime = None,
-    batch_size: _BatchSize = None,
-    grad_accum: _GradAccum = None,
-    lr: _Lr = None,
-    optimizer: _Optimizer = None,
-    device: _Device = None,
-    compile_: _Compile = None,
-    data: _Data = None,
-    out_dir: _OutDir = None,
-    seed: _Seed = None,
-    threads: _Threads = None,
-    checkpoint_interval: _CheckpointInterval = None,
-    resume: _Resume = None,
-    progress: _Progress = None,
-) -> None:
+@command(TrainOptions)
+def train(opts: TrainOptions) -> None:
     """Train a byte-level GPT on this machine alone.
 
     With no options: the tiny preset on the Python standard library's sources, on CUDA when
@@ -86,26 +91,9 @@ def train(
     """
     from swarmtrain.core.config import load_config
 
-    overrides: dict[str, Any] = {
-        "model.preset": preset,
-        "train.steps": steps,
-        "train.max_time": max_time,
-        "train.batch_size": batch_size,
-        "train.grad_accum": grad_accum,
-        "train.lr": lr,
-        "train.optimizer": optimizer,
-        "train.device": device,
-        "train.compile": compile_,
-        "train.out_dir": out_dir,
-        "train.seed": seed,
-        "train.threads": threads,
-        "train.checkpoint_interval": checkpoint_interval,
-        "train.progress": progress,
-    }
-    overrides.update(data_overrides(list(data or [])))
-    base = _resumed_config(resume) if resume is not None else None
-    cfg = load_config(config, overrides, base=base)
-    _run(cfg, resume)
+    base = _resumed_config(opts.resume) if opts.resume is not None else None
+    cfg = load_config(opts.config, config_overrides(opts), base=base)
+    _run(cfg, opts.resume)
 
 
 def _resumed_config(resume: str) -> dict[str, Any]:
