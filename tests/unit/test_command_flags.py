@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from pydantic import BaseModel
 
 from peers.trust.manifest import PUBLISHED, RUN_WIDE, RUN_WIDE_SETTINGS
-from swarmtrain.app.cli import run
-from swarmtrain.app.commands.flags import config_overrides, flag_specs
+from swarmtrain.app.cli import app, run
+from swarmtrain.app.commands.flags import config_overrides, flag_specs, options_of
 from swarmtrain.app.commands.join import JoinOptions
 from swarmtrain.app.commands.simulate import SimulateOptions
 from swarmtrain.app.peer.run_agreement import SETTING_FLAGS
@@ -27,7 +29,37 @@ def _is_config_key(key: str) -> bool:
     return isinstance(model, type) and issubclass(model, BaseModel) and name in model.model_fields
 
 
-@pytest.mark.parametrize("options", [SimulateOptions, JoinOptions])
+def _commands(group: typer.Typer, prefix: str = "") -> dict[str, Any]:
+    """Every command of the CLI (``"bench strategies"`` for a sub-app's), name -> its callback."""
+    out: dict[str, Any] = {}
+    for info in group.registered_commands:
+        assert info.name and info.callback is not None
+        out[prefix + info.name] = info.callback
+    for sub in group.registered_groups:
+        assert sub.name and sub.typer_instance is not None
+        out.update(_commands(sub.typer_instance, f"{prefix}{sub.name} "))
+    return out
+
+
+#: the commands with no flag that sets a config key: their flags stay typer's parameters
+_NO_CONFIG_FLAGS = {"identity", "bench codecs"}
+#: command -> the options class its flags are the fields of
+COMMAND_OPTIONS = {
+    name: options_of(cb) for name, cb in _commands(app).items() if name not in _NO_CONFIG_FLAGS
+}
+
+
+def test_every_command_with_config_flags_is_made_from_its_options() -> None:
+    assert set(_commands(app)) >= _NO_CONFIG_FLAGS
+    assert COMMAND_OPTIONS["simulate"] is SimulateOptions and COMMAND_OPTIONS["join"] is JoinOptions
+    missing = [name for name, options in COMMAND_OPTIONS.items() if options is None]
+    assert not missing, f"declare their flags with swarmtrain.app.commands.flags: {missing}"
+    assert {"train", "dht", "status", "doctor", "dashboard", "run init", "token issue"} <= set(
+        COMMAND_OPTIONS
+    )
+
+
+@pytest.mark.parametrize("options", sorted({o for o in COMMAND_OPTIONS.values() if o}, key=str))
 def test_every_flag_key_is_a_config_key(options: type) -> None:
     specs = flag_specs(options)
     assert list(specs) == [f.name for f in fields(options)]
@@ -37,9 +69,11 @@ def test_every_flag_key_is_a_config_key(options: type) -> None:
     assert len(decls) == len(set(decls)), decls  # no flag name twice
 
 
-@pytest.mark.parametrize(("command", "options"), [("simulate", SimulateOptions), ("join", JoinOptions)])
-def test_the_help_lists_every_flag(command: str, options: type, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run([command, "--help"]) == 0
+@pytest.mark.parametrize("command", sorted(COMMAND_OPTIONS))
+def test_the_help_lists_every_flag(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    options = COMMAND_OPTIONS[command]
+    assert options is not None
+    assert run([*command.split(), "--help"]) == 0
     out = capsys.readouterr().out
     for spec in flag_specs(options).values():
         assert all(d.split("/")[0] in out for d in spec.decls), spec.decls
@@ -94,3 +128,24 @@ def test_the_flags_a_swarm_role_refuses_are_joins() -> None:
 
     by_key = {s.key: s.decls[0] for s in flag_specs(JoinOptions).values() if s.key is not None}
     assert {key: by_key.get(key) for key in _PEER_ONLY} == _PEER_ONLY
+
+
+def test_the_other_commands_overrides() -> None:
+    """train's flags, run init's admission defaults and the bench grid's shared settings."""
+    from swarmtrain.app.commands.bench import StrategiesOptions
+    from swarmtrain.app.commands.train import TrainOptions
+    from swarmtrain.app.commands.trust import RunInitOptions, _run_options
+
+    over = config_overrides(TrainOptions(steps=5, compile_=False, data=["a.txt"], resume="ck"))
+    assert over["train.steps"] == 5 and over["train.compile"] is False and over["data.paths"] == ["a.txt"]
+    assert over["train.lr"] is None and "ck" not in over.values()
+    opened = _run_options(RunInitOptions(directory=Path("r"), admission="open", strategy="demo"))
+    assert opened["peers.reducer"] == "centered_clip" and opened["peers.byzantine_f"] == 1
+    assert "strategy.inner_steps" not in opened and opened["peers.run_id"] == "swarmtrain"
+    tok = _run_options(RunInitOptions(directory=Path("r"), tolerate=2))
+    assert (tok["peers.reducer"], tok["peers.byzantine_f"], tok["strategy.inner_steps"]) == ("mean", 2, 30)
+    assert StrategiesOptions(preset="small").base_overrides() == {
+        "train.steps": 300,
+        "model.preset": "small",
+        "train.eval_interval": 10_000_000,
+    }

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from swarmtrain.app.commands.flags import command, config_overrides, flag
 from swarmtrain.core.errors import ConfigError
 
 if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
@@ -23,7 +25,14 @@ if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fas
     from compression.benchmark import CodecResult
     from swarmtrain.app.bench.strategies import Grid
 
-__all__ = ["register", "bench_app", "codec_table", "last_level_cache_bytes", "cache_warning"]
+__all__ = [
+    "register",
+    "bench_app",
+    "codec_table",
+    "last_level_cache_bytes",
+    "cache_warning",
+    "StrategiesOptions",
+]
 
 #: the last-level cache assumed where none can be read (a large desktop or server L3)
 DEFAULT_LLC_BYTES = 32 << 20
@@ -200,26 +209,18 @@ def _words(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _grid_from_flags(
-    strategy: str,
-    codec: str,
-    inner_steps: str,
-    outer_lr: str,
-    outer_momentum: str,
-    error_feedback: str,
-    sweep: Sequence[str] = (),
-) -> Grid:
+def _grid_from_flags(opts: StrategiesOptions) -> Grid:
     """The comma-separated flags as a ``Grid`` (an empty flag: the config's value)."""
     from swarmtrain.app.bench.strategies import Grid, parse_sweep
 
     return Grid(
-        strategies=_words(strategy),
-        codecs=_words(codec) or ["int8"],
-        inner_steps=_ints(inner_steps, "--inner-steps"),
-        outer_lrs=_floats(outer_lr, "--outer-lr"),
-        outer_momenta=_floats(outer_momentum, "--outer-momentum"),
-        error_feedback=[*_words(error_feedback)] or [None],
-        sweeps=[parse_sweep(s) for s in sweep],
+        strategies=_words(opts.strategy),
+        codecs=_words(opts.codec) or ["int8"],
+        inner_steps=_ints(opts.inner_steps, "--inner-steps"),
+        outer_lrs=_floats(opts.outer_lr, "--outer-lr"),
+        outer_momenta=_floats(opts.outer_momentum, "--outer-momentum"),
+        error_feedback=[*_words(opts.error_feedback)] or [None],
+        sweeps=[parse_sweep(s) for s in opts.sweep or ()],
     )
 
 
@@ -242,74 +243,50 @@ def _grid_progress(
     return on_row
 
 
-def _base_overrides(steps: int, batch_size: int | None, preset: str | None) -> dict[str, Any]:
-    """What every point of a grid shares, as config overrides (unset flags: the config's)."""
-    base: dict[str, Any] = {
-        "train.steps": steps,
-        "train.batch_size": batch_size,
-        "model.preset": preset,
-        "train.eval_interval": 10_000_000,  # one evaluation, at the end
-    }
-    return {k: v for k, v in base.items() if v is not None}
+@dataclass(frozen=True)
+class StrategiesOptions:
+    """What ``swarmtrain bench strategies`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``). The comma-separated lists are the grid's axes (empty: the
+    config's), the command's own; ``--steps``, ``--batch-size`` and ``--preset`` set every point's
+    config (``None``: the config's)."""
 
-
-# the flags of ``bench strategies``: comma-separated lists are the grid's axes (empty: the config's)
-_Strategies = Annotated[
-    str, typer.Option("--strategy", help="Comma-separated: diloco, streaming_diloco, demo.")
-]
-_Codecs = Annotated[str, typer.Option("--codec", help="Comma-separated pseudo-gradient codecs.")]
-_InnerSteps = Annotated[str, typer.Option("--inner-steps", "-H", help="Comma-separated H values [30].")]
-_OuterLrs = Annotated[
-    str, typer.Option("--outer-lr", help="Comma-separated outer learning rates [config's].")
-]
-_OuterMomenta = Annotated[
-    str, typer.Option("--outer-momentum", help="Comma-separated outer momenta [config's].")
-]
-_ErrorFeedback = Annotated[
-    str, typer.Option("--error-feedback", help="Comma-separated: none, ef [config's].")
-]
-_Sweeps = Annotated[
-    list[str] | None,
-    typer.Option(
+    strategy: str = flag("diloco", "--strategy", help="Comma-separated: diloco, streaming_diloco, demo.")
+    codec: str = flag("int8", "--codec", help="Comma-separated pseudo-gradient codecs.")
+    inner_steps: str = flag("", "--inner-steps", "-H", help="Comma-separated H values [30].")
+    outer_lr: str = flag("", "--outer-lr", help="Comma-separated outer learning rates [config's].")
+    outer_momentum: str = flag("", "--outer-momentum", help="Comma-separated outer momenta [config's].")
+    error_feedback: str = flag("", "--error-feedback", help="Comma-separated: none, ef [config's].")
+    sweep: list[str] | None = flag(
+        None,
         "--sweep",
         help="Sweep any config field too: [STRATEGY:]SECTION.FIELD=V1,V2,... (repeatable), e.g. "
         "demo:train.lr=3e-4,1e-3 or strategy.mixing=0.3,0.5 (strategy.* fields only where the "
         "strategy has them).",
-    ),
-]
-_Workers = Annotated[int, typer.Option("--workers", min=1, help="In-process workers per point.")]
-_Steps = Annotated[int, typer.Option("--steps", min=1, help="Local steps per worker.")]
-_BatchSize = Annotated[
-    int | None, typer.Option("--batch-size", min=1, help="Sequences per worker and step [16].")
-]
-_Preset = Annotated[str | None, typer.Option("--preset", help="Model preset [tiny].")]
-_Config = Annotated[Path | None, typer.Option("--config", help="A TOML config below the flags.")]
-_RealPeers = Annotated[
-    int,
-    typer.Option(
-        "--real-peers", min=0, help="Re-run the K best points and the reference with real peer processes."
-    ),
-]
-_JsonPath = Annotated[Path, typer.Option("--json", help="JSON; CSV and PNG beside it.")]
+    )
+    workers: int = flag(4, "--workers", min=1, help="In-process workers per point.")
+    steps: int = flag(300, "--steps", key="train.steps", min=1, help="Local steps per worker.")
+    batch_size: int | None = flag(
+        None, "--batch-size", key="train.batch_size", min=1, help="Sequences per worker and step [16]."
+    )
+    preset: str | None = flag(None, "--preset", key="model.preset", help="Model preset [tiny].")
+    config: Path | None = flag(None, "--config", help="A TOML config below the flags.")
+    real_peers: int = flag(
+        0,
+        "--real-peers",
+        min=0,
+        help="Re-run the K best points and the reference with real peer processes.",
+    )
+    json_path: Path = flag(Path("bench-strategies.json"), "--json", help="JSON; CSV and PNG beside it.")
+
+    def base_overrides(self) -> dict[str, Any]:
+        """What every point of the grid shares, as config overrides (unset flags: the config's)."""
+        given = {k: v for k, v in config_overrides(self).items() if v is not None}
+        return {**given, "train.eval_interval": 10_000_000}  # one evaluation, at the end
 
 
 @bench_app.command("strategies")
-def strategies(
-    strategy: _Strategies = "diloco",
-    codec: _Codecs = "int8",
-    inner_steps: _InnerSteps = "",
-    outer_lr: _OuterLrs = "",
-    outer_momentum: _OuterMomenta = "",
-    error_feedback: _ErrorFeedback = "",
-    sweep: _Sweeps = None,
-    workers: _Workers = 4,
-    steps: _Steps = 300,
-    batch_size: _BatchSize = None,
-    preset: _Preset = None,
-    config: _Config = None,
-    real_peers: _RealPeers = 0,
-    json_path: _JsonPath = Path("bench-strategies.json"),
-) -> None:
+@command(StrategiesOptions)
+def strategies(opts: StrategiesOptions) -> None:
     """Sweep strategies and settings in one process (the in-process harness) against fp32 DataParallel.
 
     Every point trains the same run as `swarmtrain simulate` (model, data, seed, steps, per-worker
@@ -320,10 +297,9 @@ def strategies(
 
     from swarmtrain.app.bench.strategies import grid_points, load_point, run_grid, settings, write_outputs
 
-    grid = _grid_from_flags(
-        strategy, codec, inner_steps, outer_lr, outer_momentum, error_feedback, sweep or ()
-    )
-    base = _base_overrides(steps, batch_size, preset)
+    grid = _grid_from_flags(opts)
+    base = opts.base_overrides()
+    config, workers, real_peers, json_path = opts.config, opts.workers, opts.real_peers, opts.json_path
     points = grid_points(grid)
     for p in points:  # every point's config is valid before the first one trains
         load_point(config, {**base, **p.overrides})

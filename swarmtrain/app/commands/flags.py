@@ -2,9 +2,9 @@
 
 Each field made by :func:`flag` is one flag: its name, type and default are the field's; its option
 names, help and bounds (``typer.Option``'s arguments) and the dotted config key it sets, if any, are
-the field's metadata. :func:`command` makes the typer command from those fields and
-:func:`config_overrides` the config's highest layer, so a flag cannot be added to one and missed by
-the other.
+the field's metadata (a field made by :func:`argument` is a positional argument, the command's own).
+:func:`command` makes the typer command from those fields and :func:`config_overrides` the config's
+highest layer, so a flag cannot be added to one and missed by the other.
 """
 
 from __future__ import annotations
@@ -18,11 +18,21 @@ from typing import Any, TypeVar
 
 import typer
 
-__all__ = ["FlagSpec", "flag", "argument", "flag_specs", "config_overrides", "given_flags", "command"]
+__all__ = [
+    "FlagSpec",
+    "flag",
+    "argument",
+    "flag_specs",
+    "config_overrides",
+    "given_flags",
+    "command",
+    "options_of",
+]
 
 T = TypeVar("T")
 
 _META = "flag"
+_OPTIONS = "__flag_options__"
 
 
 @dataclass(frozen=True)
@@ -119,9 +129,16 @@ def command(options: type[T]) -> Callable[[Callable[[T], None]], Callable[..., N
 
         cmd.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         cmd.__annotations__ = {p.name: p.annotation for p in params}
+        setattr(cmd, _OPTIONS, options)
         return cmd
 
     return wrap
+
+
+def options_of(cmd: Callable[..., Any]) -> type | None:
+    """The options dataclass ``cmd`` was made from by :func:`command` (``None``: not made so)."""
+    options = getattr(cmd, _OPTIONS, None)
+    return options if isinstance(options, type) else None
 
 
 def given_flags(opts: Any, sections: tuple[str, ...], but: tuple[str, ...] = ()) -> list[str]:

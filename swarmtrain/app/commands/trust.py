@@ -12,54 +12,76 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from swarmtrain.app.commands.flags import argument, command, config_overrides, flag
+
 if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
     from peers.trust.admission import RunKey
 
-__all__ = ["register", "run_init", "token_issue", "identity"]
+__all__ = ["register", "run_init", "token_issue", "identity", "RunInitOptions", "TokenIssueOptions"]
 
 _CONFIG = "swarmtrain.toml"
 _HOUR = 3600.0
 
 
-def run_init(
-    directory: Path = typer.Argument(..., help="Folder for the run key and the shared config (created)."),
-    run_id: str = typer.Option("swarmtrain", "--run-id", help="The run's ID."),
-    admission: str = typer.Option("token", "--admission", help="Who may join: token, allowlist or open."),
-    hours: float = typer.Option(24 * 30, "--hours", min=0.01, help="Validity of the bootstrap's token."),
-    strategy: str = typer.Option("diloco", "--strategy", "-s", help="The run's strategy."),
-    inner_steps: int | None = typer.Option(30, "--inner-steps", "-H", min=1, help="DiLoCo H."),
-    compressor: str = typer.Option("int8", "--compressor", help="The run's codec."),
-    reducer: str | None = typer.Option(
-        None, "--reducer", help="Aggregation rule (default: mean; centered_clip under --admission open)."
-    ),
-    tolerate: int | None = typer.Option(
-        None, "--tolerate", min=0, help="Byzantine peers the reducer tolerates (default 1 when open)."
-    ),
-) -> None:
+@dataclass(frozen=True)
+class RunInitOptions:
+    """What ``swarmtrain run init`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``). ``--reducer`` and ``--tolerate`` not given: the admission
+    policy's defaults (:func:`_run_options`)."""
+
+    directory: Path = argument(..., help="Folder for the run key and the shared config (created).")
+    run_id: str = flag("swarmtrain", "--run-id", key="peers.run_id", help="The run's ID.")
+    admission: str = flag(
+        "token", "--admission", key="peers.admission", help="Who may join: token, allowlist or open."
+    )
+    hours: float = flag(24 * 30, "--hours", min=0.01, help="Validity of the bootstrap's token.")
+    strategy: str = flag("diloco", "--strategy", "-s", key="strategy.name", help="The run's strategy.")
+    inner_steps: int | None = flag(
+        30, "--inner-steps", "-H", key="strategy.inner_steps", min=1, help="DiLoCo H."
+    )
+    compressor: str = flag("int8", "--compressor", key="compression.codec", help="The run's codec.")
+    reducer: str | None = flag(
+        None,
+        "--reducer",
+        key="peers.reducer",
+        help="Aggregation rule (default: mean; centered_clip under --admission open).",
+    )
+    tolerate: int | None = flag(
+        None,
+        "--tolerate",
+        key="peers.byzantine_f",
+        min=0,
+        help="Byzantine peers the reducer tolerates (default 1 when open).",
+    )
+
+
+@command(RunInitOptions)
+def run_init(opts: RunInitOptions) -> None:
     """Create a run: its key (secret), its signed manifest, a shared config, and the bootstrap node's
     identity and token. Volunteers then need only the bootstrap's address (and a token)."""
     from swarmtrain.core.config import load_config
 
-    options = _run_options(run_id, admission, strategy, inner_steps, compressor, reducer, tolerate)
-    cfg = load_config(None, options, env={})  # checks every value before anything is written
+    directory = opts.directory
+    cfg = load_config(None, _run_options(opts), env={})  # checks every value before anything is written
     key, boot_id, cfg_path, manifest_path = _write_run(directory, cfg)
     typer.echo(f"run key (keep it secret): {directory / 'run.key'}")
     typer.echo(f"signed run manifest (served by the bootstrap): {manifest_path}")
     typer.echo(f"config of the run's own peers: {cfg_path}")
     boot = f"swarmtrain dht --manifest {manifest_path} --identity {directory / 'bootstrap.key'}"
-    if admission == "token":
+    if opts.admission == "token":
         from peers.trust.admission import encode_token_text
 
-        tok = encode_token_text(key.issue(run_id, boot_id, time.time() + hours * _HOUR))
+        tok = encode_token_text(key.issue(opts.run_id, boot_id, time.time() + opts.hours * _HOUR))
         boot += f" --token {tok}"
     typer.echo(f"start the bootstrap node:\n  {boot}")
     typer.echo("volunteers join with its address: swarmtrain join --initial-peers ADDR")
-    if admission == "token":
+    if opts.admission == "token":
         typer.echo(
             "admit a volunteer (they print their peer ID with `swarmtrain identity FILE`; they pass\n"
             "the token and that file: join --initial-peers ADDR --identity FILE --token TOKEN):\n"
@@ -67,15 +89,7 @@ def run_init(
         )
 
 
-def _run_options(
-    run_id: str,
-    admission: str,
-    strategy: str,
-    inner_steps: int | None,
-    compressor: str,
-    reducer: str | None,
-    tolerate: int | None,
-) -> dict[str, object]:
+def _run_options(opts: RunInitOptions) -> dict[str, object]:
     """``run init``'s flags as config overrides, with the admission policy's reducer defaults (an
     open run tolerates one Byzantine peer with ``centered_clip``).
 
@@ -86,24 +100,18 @@ def _run_options(
     from peers.trust.admission import POLICIES
     from swarmtrain.core.errors import ConfigError
 
+    admission, run_id = opts.admission, opts.run_id
     if admission not in POLICIES:
         raise ConfigError(f"--admission must be one of {', '.join(POLICIES)}, not {admission!r}")
     if not RUN_ID_PATTERN.match(run_id):
         raise ConfigError(f"--run-id {run_id!r}: use 1-64 letters, digits, '_', '.', '-'")
-    if reducer is None:
-        reducer = "centered_clip" if admission == "open" else "mean"
-    if tolerate is None:
-        tolerate = 1 if admission == "open" else 0
-    options: dict[str, object] = {
-        "peers.run_id": run_id,
-        "peers.admission": admission,
-        "peers.reducer": reducer,
-        "peers.byzantine_f": tolerate,
-        "strategy.name": strategy,
-        "compression.codec": compressor,
-    }
-    if strategy in ("diloco", "streaming_diloco"):
-        options["strategy.inner_steps"] = inner_steps
+    options: dict[str, object] = config_overrides(opts)
+    if opts.reducer is None:
+        options["peers.reducer"] = "centered_clip" if admission == "open" else "mean"
+    if opts.tolerate is None:
+        options["peers.byzantine_f"] = 1 if admission == "open" else 0
+    if opts.strategy not in ("diloco", "streaming_diloco"):
+        del options["strategy.inner_steps"]
     return options
 
 
@@ -158,25 +166,35 @@ def _config_text(cfg: Any, manifest_path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def token_issue(
-    peer_id: str = typer.Argument(..., help="The volunteer's peer ID (`swarmtrain identity FILE`)."),
-    run_key: Path = typer.Option(..., "--run-key", help="The run key written by `swarmtrain run init`."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="The run's config (for its run ID)."),
-    run_id: str | None = typer.Option(None, "--run-id", help="The run ID (default: the config's)."),
-    hours: float = typer.Option(24 * 30, "--hours", min=0.01, help="Hours the token stays valid."),
-) -> None:
+@dataclass(frozen=True)
+class TokenIssueOptions:
+    """What ``swarmtrain token issue`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given)."""
+
+    peer_id: str = argument(..., help="The volunteer's peer ID (`swarmtrain identity FILE`).")
+    run_key: Path = flag(..., "--run-key", help="The run key written by `swarmtrain run init`.")
+    config: Path | None = flag(None, "--config", "-c", help="The run's config (for its run ID).")
+    run_id: str | None = flag(
+        None, "--run-id", key="peers.run_id", help="The run ID (default: the config's)."
+    )
+    hours: float = flag(24 * 30, "--hours", min=0.01, help="Hours the token stays valid.")
+
+
+@command(TokenIssueOptions)
+def token_issue(opts: TokenIssueOptions) -> None:
     """Print a join token admitting PEER_ID to the run (pass it to `swarmtrain join --token`)."""
     from peers.trust.admission import RunKey, encode_token_text
     from swarmtrain.core.config import load_config
     from swarmtrain.core.errors import ConfigError
 
-    cfg = load_config(config, {"peers.run_id": run_id})
+    cfg = load_config(opts.config, config_overrides(opts))
+    run_key, peer_id = opts.run_key, opts.peer_id
     key = RunKey.load(run_key)
     if cfg.peers.run_public_key and cfg.peers.run_public_key != key.public_hex:
         raise ConfigError(f"{run_key} is not the key of this run (its public key differs from the config's)")
     if not peer_id.isalnum() or len(peer_id) > 128:
         raise ConfigError(f"{peer_id!r} is not a peer ID")
-    token = key.issue(cfg.peers.run_id, peer_id, time.time() + hours * _HOUR)
+    token = key.issue(cfg.peers.run_id, peer_id, time.time() + opts.hours * _HOUR)
     typer.echo(encode_token_text(token))
 
 
