@@ -21,19 +21,26 @@ PAYLOAD = 64 * 1024 + 3
 
 def worker(rank: int, initial: list[str], q: Any, receiver_id: str) -> None:
     from peers import P2PCollective, PeerNode
+    from peers.rounds import inbound
     from peers.wire.messages import Envelope
     from swarmtrain.core.errors import ProtocolError
 
-    class Counting(P2PCollective):
-        streams = 0
+    class Counting:
+        """Counts the incoming streams: the collective's stream handler is ``Inbound.handle``."""
 
-        async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
+        streams = 0
+        handle = inbound.Inbound.handle
+
+        @staticmethod
+        async def counted(self: Any, info: Any, reader: Any, writer: Any) -> None:
             Counting.streams += 1
-            await super()._handle(info, reader, writer)
+            await Counting.handle(self, info, reader, writer)
+
+    inbound.Inbound.handle = Counting.counted  # type: ignore[method-assign]  # this child process only
 
     with reporting_errors(q, rank), PeerNode(loopback_config("t-chan", initial)) as node:
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
-        coll = Counting(node)
+        coll = P2PCollective(node)
         node.wait_for_peers(2, timeout=60)
         if rank == 0:
             from peers.wire.mailbox import Quota
