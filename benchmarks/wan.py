@@ -51,10 +51,19 @@ from swarmtrain.simulation.regions import EmulatedRegions  # noqa: E402
 from swarmtrain.simulation.runner import quiet_resource_tracker  # noqa: E402
 from swarmtrain.simulation.topology import load_topology  # noqa: E402
 
-__all__ = ["bound_s", "run_rate", "main"]
+__all__ = ["bound_s", "run_rate", "shown_path", "main"]
 
 RESULTS = HERE / "results"
 TOPOLOGY = ROOT / "examples" / "topologies" / "three_regions.toml"
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as the JSON records it: relative to the repository root when it lies inside it (so a
+    result names no directory of the machine that ran it), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def bound_s(n: int, nbytes: float, rate_mbit: float, rtt_s: float) -> float:
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_rate(rate, args.peers, numel, args.rounds, args.topology, no_delay=True))
     doc = {
         "benchmark": "wan",
-        "topology": str(args.topology),
+        "topology": shown_path(args.topology),
         "numel": numel,
         "rounds": args.rounds,
         "recorded": recorded(),
