@@ -28,13 +28,13 @@ replicated-owner check of ``peers.rounds.owner_check``) is called at fixed point
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 
 import torch
 
 from peers.reducers import MeanReducer
+from peers.rounds.phases import Stopwatch
 from peers.rounds.reduce_check import NoCheck, ReduceCheck
 from peers.rounds.reduce_job import Layout, ReduceJob, bounds
 from peers.rounds.round_io import RoundIO, Slot
@@ -144,9 +144,8 @@ class ButterflyRound:
         """Send the parts, exchange, settle, finish the check; returns name -> reduced tensor."""
         self.send_parts()
         self.io.mark("encode_parts")
-        waits = self.exchange()
+        self.exchange()
         self.io.mark("exchange")
-        self.io.clock.phases.update(waits)
         self.io.settle(self.sends)
         self.io.mark("wait_sends")
         self.check.finish(self.agg_frames)
@@ -167,32 +166,27 @@ class ButterflyRound:
                 self.sends.append(self.io.send(members[i], env, [frame]))
             self.sends += self.check.part_encoded(i, c, frame)
 
-    def exchange(self) -> dict[str, float]:
+    def exchange(self) -> None:
         """Handle whatever arrived until my chunks are reduced and every aggregate is in: my complete
-        chunks first (the others wait on them), then aggregates. Returns the seconds spent waiting,
-        reducing and decoding."""
-        t_reduce = t_decode = t_wait = 0.0
+        chunks first (the others wait on them), then aggregates. Books the seconds spent waiting,
+        reducing (with encoding and queueing the aggregates) and decoding as sub-phases of the
+        exchange (``peers.rounds.phases``)."""
+        laps = Stopwatch(self.io.clock, "exchange")
         while self.my_todo or self.agg_todo:
-            t0 = time.perf_counter()
             slot = self.io.wait(
                 self._ready, self._missing, timeout_text="timed out waiting for parts or aggregates"
             )
-            t1 = time.perf_counter()
+            laps.lap("wait")
             for c in [c for c in self.my_todo if self._chunk_in(slot, c)]:
                 self.reduce_chunk(slot, c)
                 self.my_todo.remove(c)
             if not self.my_todo:
                 self._announce_partition_done()
-            t2 = time.perf_counter()
+            laps.lap("reduce_send_aggs")
             for k in [k for k in self.agg_todo if k in slot]:
                 self.take_aggregate(slot, k)
-            t_wait, t_reduce, t_decode = (
-                t_wait + t1 - t0,
-                t_reduce + t2 - t1,
-                t_decode + time.perf_counter() - t2,
-            )
+            laps.lap("decode_aggs")
         self._announce_partition_done()  # my partition may have had no chunks
-        return {"wait_in_exchange": t_wait, "reduce_encode_agg": t_reduce, "decode_aggs": t_decode}
 
     def _announce_partition_done(self) -> None:
         if not self.partition_announced:

@@ -6,7 +6,7 @@ A round's steps (the butterfly data phase in ``peers.rounds.butterfly``, the com
 hands each of them the round's ``RoundIO``, which knows the round's group, kind and deadline and
 offers the few operations they need: build an envelope, send, wait for messages (with the abort and
 connectivity checks), check a message's digest, decode a chunk, tell the others to abort, let the
-outgoing messages settle, and record phase timings.
+outgoing messages settle, and record phase timings (``peers.rounds.phases``).
 
 The collective provides the wire through a :class:`RoundLink` (its mailbox, its send function and a
 view of the connected peers), so this module needs nothing from ``peers.rounds.collective``.
@@ -18,12 +18,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from peers.rounds.group import Group
+from peers.rounds.phases import PhaseClock
 from peers.rounds.round_errors import MemberAborted, MemberGone, RoundTimeout, SendFailed, WrongGroup
 from peers.wire.mailbox import Delivery, Key, Mailbox
 from peers.wire.messages import Envelope, decode_packet_bytes
@@ -58,24 +59,6 @@ class RoundLink:
     mailbox: Mailbox
     send: Callable[[str, Envelope, list[Any], float], Future[None]]
     connected: Callable[[], set[str] | None]
-
-
-@dataclass
-class PhaseClock:
-    """Seconds spent in each phase of one round, for benchmarks and metrics.
-
-    ``mark(phase)`` books the time since the previous mark under ``phase``; ``phases`` is the dict the
-    collective exposes as ``last_timings``.
-    """
-
-    phases: dict[str, float] = field(default_factory=dict)
-    _last: float = field(default_factory=time.perf_counter)
-
-    def mark(self, phase: str) -> None:
-        """Book the seconds since the previous mark (or the start) under ``phase``."""
-        now = time.perf_counter()
-        self.phases[phase] = now - self._last
-        self._last = now
 
 
 def decode_chunk(compressor: Compressor, frames: Sequence[bytes], length: int) -> torch.Tensor:
