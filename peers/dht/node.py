@@ -24,8 +24,10 @@ from typing import Any
 
 from peers.dht.probe import serve_probes
 from peers.dht.records import RUN_ID_PATTERN, PeerRecord, decode_record, encode_record, peers_key
+from peers.dht.revocations import read_revocations
 from peers.keys.signing import Signer
-from peers.trust.admission import AdmittedPeers, admission_from, own_token
+from peers.trust.admission import admission_from, own_token
+from peers.trust.admitted import AdmittedPeers, token_fields
 from peers.wire.ledger import ByteLedger
 from peers.wire.memory import retain_freed_buffers
 from peers.wire.transport import LoopThread
@@ -173,7 +175,11 @@ class PeerNode:
         initial = validate_maddrs(list(config.initial_peers), "initial_peers")
         kwargs = self._dht_options(config, startup_timeout, publish_record)
         #: who may send to this node's handlers (the collective's, the state server's)
-        self.admitted = AdmittedPeers(self.admission, lambda: [x.peer_id for x in self.live_peers(timeout=5)])
+        self.admitted = AdmittedPeers(
+            self.admission,
+            lambda: self.live_peers(timeout=5),
+            revocations=lambda: read_revocations(self.dht, self.run_id),
+        )
         self._closed = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -237,6 +243,7 @@ class PeerNode:
             region=config.region,
             maddrs=tuple(self.visible_maddrs),
             time=dht_time(),
+            extra=dict(token_fields(self.token)),  # others check its expiry (peers.trust.admitted)
         )
         if publish_record:
             self._store_record(self._record, dht_time() + self.heartbeat_ttl)
@@ -380,9 +387,10 @@ class PeerNode:
             raise PeerTimeoutError("the DHT did not answer the peer list query") from None
         if found is None or not isinstance(found.value, dict):
             return []
-        if run == self.run_id:  # the DHT returns only admitted writers' records (peers.dht.dht_records)
-            self.admitted.note(k for k in found.value if isinstance(k, str))
-        return live_records(found.value, run)
+        records = live_records(found.value, run)
+        if run == self.run_id:  # admitted writers' records (peers.dht.dht_records), their tokens checked
+            self.admitted.note(records)
+        return records
 
     # --- lifecycle ----------------------------------------------------------------------------------
 

@@ -313,7 +313,6 @@ class P2PCollective:
         clock = PhaseClock()
         self.last_timings = clock.phases
         group = self._form_group(kind, r, deadline, clock)
-        self.node.admitted.note(group.members)  # listed by an admitted leader
         b = budget(group.size)
         self._inbound.max_streams = max(MAX_STREAMS, 4 * group.size + 16)  # 3 lanes per member
         self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
@@ -324,18 +323,35 @@ class P2PCollective:
         return RoundIO(self._link, group, kind, deadline, clock)
 
     def _form_group(self, kind: str, round_id: int, deadline: float, clock: PhaseClock) -> Group:
-        """Refresh the guard's bans (if any) into the matchmaker, then form the round's group.
+        """Refresh the guard's bans (if any) and the peers this node no longer admits (a token expired
+        or revoked) into the matchmaker, then form the round's group.
 
-        A member that refuses a list holding a banned peer tells the list's members to abort at once.
+        A member that refuses a list holding a banned peer, or a peer this node's own admission check
+        does not admit (issue 30.3: a leader's list admits nobody), tells the list's members to abort.
         """
+        banned = self.node.admitted.refused()
         if self.guard is not None:
             left = max(deadline - time.monotonic(), 0.5)
-            self._matchmaker.banned = frozenset(self.guard.refresh(min(5.0, left / 4)))
+            banned |= frozenset(self.guard.refresh(min(5.0, left / 4)))
+        self._matchmaker.banned = banned
         try:
-            return self._matchmaker.form_group(kind, round_id, deadline)
+            group = self._matchmaker.form_group(kind, round_id, deadline)
+            self._check_members(group)
+            return group
         except ListsBannedPeer as e:
             RoundIO(self._link, e.group, kind, deadline, clock).abort(str(e))
             raise
+
+    def _check_members(self, group: Group) -> None:
+        """Raise ``ListsBannedPeer`` unless this node's own admission check admits every member: a
+        leader's signed list is no evidence that the peers it names are admitted (issue 30.3)."""
+        admitted = self.node.admitted
+        refused = [m for m in group.members if m != self.peer_id and not admitted.check(m)]
+        if refused:
+            names = [m[:12] for m in refused]
+            raise ListsBannedPeer(
+                f"round {group.round_id} lists peers this node does not admit {names}", group
+            )
 
     def _failed(self, io: RoundIO | None, kind: str, round_id: int, e: Exception) -> None:
         """This peer failed the round: tell the others to abort unless they learn of it anyway."""

@@ -15,14 +15,11 @@ Policies (``[peers] admission``):
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +41,6 @@ __all__ = [
     "parse_token_text",
     "MAX_TOKEN_BYTES",
     "admission_from",
-    "AdmittedPeers",
     "AdmissionEnded",
     "OwnAdmission",
     "own_token",
@@ -266,6 +262,11 @@ class Admission:
         if tok.expires < (time.time() if now is None else now):
             raise NotAdmitted(f"the join token of {peer_id[:16]} has expired")
 
+    def token_expiry(self, token: bytes) -> float:
+        """The Unix time a token (already checked by :meth:`check`) stops admitting its peer."""
+        assert self.run_public is not None
+        return decode_token(token, self.run_public).expires
+
 
 def admission_from(cfg: PeersConfig) -> Admission:
     """The policy of ``[peers]`` (``admission``, ``allowlist``, ``run_public_key``).
@@ -357,101 +358,3 @@ def check_own_admission(cfg: PeersConfig) -> None:
     from peers.keys.identity import ensure_identity
 
     own_token(cfg, admission, ensure_identity(cfg.identity_path))
-
-
-class AdmittedPeers:
-    """Which peers this node knows to be admitted: the policy decides ``open`` and ``allowlist`` at
-    once; under ``token`` a peer is admitted once a record it signed was read (the DHT returns only
-    records of admitted writers, ``peers.dht.dht_records``) or a round's admitted leader listed it.
-
-    An unknown peer is decided by the first read of the records that *starts after it asked*: one
-    read runs at a time, at most once per ``min_interval`` seconds, and every peer that asked before
-    it started gets its answer from it. So a stranger's flood of streams costs one DHT read per
-    interval, and an admitted peer whose first message arrives just after a read (before this node
-    saw its record) waits for the next read instead of being refused (a round's first messages, from
-    a leader whose record this member had not read yet, failed whole rounds that way).
-
-    Args:
-        admission: the run's policy.
-        lookup: reads the run's peer records; returns their writers (all admitted).
-        min_interval: seconds between the starts of two reads.
-    """
-
-    def __init__(
-        self, admission: Admission, lookup: Callable[[], Iterable[str]], min_interval: float = 1.0
-    ) -> None:
-        self.admission = admission
-        self.lookup = lookup
-        self.min_interval = min_interval
-        self._known: set[str] = set()
-        self._last_start = -float("inf")  # when the last read started
-        self._answered = -float("inf")  # when the last finished read started
-        self._reading = False
-        self._cond = threading.Condition()
-
-    def note(self, peers: Iterable[str]) -> None:
-        """Record peers seen as writers of validated records, or listed by an admitted leader."""
-        if self.admission.policy == "token":
-            with self._cond:
-                self._known.update(peers)
-
-    def decided(self, peer_id: str) -> bool | None:
-        """Whether ``peer_id`` is admitted, without a DHT read; ``None`` when only a read can tell."""
-        if self.admission.policy == "open":
-            return True
-        if self.admission.policy == "allowlist":
-            return peer_id in self.admission.allowlist
-        with self._cond:
-            return True if peer_id in self._known else None
-
-    def check(self, peer_id: str, asked: float | None = None) -> bool:
-        """Whether ``peer_id`` is admitted, reading the run's peer records if needed (blocking: up to
-        ``min_interval`` plus one read).
-
-        Args:
-            asked: ``time.monotonic()`` when the question arose (default: now); a read that started
-                after it answers it.
-        """
-        known = self.decided(peer_id)
-        if known is not None:
-            return known
-        asked = time.monotonic() if asked is None else asked
-        with self._cond:
-            while True:
-                if peer_id in self._known:
-                    return True
-                if self._answered >= asked:  # a read that started after the question found nothing
-                    return False
-                wait = self._last_start + self.min_interval - time.monotonic()
-                if self._reading or wait > 0:
-                    self._cond.wait(wait if not self._reading else None)
-                    continue
-                self._reading, start = True, time.monotonic()
-                self._last_start = start
-                break
-        try:
-            found = list(self.lookup())
-        except Exception as e:  # a flaky DHT: this read found nobody, the next may succeed
-            logger.info("reading the run's peer records failed: %s", e)
-            found = []
-        with self._cond:
-            self._known.update(found)
-            self._reading, self._answered = False, start
-            self._cond.notify_all()
-            return peer_id in self._known
-
-    async def acheck(self, peer_id: str) -> bool:
-        """:meth:`check` for an event loop: a DHT read, if one is needed, runs in a worker thread (the
-        question counts as asked now, not when a worker is free: a flood queued behind it shares one
-        read)."""
-        known = self.decided(peer_id)
-        if known is not None:
-            return known
-        asked = time.monotonic()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id, asked)
-        except (RuntimeError, asyncio.CancelledError):
-            # the node is shutting down (its executor closed, or the stream's handler task cancelled
-            # while it waited for a read): refuse quietly, so the handler ends normally instead of
-            # asyncio printing the cancelled handler's traceback
-            return False

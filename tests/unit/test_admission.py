@@ -178,7 +178,7 @@ def test_the_validator_travels_to_the_dht_process(signers: list[Signer]) -> None
 
 
 def test_admitted_peers_decide_by_policy_and_read_the_dht_at_most_once_a_second(run_key: RunKey) -> None:
-    from peers.trust.admission import AdmittedPeers
+    from peers.trust.admitted import AdmittedPeers
 
     assert AdmittedPeers(Admission("open", RUN), list).check("anyone")
     allow = AdmittedPeers(Admission("allowlist", RUN, allowlist=frozenset({"A"})), list)
@@ -200,14 +200,14 @@ def test_admitted_peers_decide_by_policy_and_read_the_dht_at_most_once_a_second(
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: tok.check("X", asked), range(50)))
     assert not any(answers) and len(reads) == 2
-    tok.note(["G"])  # listed by an admitted leader
+    tok.note(["G"])  # the writer of a validated record
     assert tok.decided("G") is True
 
 
 def test_an_admitted_peer_seen_just_after_a_read_waits_for_the_next_one(run_key: RunKey) -> None:
     """B's first stream arrives right after a read that did not show B's record yet: B is admitted
     at the next read (at most ``min_interval`` later), not refused (that failed whole rounds)."""
-    from peers.trust.admission import AdmittedPeers
+    from peers.trust.admitted import AdmittedPeers
 
     records = ["A"]
     reads: list[float] = []
