@@ -24,7 +24,7 @@ def test_grid_writes_json_csv_png_and_real_peers_agree_with_the_harness(tmp_path
     out = tmp_path / "grid.json"
     proc = _bench(
         "--workers", "2", "--steps", "12", "-H", "4", "--codec", "int8,ternary", "--real-peers", "1",
-        "--json", str(out),
+        "--no-controls", "--eval-batches", "8", "--json", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -54,6 +54,39 @@ def test_grid_writes_json_csv_png_and_real_peers_agree_with_the_harness(tmp_path
     assert all(len(line) <= 80 for line in table), proc.stdout
 
 
+def test_seeds_give_intervals_curves_and_a_fp32_control_per_codec_row(tmp_path: Path) -> None:
+    """The done-when command (``--seeds 3 --quick``), smaller: 2 seeds, 8 steps of 4 sequences."""
+    out = tmp_path / "seeds.json"
+    proc = _bench(
+        "--seeds", "2", "--quick", "--steps", "8", "--batch-size", "4", "--eval-batches", "2",
+        "--json", str(out), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text(encoding="utf-8")
+    assert "NaN" not in text
+    data = json.loads(text)
+    assert data["settings"]["seeds"] == 2 and data["settings"]["quick"] is True
+    assert data["settings"]["eval_batches"] == 2 and "fewer than" in data["settings"]["eval_note"]
+    rows = {r["label"]: r for r in data["rows"]}
+    assert list(rows) == ["data_parallel fp32", "diloco fp32 H=4", "diloco int8 H=4"]
+    assert rows["diloco int8 H=4"]["control"] == "diloco fp32 H=4"
+    assert "gap_vs_control" in rows["diloco int8 H=4"]
+    for r in rows.values():
+        assert r["seeds"] == 2 and r["data_seeds"] == [0, 1] and len(r["val_losses"]) == 2
+        assert r["val_loss_mean"] == r["final_val_loss"] and r["val_loss_ci95"] >= 0
+        curve = r["curve"]
+        assert curve[-1]["step"] == 8 and curve[-1]["val_loss"] == pytest.approx(r["val_loss_mean"])
+        assert all(set(c) >= {"step", "tokens", "bytes", "val_loss"} for c in curve)
+        pairs = zip(curve, curve[1:], strict=False)
+        assert all(a["bytes"] < b["bytes"] and a["tokens"] < b["tokens"] for a, b in pairs)
+    # DiLoCo's curve has a point at each of its 2 syncs (H=4 of 8 steps); the last is the end
+    assert [c["step"] for c in rows["diloco int8 H=4"]["curve"]] == [4, 8]
+    assert rows["diloco int8 H=4"]["curve"][0]["tokens"] == 2 * 4 * 4 * 128
+    for name in ("seeds.csv", "seeds.png", "seeds_curves.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines()), proc.stdout
+
+
 def test_bad_grid_input_is_one_line_before_any_training(tmp_path: Path) -> None:
     for args, word in (
         (["--outer-lr", "fast"], "--outer-lr"),
@@ -62,6 +95,7 @@ def test_bad_grid_input_is_one_line_before_any_training(tmp_path: Path) -> None:
         (["--sweep", "train.lrr=1"], "train.lrr"),
         (["--sweep", "strategy.mixng=0.3"], "applies to none"),
         (["--sweep", "mixing"], "--sweep"),
+        (["--seeds", "0"], "--seeds"),
     ):
         proc = _bench(*args, "--json", str(tmp_path / "x.json"), timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)

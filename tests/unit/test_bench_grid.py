@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +14,11 @@ from swarmtrain.app.bench.strategies import (
     Grid,
     _compare,
     grid_points,
+    markdown_table,
     pareto,
     parse_sweep,
     table_lines,
+    write_outputs,
 )
 from swarmtrain.core.errors import ConfigError
 
@@ -132,3 +136,76 @@ def test_sweeps_cross_only_the_strategies_they_apply_to() -> None:
 def test_a_sweep_that_cannot_apply_is_one_clear_error(text: str, words: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(words)):
         grid_points(Grid(strategies=("demo", "diloco"), sweeps=(parse_sweep(text),)))
+
+
+def test_every_codec_point_of_an_outer_strategy_gets_one_fp32_control_before_it() -> None:
+    grid = Grid(
+        strategies=("diloco", "streaming_diloco", "demo"),
+        codecs=("int8", "ternary", "none"),
+        inner_steps=(4,),
+        error_feedback=("none", "ef"),
+        controls=True,
+    )
+    points = grid_points(grid)
+    labels = [p.label for p in points]
+    assert len(labels) == len(set(labels))
+    assert labels[:4] == [
+        REFERENCE,
+        "diloco fp32 H=4 ef=none",
+        "diloco int8 H=4 ef=none",
+        "diloco int8 H=4 ef=ef",
+    ]
+    control = points[1]
+    assert control.overrides == {
+        "strategy.name": "diloco",
+        "compression.codec": "none",
+        "strategy.inner_steps": 4,
+        "compression.error_feedback": "none",
+    }
+    by = {p.label: p for p in points}
+    assert by["diloco int8 H=4 ef=ef"].control == "diloco fp32 H=4 ef=none"
+    assert by["streaming_diloco ternary H=4 ef=none"].control == "streaming_diloco fp32 H=4 ef=none"
+    # the codec "none" point is its own control; DeMo sends its own payload: no control
+    assert by["diloco fp32 H=4 ef=none"].control is None and by["demo"].control is None
+    assert by["diloco fp32 H=4 ef=ef"].control is None  # asked for (codec none x ef), not a control
+    assert not any(p.control for p in grid_points(Grid(codecs=("int8",))))  # off unless asked
+
+
+def _seeded_rows() -> list[dict[str, Any]]:
+    rows = _rows((REFERENCE, 2.0, 1600.0), ("diloco fp32 H=4", 2.1, 400.0), ("diloco int8 H=4", 2.1, 100.0))
+    losses = ([2.0, 2.2, 1.8], [2.1, 2.31, 1.89], [2.142, 2.31, 1.9089])
+    for r, vals in zip(rows, losses, strict=True):
+        r.update(val_losses=vals, data_seeds=[0, 1, 2], final_val_loss=sum(vals) / 3, seeds=3)
+        r["val_loss_ci95"] = 0.25
+    rows[2]["control"] = "diloco fp32 H=4"
+    return rows
+
+
+def test_gaps_are_paired_by_seed_and_split_into_the_strategys_and_the_codecs_part() -> None:
+    rows = _seeded_rows()
+    _compare(rows)
+    # every seed of the control is 5 % above the same seed of DataParallel: no spread at all
+    assert rows[1]["gap_vs_dp"] == pytest.approx(0.05) and rows[1]["gap_vs_dp_ci95"] == pytest.approx(0)
+    assert rows[2]["gap_vs_control"] == pytest.approx(0.01) and rows[2]["gap_vs_control_ci95"] > 0
+    assert "gap_vs_control" not in rows[1]
+    lines = table_lines(rows)
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert any("vs its fp32 control" in line and "+1.00%±" in line for line in lines)
+    assert any(line.startswith("±: half-width of the 95 % t-interval over 3 seeds") for line in lines)
+    md = markdown_table(rows)
+    assert "vs fp32 control" in md[0] and all(line.count("|") == md[0].count("|") for line in md)
+
+
+def test_one_seed_writes_null_intervals_strict_json_csv_and_both_plots(tmp_path: Path) -> None:
+    rows = _rows((REFERENCE, 2.0, 1600.0), ("diloco int8 H=4", float("nan"), 100.0))
+    curve = [{"step": 4, "tokens": 1024, "bytes": 5e5, "val_loss": 4.0, "val_loss_ci95": None}]
+    for r in rows:
+        r.update(val_loss_ci95=None, seeds=1, curve=curve)
+    _compare(rows)
+    meta = {"workers": 2, "steps": 8, "batch_size": 4, "preset": "tiny", "seeds": 1}
+    written = write_outputs(rows, meta, tmp_path / "g.json")
+    text = (tmp_path / "g.json").read_text(encoding="utf-8")
+    assert "NaN" not in text and json.loads(text)["rows"][0]["val_loss_ci95"] is None
+    assert [p.name for p in written] == ["g.json", "g.csv", "g.png", "g_curves.png"]
+    assert "curve" not in (tmp_path / "g.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[2:])

@@ -24,7 +24,18 @@ import torch
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["HarnessResult", "run_in_process"]
+__all__ = ["CurvePoint", "HarnessResult", "run_in_process"]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """The run after one sync: local steps done, tokens all workers trained on, codec payload bytes
+    one worker had sent by then, and the validation loss of the synced model (worker 0's)."""
+
+    step: int
+    tokens: int
+    bytes: int
+    val_loss: float
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class HarnessResult:
         rounds_committed / rounds_failed: per worker, the mean.
         params_identical: all workers ended with bit-identical shared parameters.
         wall_s: wall time of the training, all workers at once.
+        curve: the run after each recorded sync and at the end (``curve_points`` > 0), else empty.
     """
 
     workers: int
@@ -55,6 +67,7 @@ class HarnessResult:
     rounds_failed: float
     params_identical: bool
     wall_s: float
+    curve: tuple[CurvePoint, ...] = ()
 
     @property
     def bytes_per_token(self) -> float:
@@ -96,8 +109,29 @@ def _identical(trainers: list[Any]) -> bool:
     return len({shared_digest(t) for t in trainers}) == 1
 
 
-def _train(trainer: Any, tally: _Tally) -> None:
-    """One worker's thread: train to the end, counting its syncs; an exception is kept for the caller."""
+@dataclass
+class _Curve:
+    """Worker 0's curve: after a committed sync at least ``every`` steps past the last point and
+    before the last step (whose loss ``fit`` measures anyway), the synced model's validation loss."""
+
+    every: int
+    end: int
+    workers: int
+    last: int = 0
+    points: list[CurvePoint] = field(default_factory=list)
+
+    def after_step(self, trainer: Any, info: Any) -> None:
+        report = info.report
+        due = info.step < self.end and info.step - self.last >= self.every
+        if report.synced and report.committed and due:
+            self.last = info.step
+            val = trainer.evaluate()
+            self.points.append(CurvePoint(info.step, info.tokens * self.workers, trainer.bytes_sent, val))
+
+
+def _train(trainer: Any, tally: _Tally, curve: _Curve | None = None) -> None:
+    """One worker's thread: train to the end, counting its syncs (and recording ``curve``); an
+    exception is kept for the caller."""
 
     def on_step(info: Any) -> None:
         report = info.report
@@ -107,6 +141,8 @@ def _train(trainer: Any, tally: _Tally) -> None:
                 tally.committed += 1
             else:
                 tally.failed += 1
+        if curve is not None:
+            curve.after_step(trainer, info)
 
     try:
         val = trainer.fit(on_step).final_val_loss
@@ -115,12 +151,15 @@ def _train(trainer: Any, tally: _Tally) -> None:
         tally.errors.append(e)
 
 
-def _run_threads(trainers: list[Any], tallies: list[_Tally], timeout: float) -> float:
-    """Train every worker in its own thread; the wall time. Raises a worker's error or a hang."""
+def _run_threads(
+    trainers: list[Any], tallies: list[_Tally], timeout: float, curve: _Curve | None = None
+) -> float:
+    """Train every worker in its own thread (worker 0 records ``curve``); the wall time. Raises a
+    worker's error or a hang."""
     t0 = time.perf_counter()
     threads = [
-        threading.Thread(target=_train, args=(t, tally), daemon=True)
-        for t, tally in zip(trainers, tallies, strict=True)
+        threading.Thread(target=_train, args=(t, tally, curve if i == 0 else None), daemon=True)
+        for i, (t, tally) in enumerate(zip(trainers, tallies, strict=True))
     ]
     for t in threads:
         t.start()
@@ -134,9 +173,20 @@ def _run_threads(trainers: list[Any], tallies: list[_Tally], timeout: float) -> 
     return time.perf_counter() - t0
 
 
-def _summarise(cfg: Config, trainers: list[Any], tallies: list[_Tally], wall: float) -> HarnessResult:
+def _summarise(
+    cfg: Config, trainers: list[Any], tallies: list[_Tally], wall: float, curve: _Curve | None
+) -> HarnessResult:
     n = len(trainers)
     val_losses = tuple(t.val_loss for t in tallies)
+    points: tuple[CurvePoint, ...] = ()
+    if curve is not None:  # the end: every worker's final loss and bytes, as the result reports them
+        end = CurvePoint(
+            trainers[0].step,
+            sum(t.tokens for t in trainers),
+            round(sum(t.bytes_sent for t in trainers) / n),
+            sum(val_losses) / n,
+        )
+        points = (*curve.points, end)
     return HarnessResult(
         workers=n,
         steps=cfg.train.steps,
@@ -149,16 +199,29 @@ def _summarise(cfg: Config, trainers: list[Any], tallies: list[_Tally], wall: fl
         rounds_failed=sum(t.failed for t in tallies) / n,
         params_identical=_identical(trainers),
         wall_s=wall,
+        curve=points,
     )
 
 
-def run_in_process(cfg: Config, workers: int, *, timeout: float = 1800.0) -> HarnessResult:
+def run_in_process(
+    cfg: Config,
+    workers: int,
+    *,
+    timeout: float = 1800.0,
+    data_seed: int | None = None,
+    curve_points: int = 0,
+) -> HarnessResult:
     """Train ``workers`` replicas of ``cfg``'s run in this process, each on its own data shard.
 
     Args:
         cfg: the run's configuration (strategy, codec, reducer, model, data, steps), as a peer's.
         workers: how many workers train together (>= 1).
         timeout: hang guard for one collective operation and for the whole run, in seconds.
+        data_seed: seed of the data order (default ``cfg.train.seed``); the model's initialisation
+            stays ``cfg.train.seed``'s.
+        curve_points: record the validation loss after committed syncs, at most this many before
+            the end (every sync when syncs are at least ``steps / curve_points`` steps apart; else
+            the first sync each that many steps); 0: only the end, no curve.
 
     Raises:
         ConfigError: ``workers`` < 1.
@@ -181,12 +244,16 @@ def run_in_process(cfg: Config, workers: int, *, timeout: float = 1800.0) -> Har
                 collective=group[i],
                 peer_index=i,
                 num_peers=workers,
+                data_seed=data_seed,
                 reducer=build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options),
             )
             for i in range(workers)
         ]
+        steps = cfg.train.steps
+        curve = _Curve(-(-steps // curve_points), steps, workers) if curve_points > 0 else None
         try:
-            result = _summarise(cfg, trainers, tallies, _run_threads(trainers, tallies, timeout))
+            wall = _run_threads(trainers, tallies, timeout, curve)
+            result = _summarise(cfg, trainers, tallies, wall, curve)
         finally:
             for trainer in trainers:
                 trainer.close()

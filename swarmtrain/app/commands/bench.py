@@ -216,11 +216,12 @@ def _grid_from_flags(opts: StrategiesOptions) -> Grid:
     return Grid(
         strategies=_words(opts.strategy),
         codecs=_words(opts.codec) or ["int8"],
-        inner_steps=_ints(opts.inner_steps, "--inner-steps"),
+        inner_steps=_ints(opts.inner_steps or (str(QUICK_H) if opts.quick else ""), "--inner-steps"),
         outer_lrs=_floats(opts.outer_lr, "--outer-lr"),
         outer_momenta=_floats(opts.outer_momentum, "--outer-momentum"),
         error_feedback=[*_words(opts.error_feedback)] or [None],
         sweeps=[parse_sweep(s) for s in opts.sweep or ()],
+        controls=opts.controls,
     )
 
 
@@ -243,6 +244,16 @@ def _grid_progress(
     return on_row
 
 
+#: validation batches of a benchmark's evaluation (8 batches moved a gap by 0.3 points against 32)
+BENCH_EVAL_BATCHES = 32
+#: ``bench strategies --quick``: a grid that finishes in minutes on 2 cores (not a measurement)
+QUICK: dict[str, Any] = {"train.steps": 24, "train.batch_size": 8, "train.eval_batches": 8}
+QUICK_H = 4
+#: curve points recorded per run (every sync when syncs are at least steps/16 apart: H >= 19 at 300
+#: steps; DataParallel and shorter H every ceil(steps/16) steps), besides the end
+CURVE_POINTS = 16
+
+
 @dataclass(frozen=True)
 class StrategiesOptions:
     """What ``swarmtrain bench strategies`` was asked for: each field is one flag, declared once
@@ -263,12 +274,42 @@ class StrategiesOptions:
         "demo:train.lr=3e-4,1e-3 or strategy.mixing=0.3,0.5 (strategy.* fields only where the "
         "strategy has them).",
     )
-    workers: int = flag(4, "--workers", min=1, help="In-process workers per point.")
-    steps: int = flag(300, "--steps", key="train.steps", min=1, help="Local steps per worker.")
+    workers: int | None = flag(None, "--workers", min=1, help="In-process workers per point [4; --quick: 2].")
+    steps: int | None = flag(
+        None, "--steps", key="train.steps", min=1, help="Local steps per worker [300; --quick: 24]."
+    )
     batch_size: int | None = flag(
-        None, "--batch-size", key="train.batch_size", min=1, help="Sequences per worker and step [16]."
+        None,
+        "--batch-size",
+        key="train.batch_size",
+        min=1,
+        help="Sequences per worker and step [16; --quick: 8].",
     )
     preset: str | None = flag(None, "--preset", key="model.preset", help="Model preset [tiny].")
+    eval_batches: int | None = flag(
+        None,
+        "--eval-batches",
+        key="train.eval_batches",
+        min=1,
+        help=f"Validation batches per evaluation [{BENCH_EVAL_BATCHES}; "
+        f"--quick: {QUICK['train.eval_batches']}].",
+    )
+    seeds: int = flag(
+        1,
+        "--seeds",
+        min=1,
+        help="Seeds per point (data order and codec draws): mean and 95 % t-interval per point.",
+    )
+    controls: bool = flag(
+        True,
+        "--controls/--no-controls",
+        help="A fp32 control point (same strategy, H, outer step, seeds) for every codec point.",
+    )
+    quick: bool = flag(
+        False,
+        "--quick",
+        help="A fast smoke grid (2 workers, 24 steps of batch 8, H=4, 8 eval batches); said so in the JSON.",
+    )
     config: Path | None = flag(None, "--config", help="A TOML config below the flags.")
     real_peers: int = flag(
         0,
@@ -276,12 +317,17 @@ class StrategiesOptions:
         min=0,
         help="Re-run the K best points and the reference with real peer processes.",
     )
-    json_path: Path = flag(Path("bench-strategies.json"), "--json", help="JSON; CSV and PNG beside it.")
+    json_path: Path = flag(Path("bench-strategies.json"), "--json", help="JSON; CSV and PNGs beside it.")
+
+    def n_workers(self) -> int:
+        return self.workers or (2 if self.quick else 4)
 
     def base_overrides(self) -> dict[str, Any]:
-        """What every point of the grid shares, as config overrides (unset flags: the config's)."""
+        """What every point of the grid shares, as config overrides (unset flags: the config's, but
+        ``train.eval_batches`` >= 32 for a benchmark; ``--quick``'s smaller run where not given)."""
         given = {k: v for k, v in config_overrides(self).items() if v is not None}
-        return {**given, "train.eval_interval": 10_000_000}  # one evaluation, at the end
+        quick = QUICK if self.quick else {"train.steps": 300, "train.eval_batches": BENCH_EVAL_BATCHES}
+        return {**quick, **given, "train.eval_interval": 10_000_000}  # evaluated at the end (and the curve)
 
 
 @bench_app.command("strategies")
@@ -291,7 +337,11 @@ def strategies(opts: StrategiesOptions) -> None:
 
     Every point trains the same run as `swarmtrain simulate` (model, data, seed, steps, per-worker
     batch) with N workers in this process; the table gives each point's validation-loss gap to
-    DataParallel and how many fewer bytes per token it sends, and marks the Pareto front.
+    DataParallel and how many fewer bytes per token it sends, and marks the Pareto front. With
+    --seeds K each point runs K times (seed k: data order train.seed + k, codec draws seeded k) and
+    reports the mean and a 95 % t-interval; every codec point gets a fp32 control, so its gap splits
+    into the strategy's part and the codec's. Each run records (step, tokens, bytes, val loss) at
+    its syncs: the curves, plotted against bytes beside the JSON.
     """
     from rich.console import Console
 
@@ -299,17 +349,26 @@ def strategies(opts: StrategiesOptions) -> None:
 
     grid = _grid_from_flags(opts)
     base = opts.base_overrides()
-    config, workers, real_peers, json_path = opts.config, opts.workers, opts.real_peers, opts.json_path
+    config, workers, real_peers, json_path = opts.config, opts.n_workers(), opts.real_peers, opts.json_path
     points = grid_points(grid)
     for p in points:  # every point's config is valid before the first one trains
         load_point(config, {**base, **p.overrides})
-    meta = settings(base, workers, config)
+    meta = {
+        **settings(base, workers, config),
+        "seeds": opts.seeds,
+        "quick": opts.quick,
+        "curve": "validation loss after each committed sync (at most "
+        f"{CURVE_POINTS} a run, worker 0's synced model) and at the end",
+    }
+    if meta["eval_batches"] < BENCH_EVAL_BATCHES:
+        few = meta["eval_batches"]
+        meta["eval_note"] = f"{few} eval batches: fewer than a benchmark's {BENCH_EVAL_BATCHES} (quick)"
     console = Console(stderr=True)
     total = len(points) + (min(real_peers, len(points) - 1) + 1 if real_peers else 0)
     on_row = _grid_progress(console, len(points), total, lambda rows: write_outputs(rows, meta, json_path))
     console.print(
-        f"bench strategies: {len(points)} points x {workers} workers x {meta['steps']} steps "
-        f"(batch {meta['batch_size']}, {meta['preset']})"
+        f"bench strategies: {len(points)} points x {opts.seeds} seeds x {workers} workers x "
+        f"{meta['steps']} steps (batch {meta['batch_size']}, {meta['preset']})"
     )
     from swarmtrain.simulation.runner import run_simulation
 
@@ -321,6 +380,8 @@ def strategies(opts: StrategiesOptions) -> None:
         real_peers=real_peers,
         real_run=run_simulation,
         on_row=on_row,
+        seeds=opts.seeds,
+        curve_points=CURVE_POINTS,
     )
     _report(rows, meta, json_path, console)
 

@@ -1,0 +1,54 @@
+"""Means, 95 % t-intervals over seeds and goal verdicts of ``swarmtrain bench strategies`` (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarmtrain.app.bench.stats import goal_verdict, mean_ci95, paired_gaps, t975
+
+
+def test_t_interval_of_known_values() -> None:
+    mean, ci = mean_ci95([1.0, 2.0, 3.0])  # s = 1: 4.303 / sqrt(3)
+    assert mean == 2.0 and ci == pytest.approx(4.303 / math.sqrt(3))
+    assert mean_ci95([2.5, 2.5])[1] == 0.0
+    assert t975(1) == 12.706 and t975(30) == 2.042 and t975(200) == 1.96
+
+
+def test_one_seed_has_no_interval_and_no_values_is_an_error() -> None:
+    assert mean_ci95([2.75]) == (2.75, None)
+    with pytest.raises(ValueError):
+        mean_ci95([])
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_a_diverged_seed_is_not_averaged_away() -> None:
+    mean, ci = mean_ci95([2.0, float("nan"), 2.1])
+    assert math.isnan(mean) and ci is not None and math.isnan(ci)
+
+
+def test_gaps_are_paired_by_seed() -> None:
+    assert paired_gaps([2.2, 3.3], [2.0, 3.0]) == pytest.approx([0.1, 0.1])
+    with pytest.raises(ValueError):
+        paired_gaps([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("mean", "ci", "limit", "at_most", "verdict"),
+    [
+        (0.015, 0.004, 0.02, True, "met"),  # [1.1 %, 1.9 %] inside <= 2 %
+        (0.0208, 0.003, 0.02, True, "unclear"),  # straddles: "+2.08 % vs the 2 % goal"
+        (0.018, 0.003, 0.02, True, "unclear"),  # the mean is inside, the interval is not
+        (0.03, 0.004, 0.02, True, "not met"),
+        (0.019, None, 0.02, True, "met (1 seed)"),
+        (452.0, 10.0, 400.0, False, "met"),  # a reduction: at least
+        (405.0, 10.0, 400.0, False, "unclear"),
+        (float("nan"), 0.1, 0.02, True, "not met"),
+    ],
+)
+def test_met_only_when_the_whole_interval_is_inside_the_goal(
+    mean: float, ci: float | None, limit: float, at_most: bool, verdict: str
+) -> None:
+    assert goal_verdict(mean, ci, limit, at_most=at_most) == verdict
