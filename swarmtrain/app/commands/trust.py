@@ -5,7 +5,8 @@ admission policy, software version, initial-state hash; ``peers.trust.manifest``
 serves, so a volunteer needs only the bootstrap's address. The config it writes is for the run's
 own peers (it holds the run's public key, never the secret). The creator issues a join token per
 volunteer peer ID (``token issue``); a volunteer learns its peer ID with ``identity`` and passes the
-token to ``swarmtrain join --token``.
+token to ``swarmtrain join --token``. ``token revoke`` withdraws a peer's admission before its token
+expires (a revocation signed by the run key, stored in the run's DHT; ``peers.trust.revocation``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,21 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from swarmtrain.app.commands.flags import argument, command, config_overrides, flag
+from swarmtrain.app.commands.peers import given_maddrs
 
 if TYPE_CHECKING:  # imported for real inside the functions, so --help stays fast
     from peers.trust.admission import RunKey
 
-__all__ = ["register", "run_init", "token_issue", "identity", "RunInitOptions", "TokenIssueOptions"]
+__all__ = [
+    "register",
+    "run_init",
+    "token_issue",
+    "token_revoke",
+    "identity",
+    "RunInitOptions",
+    "TokenIssueOptions",
+    "TokenRevokeOptions",
+]
 
 _CONFIG = "swarmtrain.toml"
 _HOUR = 3600.0
@@ -198,6 +209,63 @@ def token_issue(opts: TokenIssueOptions) -> None:
     typer.echo(encode_token_text(token))
 
 
+@dataclass(frozen=True)
+class TokenRevokeOptions:
+    """What ``swarmtrain token revoke`` was asked for: each field is one flag, declared once
+    (``swarmtrain.app.commands.flags``; ``None``: not given)."""
+
+    peer_id: str = argument(..., help="The peer ID whose join tokens stop admitting it.")
+    run_key: Path = flag(..., "--run-key", help="The run key written by `swarmtrain run init`.")
+    config: Path | None = flag(None, "--config", "-c", help="The run's config (run ID, identity, token).")
+    run_id: str | None = flag(
+        None, "--run-id", key="peers.run_id", help="The run ID (default: the config's)."
+    )
+    initial_peers: list[str] | None = flag(
+        None,
+        "--initial-peers",
+        key="peers.initial_peers",
+        convert=given_maddrs,
+        help="A peer of the run: store the revocation in its DHT (with the config's identity and token).",
+    )
+    hours: float = flag(
+        24 * 31, "--hours", min=0.01, help="Hours the revocation lasts (at least the token's lifetime)."
+    )
+
+
+@command(TokenRevokeOptions)
+def token_revoke(opts: TokenRevokeOptions) -> None:
+    """Revoke PEER_ID's admission: sign a revocation with the run key and, with --initial-peers, store
+    it in the run's DHT, where every running peer reads it within a minute."""
+    from peers.trust.admission import RunKey, encode_token_text
+    from peers.trust.revocation import sign_revocation
+    from swarmtrain.core.config import load_config
+    from swarmtrain.core.errors import ConfigError, SwarmError
+
+    cfg = load_config(opts.config, config_overrides(opts))
+    key = RunKey.load(opts.run_key)
+    if cfg.peers.run_public_key and cfg.peers.run_public_key != key.public_hex:
+        raise ConfigError(
+            f"{opts.run_key} is not the key of this run (its public key differs from the config's)"
+        )
+    if not opts.peer_id.isalnum() or len(opts.peer_id) > 128:
+        raise ConfigError(f"{opts.peer_id!r} is not a peer ID")
+    until = time.time() + opts.hours * _HOUR
+    blob = sign_revocation(key, cfg.peers.run_id, opts.peer_id, until)
+    if not cfg.peers.initial_peers:
+        typer.echo(encode_token_text(blob))
+        return
+    from peers.dht.node import PeerNode
+    from peers.dht.revocations import store_revocations
+
+    node = PeerNode(cfg.peers, role="monitor", client_mode=True, publish_record=False)
+    try:
+        if not store_revocations(node, [blob], until):
+            raise SwarmError("no DHT node stored the revocation; try again")
+    finally:
+        node.shutdown()
+    typer.echo(f"revoked {opts.peer_id} in run {cfg.peers.run_id!r} (peers honour it within a minute)")
+
+
 def identity(
     path: Path | None = typer.Argument(
         None, help="Private key file; created if missing (default: this machine's, the one join uses)."
@@ -216,6 +284,7 @@ def register(app: typer.Typer) -> None:
     run_app.command("init")(run_init)
     token_app = typer.Typer(help="Join tokens for the run's volunteers.", no_args_is_help=True)
     token_app.command("issue")(token_issue)
+    token_app.command("revoke")(token_revoke)
     app.add_typer(run_app, name="run")
     app.add_typer(token_app, name="token")
     app.command("identity")(identity)
