@@ -134,56 +134,66 @@ def load_join_config(config: Path | None, overrides: dict[str, Any], *, by_manif
     its initial peer serves; else from the config (and the manifest file it names, if any).
 
     Raises:
-        ConfigError: one line: no manifest served, a setting or release that differs from the
-            manifest's, an open run without a robust reducer, or a token the run did not issue.
+        ConfigError: one line: no manifest served (or no peer at the address), a setting or release
+            that differs from the manifest's, an open run without a robust reducer, a token the
+            manifest's key did not sign (whatever policy it states), or a model beyond this machine's
+            memory (before anything is allocated).
     """
     from peers.trust.admission import check_own_admission
     from peers.trust.manifest import read_manifest_file
-    from swarmtrain.app.peer.run_manifest import check_open_policy, config_from_manifest, keep_manifest
+    from swarmtrain.app.peer.run_manifest import (
+        check_model_fits,
+        check_open_policy,
+        config_from_manifest,
+        keep_manifest,
+    )
+    from swarmtrain.app.peer.token_check import check_token_signer
     from swarmtrain.core.config import load_config
-    from swarmtrain.core.errors import ConfigError, SwarmError
 
     if by_manifest:
-        from peers.dht.manifest_fetch import fetch_manifest
-
-        load_config(None, overrides)  # this peer's own flags and environment: their errors come first
-
-        try:
-            manifest, document, _ = fetch_manifest(list(overrides.get("peers.initial_peers") or []))
-        except SwarmError as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"{e}; for a run without a manifest pass its --config or --run-id") from None
+        own = load_config(None, overrides)  # this peer's own flags and environment: their errors come first
+        manifest, document = _fetch_manifest(list(overrides.get("peers.initial_peers") or []))
+        if own.peers.token:  # whatever policy the manifest states: an impostor's may say "open"
+            check_token_signer(own.peers.token, manifest.run_id, manifest.run_public_key)
         overrides = {**overrides, "peers.manifest": keep_manifest(document)}
-        cfg = config_from_manifest(manifest, None, overrides)
+        cfg = config_from_manifest(manifest, None, overrides)  # refuses a model beyond this machine
     else:
         cfg = load_config(config, overrides)
         if cfg.peers.manifest:
-            cfg = config_from_manifest(read_manifest_file(cfg.peers.manifest), config, overrides)
+            manifest = read_manifest_file(cfg.peers.manifest)
+            if cfg.peers.token:
+                check_token_signer(cfg.peers.token, manifest.run_id, manifest.run_public_key)
+            cfg = config_from_manifest(manifest, config, overrides)
+        else:
+            check_model_fits(cfg, cfg.peers.run_id)
     check_open_policy(cfg)
     if cfg.peers.admission != "open" and not cfg.peers.identity_path:
         from peers.keys.identity import default_identity_path
 
         cfg.peers.identity_path = str(default_identity_path())  # what `swarmtrain identity` prints
-    if cfg.peers.admission == "token" and cfg.peers.token and by_manifest:
-        _check_token_signer(cfg)
     check_own_admission(cfg.peers)  # a peer the run keeps out learns it before any work
     return cfg
 
 
-def _check_token_signer(cfg: Any) -> None:
-    """A token that the manifest's run key did not sign: the initial peer serves another run's manifest
-    (an impostor, or the wrong address). One line instead of "not admitted" later."""
-    from peers.trust.admission import decode_token, parse_token_text
-    from swarmtrain.core.errors import ConfigError, ProtocolError
+def _fetch_manifest(initial_peers: list[str]) -> tuple[Any, bytes]:
+    """The manifest the initial peers serve, and its document.
+
+    Raises:
+        ConfigError: one line naming the cause: nothing listens at the address, the peer ID does not
+            answer there, a timeout, or a peer that serves no manifest (then: pass --config).
+    """
+    from peers.dht.manifest_fetch import NoManifest, fetch_manifest
+    from swarmtrain.core.errors import ConfigError, SwarmError
 
     try:
-        decode_token(parse_token_text(cfg.peers.token), bytes.fromhex(cfg.peers.run_public_key or ""))
-    except (ProtocolError, ValueError):
-        raise ConfigError(
-            f"the manifest served for run {cfg.peers.run_id!r} is signed by a key that did not issue your "
-            "token: the initial peer is not this run's (check the address)"
-        ) from None
+        manifest, document, _ = fetch_manifest(initial_peers)
+    except NoManifest as e:
+        raise ConfigError(f"{e}; for a run without a manifest pass its --config or --run-id") from None
+    except SwarmError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
+    return manifest, document
 
 
 def run_join(

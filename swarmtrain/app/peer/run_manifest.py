@@ -25,6 +25,7 @@ __all__ = [
     "make_manifest",
     "config_from_manifest",
     "check_open_policy",
+    "check_model_fits",
     "keep_manifest",
 ]
 
@@ -90,7 +91,8 @@ def config_from_manifest(
 
     Raises:
         ConfigError: one line: another swarmtrain release, a run-wide setting that differs from the
-            manifest's, or a machine whose initial model differs from the run's.
+            manifest's, a model beyond this machine's free memory, or a machine whose initial model
+            differs from the run's.
     """
     from swarmtrain.core import __version__
 
@@ -111,6 +113,7 @@ def config_from_manifest(
             f"run {manifest.run_id!r} sets {key} = {want!r} in its manifest; this peer sets {got!r}{more}: "
             "drop that setting (the manifest carries the run's settings)"
         )
+    check_model_fits(cfg, manifest.run_id)  # before the initial model is built (issue 30.2)
     if manifest.initial_state_hash is not None:
         mine = initial_state_hash(cfg)
         if mine is not None and mine != manifest.initial_state_hash:
@@ -119,6 +122,19 @@ def config_from_manifest(
                 f"({mine[:12]} vs {manifest.initial_state_hash[:12]}): another torch release?"
             )
     return cfg
+
+
+def check_model_fits(cfg: Config, run_id: str) -> None:
+    """Refuse a run whose model's memory budget exceeds what this machine has free, before anything is
+    allocated (a manifest names the model, and an impostor's can name 300 G parameters).
+
+    Raises:
+        ConfigError: one line (``swarmtrain.app.train.memory_budget.check_fits``).
+    """
+    from swarmtrain.app.train.memory_budget import check_fits
+    from swarmtrain.app.train.trainer import resolve_device
+
+    check_fits(cfg, resolve_device(cfg.train.device), run_id)
 
 
 def check_open_policy(cfg: Config) -> None:

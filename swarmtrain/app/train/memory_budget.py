@@ -56,6 +56,7 @@ __all__ = [
     "free_memory",
     "format_budget",
     "budget_report",
+    "check_fits",
     "BNB_MIN_8BIT_SIZE",
     "BLOCK",
 ]
@@ -384,3 +385,36 @@ def budget_report(cfg: Config, device: Any) -> str:
     budget = memory_budget(cfg, dev.type)
     largest = largest_fitting_preset(cfg, dev.type, free_dev, None if dev.type == "cpu" else free_host)
     return format_budget(budget, largest, free_dev)
+
+
+def check_fits(cfg: Config, device: Any, run_id: str) -> None:
+    """Refuse a run whose model does not fit this machine, before anything is allocated: its budget
+    (``memory_budget``, pure arithmetic) against the free memory of ``device`` (and, for a GPU, the
+    host RAM its host side needs).
+
+    Raises:
+        ConfigError: one line: the model, what it needs and what is free.
+    """
+    import torch
+
+    from swarmtrain.core.errors import ConfigError
+
+    dev = torch.device(device)
+    free_dev, free_host = free_memory(dev)
+    b = memory_budget(cfg, dev.type)
+    if dev.type == "cpu":
+        sides = [("RAM", b.total_peak_bytes(), free_dev)]
+    else:
+        sides = [
+            (f"{dev.type} memory", b.peak_bytes("device"), free_dev),
+            ("RAM", b.peak_bytes("host"), free_host),
+        ]
+    for where, need, free in sides:
+        if need > free:
+            spec = resolve_spec(cfg.model)
+            gib = float(1 << 30)
+            raise ConfigError(
+                f"run {run_id!r} trains a model of {b.num_params / 1e9:.2f}G parameters "
+                f"({spec.n_layer} layers x {spec.n_embd} wide) that needs {need / gib:,.1f} GiB of {where}; "
+                f"this machine has {free / gib:,.1f} GiB free: it cannot take part in this run"
+            )
