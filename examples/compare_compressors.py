@@ -2,14 +2,19 @@
 
 Run: ``python examples/compare_compressors.py [--size N] [--out codecs.png] [--from-json FILE]``.
 Measures every codec on a standard-normal float32 tensor (or reads a ``benchmarks/codecs.py``
-JSON), prints the table, draws the error/size trade-off as a PNG and writes the plotted numbers beside
-it as JSON (same stem, ``.json``; a non-finite value is ``null``).
+JSON), prints an 80-column table, draws the error/size trade-off as a PNG and writes the numbers
+beside it as CSV and JSON (same stem; a non-finite value is ``null`` in JSON, empty in CSV). The
+default size is the smallest out of this machine's last-level cache; a smaller one (the data then
+stays in cache, so throughput measures the cache) and a roofline fraction above 1 are warned about.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from compression.benchmark import CodecResult, benchmark_codecs, format_table  # noqa: E402
+from compression.benchmark import CodecResult, benchmark_codecs  # noqa: E402
+from swarmtrain.app.bench.codecs import (  # noqa: E402
+    cache_warning,
+    default_size,
+    last_level_cache_bytes,
+    mark_above,
+)
 from swarmtrain.core.jsonsafe import dumps  # noqa: E402
 
 #: lossless codecs (error 0) sit on this floor of the log axis
@@ -59,6 +70,60 @@ def write_json(results: list[CodecResult], image: Path) -> Path:
     return path
 
 
+def table(results: list[CodecResult], mark: float = 1.0) -> str:
+    """The results as plain text no wider than 80 columns; a roofline fraction above ``mark`` gets ``!``."""
+
+    def frac(x: float) -> str:
+        return f"{x:.2f}" + ("!" if x > mark else " ")
+
+    heads = [("", "codec"), ("bits /", "element"), ("rel L2", "error"), ("compress", "GB/s")]
+    heads += [("decompress", "GB/s"), ("roofline", "compress"), ("roofline", "decompress")]
+    widths = (14, 8, 10, 10, 12, 11, 12)
+    lines = [
+        "".join(
+            f"{h[row]:<{w}}" if i == 0 else f"{h[row]:>{w}}"
+            for i, (h, w) in enumerate(zip(heads, widths, strict=True))
+        )
+        for row in (0, 1)
+    ]
+    for r in results:
+        lines.append(
+            f"{r.codec:<14.14}{r.bits_per_element:>8.3f}{r.rel_l2_error:>10.2e}{r.compress_gbps:>10.2f}"
+            f"{r.decompress_gbps:>12.2f}{frac(r.compress_roofline):>11}{frac(r.decompress_roofline):>12}"
+        )
+    copy = results[0].copy_rw_gbps if results else 0.0
+    numel = results[0].numel if results else 0
+    lines.append(f"on {numel:,} float32 elements; copy {copy:.1f} GB/s r+w; ! = above {mark:g} (see warning)")
+    return "\n".join(lines)
+
+
+def write_csv(results: list[CodecResult], image: Path) -> Path:
+    """Every measured figure, one row per codec, as CSV beside ``image`` (same stem, ``.csv``)."""
+    path = image.with_suffix(".csv")
+    rows = [r.as_dict() for r in results]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {k: "" if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            )
+    return path
+
+
+def warning(results: list[CodecResult], measured_here: bool, mark: float, llc: int) -> str | None:
+    """One line when the table measures a cache (a measurement of this machine only) or a roofline
+    fraction is above ``mark``."""
+    best = {r.codec: max(r.compress_roofline, r.decompress_roofline) for r in results}
+    marked = {k: v for k, v in best.items() if v > mark}
+    if measured_here:
+        return cache_warning(results[0].numel, llc, marked)
+    if marked:
+        over = ", ".join(f"{k} {v:.2f}" for k, v in marked.items())
+        return f"warning: roofline fractions above 1 ({over}): the copy timed beside them ran slow"
+    return None
+
+
 def plot(results: list[CodecResult], out: str) -> Path:
     """Scatter of error vs bits per element; each point says its compress/decompress GB/s.
 
@@ -91,13 +156,22 @@ def plot(results: list[CodecResult], out: str) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="error vs bits per element of every codec")
-    ap.add_argument("--size", type=int, default=1 << 22, help="elements of the test tensor")
+    ap.add_argument(
+        "--size", type=int, default=None, help="elements of the test tensor [smallest out of the cache]"
+    )
     ap.add_argument("--out", default="compare_compressors.png")
     ap.add_argument("--from-json", default=None, help="plot a saved benchmark instead of measuring")
     args = ap.parse_args()
-    results = load(args.from_json) if args.from_json else benchmark_codecs(args.size, reps=2)
-    print(format_table(results))
+    llc = last_level_cache_bytes()
+    size = args.size or default_size(llc)
+    results = load(args.from_json) if args.from_json else benchmark_codecs(size, reps=2)
+    mark = mark_above(results[0].numel, llc) if not args.from_json else 1.0
+    print(table(results, mark))
+    line = warning(results, not args.from_json, mark, llc)
+    if line:
+        print(line, file=sys.stderr)
     image = plot(results, args.out)
+    print(f"wrote {write_csv(results, image)}")
     print(f"wrote {image}")
     print(f"wrote {write_json(results, image)}")
 

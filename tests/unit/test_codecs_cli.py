@@ -133,3 +133,13 @@ def test_codec_table_fits_80_columns() -> None:
     assert "…" not in text and "..." not in text
     for cell in ("ternary+ef21", "1234.56", "6.14!", "12.50!", "1.25e+00", "decompress", "roofline"):
         assert cell in text, cell
+
+
+def test_the_default_size_is_the_smallest_out_of_the_cache() -> None:
+    """``bench codecs`` without ``--size`` measures memory, not the cache, in seconds: 16M elements
+    (64 MiB) for a 32 MiB cache, at least 4M, at most the old 64M default."""
+    from swarmtrain.app.bench.codecs import default_size, in_cache
+
+    assert default_size(32 << 20) == 1 << 24 and not in_cache(1 << 24, 32 << 20)
+    assert in_cache((1 << 24) // 2, 32 << 20)
+    assert default_size(1 << 20) == 1 << 22 and default_size(1 << 32) == 1 << 26

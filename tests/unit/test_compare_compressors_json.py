@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import runpy
@@ -68,3 +69,37 @@ def test_measured_run_writes_json_too(tmp_path: Path, monkeypatch: pytest.Monkey
     doc = json.loads((tmp_path / "tiny.json").read_text(encoding="utf-8"))
     assert doc["numel"] == 4096 and {"none", "int8"} <= {p["codec"] for p in doc["points"]}
     assert all(p["bits_per_element"] > 0 for p in doc["points"])
+
+
+def test_table_fits_80_columns_writes_csv_and_warns_above_the_roofline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wide = _result("topk+ternary+ef21", 32.0, 1.25)
+    wide = CodecResult(**{**asdict(wide), "compress_gbps": 12345.67, "compress_roofline": 6.14})
+    rows = [_result("none", 32.0, 0.0), wide, _result("int8", 8.125, math.inf)]
+    src = tmp_path / "codecs.json"
+    src.write_text(json.dumps({"results": [asdict(r) for r in rows]}), encoding="utf-8")
+    out = tmp_path / "cmp.png"
+    monkeypatch.setattr(sys, "argv", ["compare_compressors.py", "--from-json", str(src), "--out", str(out)])
+    runpy.run_path(str(ROOT / "examples" / "compare_compressors.py"), run_name="__main__")
+    printed = capsys.readouterr()
+    table = printed.out.split("wrote")[0].rstrip().splitlines()
+    assert max(len(line) for line in table) <= 80, "\n".join(table)
+    assert any("12345.67" in line and "6.14!" in line for line in table)
+    assert "warning: roofline fractions above 1 (topk+ternary+ef21 6.14)" in printed.err
+    with (tmp_path / "cmp.csv").open(encoding="utf-8") as f:
+        got = list(csv.DictReader(f))
+    assert [r["codec"] for r in got] == ["none", "topk+ternary+ef21", "int8"]
+    assert got[1]["compress_roofline"] == "6.14" and got[2]["rel_l2_error"] == ""
+
+
+def test_a_measured_cache_sized_input_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        sys, "argv", ["compare_compressors.py", "--size", "4096", "--out", str(tmp_path / "x")]
+    )
+    runpy.run_path(str(ROOT / "examples" / "compare_compressors.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    assert "warning: --size 4,096 is 0 MiB of float32, under twice the" in err
+    assert (tmp_path / "x.csv").exists()

@@ -1,7 +1,8 @@
 """``swarmtrain bench ...``: measured comparisons that print a table and write JSON.
 
 ``swarmtrain bench codecs [--size N] [--json PATH]`` measures every codec's compress and decompress
-throughput against a same-run tensor copy (``compression.benchmark``).
+throughput against a same-run tensor copy (``compression.benchmark``); the default size is the
+smallest out of the last-level cache (``swarmtrain.app.bench.codecs``), seconds on 2 cores.
 ``swarmtrain bench strategies ...`` sweeps strategies and settings through the in-process harness
 against fp32 DataParallel (``swarmtrain.app.bench.strategies``).
 """
@@ -16,6 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from swarmtrain.app.bench.codecs import (
+    DEFAULT_LLC_BYTES,
+    cache_warning,
+    default_size,
+    in_cache,
+    last_level_cache_bytes,
+    mark_above,
+)
 from swarmtrain.app.commands.flags import command, config_overrides, flag
 from swarmtrain.core.errors import ConfigError
 
@@ -31,85 +40,11 @@ __all__ = [
     "codec_table",
     "last_level_cache_bytes",
     "cache_warning",
+    "in_cache",
+    "mark_above",
+    "DEFAULT_LLC_BYTES",
     "StrategiesOptions",
 ]
-
-#: the last-level cache assumed where none can be read (a large desktop or server L3)
-DEFAULT_LLC_BYTES = 32 << 20
-_SYS_CPU = Path("/sys/devices/system/cpu")
-
-
-def _parse_cache_size(text: str) -> int:
-    """sysfs's ``32768K`` (or ``32M``, or plain bytes) -> bytes."""
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(text.rstrip("KMG")) * mult
-
-
-def last_level_cache_bytes(device: str = "cpu", sys_cpu: Path = _SYS_CPU) -> int:
-    """The last-level cache the benchmark's tensors could sit in, in bytes.
-
-    CPU: every distinct highest-level cache in sysfs summed (a server with several L3 slices has
-    them all); CUDA: the GPU's L2. :data:`DEFAULT_LLC_BYTES` where neither can be read.
-    """
-    if device.startswith("cuda"):
-        import torch
-
-        l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
-        return int(l2) or DEFAULT_LLC_BYTES
-    caches: dict[tuple[int, str], int] = {}  # (level, the cpus sharing it) -> size
-    for index in sys_cpu.glob("cpu[0-9]*/cache/index[0-9]*"):
-        try:
-            if (index / "type").read_text().strip() == "Instruction":
-                continue
-            level = int((index / "level").read_text())
-            shared = (index / "shared_cpu_list").read_text().strip()
-            caches[(level, shared)] = _parse_cache_size((index / "size").read_text())
-        except (OSError, ValueError):
-            continue
-    if not caches:
-        return DEFAULT_LLC_BYTES
-    top = max(level for level, _ in caches)
-    return sum(size for (level, _), size in caches.items() if level == top)
-
-
-def in_cache(numel: int, llc_bytes: int) -> bool:
-    """Whether a float32 tensor of ``numel`` elements stays (mostly) in a ``llc_bytes`` cache between
-    repetitions: under twice its size, as the copy's source and destination then largely fit."""
-    return 4 * numel < 2 * llc_bytes
-
-
-def mark_above(numel: int, llc_bytes: int) -> float:
-    """The roofline fraction above which a result is marked and named: any above 1 when the data
-    sits in cache; from memory, beyond the few percent two timings of one copy differ by."""
-    return 1.0 if in_cache(numel, llc_bytes) else 1.1
-
-
-def cache_warning(numel: int, llc_bytes: int, marked: dict[str, float]) -> str | None:
-    """One line when the results measure a cache rather than memory, else ``None``.
-
-    A float32 tensor under twice the last-level cache stays (mostly) in it between repetitions, so
-    codec and copy run at cache speed and fractions above 1 mean nothing about memory. ``marked``
-    (codec -> fraction above :func:`mark_above`) is named either way: with a large tensor, a codec
-    beat the copy timed beside it by more than timing noise.
-    """
-    mib = 1 << 20
-    over = ", ".join(f"{codec} {frac:.2f}" for codec, frac in marked.items())
-    if in_cache(numel, llc_bytes):
-        return (
-            f"warning: --size {numel:,} is {4 * numel / mib:.0f} MiB of float32, under twice the "
-            f"{llc_bytes / mib:.0f} MiB last-level cache: the data stays in cache, so the roofline "
-            f"fractions measure the cache, not memory"
-            + (f" (above 1: {over})" if over else "")
-            + f"; use --size {llc_bytes} (4x the cache in float32) or more"
-        )
-    if over:
-        return (
-            f"warning: roofline fractions above 1 beyond timing noise ({over}): faster than the copy "
-            "timed beside them, so that copy ran slow; rerun on a quieter machine"
-        )
-    return None
-
 
 bench_app = typer.Typer(
     name="bench",
@@ -149,7 +84,12 @@ def codec_table(results: Sequence[CodecResult], size: int, device: str, mark: fl
 
 @bench_app.command("codecs")
 def codecs(
-    size: int = typer.Option(1 << 26, "--size", help="Elements of the float32 test tensor (default 64M)."),
+    size: int | None = typer.Option(
+        None,
+        "--size",
+        help="Elements of the float32 test tensor [the smallest power of two out of the last-level "
+        "cache: twice its size in float32, 4M to 64M].",
+    ),
     json_path: str | None = typer.Option(None, "--json", help="Write the results as JSON here."),
     codec: list[str] | None = typer.Option(None, "--codec", help="Codec to measure (repeatable)."),
     reps: int = typer.Option(3, "--reps", help="Timed repetitions per codec (best is kept)."),
@@ -162,13 +102,15 @@ def codecs(
 
     from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, report
 
-    if size < 1024:
+    if size is not None and size < 1024:
         raise ConfigError(f"--size must be at least 1024 elements, got {size}")
     if reps < 1:
         raise ConfigError(f"--reps must be at least 1, got {reps}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available")
     console = Console(stderr=True)
+    llc = last_level_cache_bytes(device)
+    size = size or default_size(llc)
     results = benchmark_codecs(
         size,
         tuple(codec) if codec else DEFAULT_CODECS,
@@ -177,7 +119,6 @@ def codecs(
         block=block,
         progress=lambda msg: console.log(msg),
     )
-    llc = last_level_cache_bytes(device)
     mark = mark_above(size, llc)
     Console().print(codec_table(results, size, device, mark))
     best = {r.codec: max(r.compress_roofline, r.decompress_roofline) for r in results}
