@@ -37,9 +37,13 @@ __all__ = [
     "vouched",
     "vouched_by",
     "witnessed",
+    "MAX_ROUND",
 ]
 
 _MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
+#: the largest round number a state or an announcement may name (a round a second for 34,000 years):
+#: a donor's round 2^62 would be picked first and push the newcomer's round counter out of range
+MAX_ROUND = 1 << 40
 MAX_VOUCHES = 4  # (round, digest) pairs one announcement vouches for: its recent committed states
 #: one donor's announcement as a newcomer weighs it: ``(round, peer_id, state hash, nbytes)``
 Announcement = tuple[int, str, bytes, int]
@@ -104,12 +108,14 @@ def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches, bytes | No
     h, n, r = obj.get("hash"), obj.get("nbytes"), obj.get("round")
     if not (isinstance(h, bytes) and len(h) == 32 and isinstance(n, int) and isinstance(r, int) and n > 0):
         raise ProtocolError("state announcement fields missing or ill-typed")
+    if not 0 <= r <= MAX_ROUND:
+        raise ProtocolError(f"state announcement round {r} is out of range")
     raw = obj.get("vouch", [])
     if not isinstance(raw, list) or len(raw) > MAX_VOUCHES:
         raise ProtocolError(f"state announcement vouches for more than {MAX_VOUCHES} states")
     vouches = set()
     for v in raw:
-        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and v[0] >= 0):
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and 0 <= v[0] <= MAX_ROUND):
             raise ProtocolError("state announcement vouch is not [round, digest]")
         if not (isinstance(v[1], bytes) and len(v[1]) == 32):
             raise ProtocolError("state announcement vouch digest is not 32 bytes")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from peers.state.donors import MAX_ROUND
 from swarmtrain.app.peer.realign import state_age
 from swarmtrain.app.train.checkpoint import CheckpointError, pack_state, unpack_state
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
@@ -32,6 +33,10 @@ __all__ = [
     "vouchable",
     "param_digest",
     "shared_parameters",
+    "shared_digest",
+    "outer_state_tensors",
+    "own_settings",
+    "local_weights",
     "state_snapshot",
     "apply_state",
     "adopt_swarm_state",
@@ -61,9 +66,75 @@ def shared_parameters(strategy: Strategy, model: torch.nn.Module) -> dict[str, t
     return dict(model.named_parameters())
 
 
+def outer_state_tensors(strategy: Strategy) -> dict[str, torch.Tensor]:
+    """The outer optimizer's state every peer shares (its momentum, fp32 or 8-bit codes and scales),
+    for strategies that keep global parameters apart (``{}`` for the others)."""
+    store = getattr(strategy, "store", None)
+    if not isinstance(strategy, GlobalParameters) or not callable(getattr(store, "outer_state", None)):
+        return {}
+    state = store.outer_state()  # type: ignore[union-attr]
+    out = {f"outer.{n}": t for n, t in dict(state.get("buffers", {})).items()}
+    for n, packet in dict(state.get("buffers_int8", {})).items():
+        out.update({f"outer8.{n}.{k}": v for k, v in dict(packet).items() if isinstance(v, torch.Tensor)})
+    return out
+
+
 def shared_digest(trainer: Trainer) -> str:
-    """``param_digest`` of the parameters ``trainer``'s peers must agree on."""
-    return param_digest(shared_parameters(trainer.strategy, trainer.model))
+    """``param_digest`` of everything ``trainer``'s peers must agree on and a newcomer adopts as
+    shared: the shared parameters and the outer optimizer's state (issue 30.1)."""
+    return param_digest(
+        {**shared_parameters(trainer.strategy, trainer.model), **outer_state_tensors(trainer.strategy)}
+    )
+
+
+#: the largest step count a donor's state may name
+MAX_STEP = 1 << 48
+#: a donor's local weights are taken only within this RMS distance of its anchor, relative to the
+#: anchor's RMS, plus :data:`LOCAL_DRIFT_ABS`; else they are rebuilt from the anchor
+LOCAL_DRIFT_REL = 0.5
+LOCAL_DRIFT_ABS = 0.1
+
+
+def own_settings(strategy: Strategy, state: Any) -> Any:
+    """A donor's strategy state with this peer's own hyper-parameters (outer lr, momentum, Nesterov:
+    from the run's config, never from a donor) and its own per-peer codec state (error feedback)."""
+    if not isinstance(state, Mapping):
+        return state
+    out = dict(state)
+    outer = getattr(getattr(strategy, "store", None), "outer", None)
+    if isinstance(out.get("outer"), Mapping) and outer is not None:
+        mine = {"lr": float(outer.lr), "momentum": float(outer.momentum), "nesterov": bool(outer.nesterov)}
+        out["outer"] = {**out["outer"], **mine}
+    compressor = getattr(strategy, "compressor", None)
+    if "compressor" in out and compressor is not None:
+        from optimizers.base import compressor_state
+
+        out["compressor"] = compressor_state(compressor)
+    return out
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.detach().float().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def local_weights(
+    strategy: Strategy, parameters: dict[str, torch.Tensor], strategy_state: Any
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """The donor's local weights (per-peer: no digest covers them) when each lies within the local
+    drift bound of the donor's anchor (which the digest covers), else the anchor itself; returns
+    ``(weights, rebuilt)``. Strategies without global parameters share the model's own (returned)."""
+    anchor = strategy_state.get("anchor") if isinstance(strategy_state, Mapping) else None
+    if not isinstance(strategy, GlobalParameters) or not isinstance(anchor, Mapping):
+        return parameters, False
+    fits = {n: a for n, a in anchor.items() if isinstance(a, torch.Tensor)}
+    if any(n not in fits or fits[n].shape != w.shape for n, w in parameters.items()):
+        return parameters, False  # the strategy's own checks refuse such a state
+    for n, w in parameters.items():
+        a = fits[n]
+        if not _rms(w.float() - a.float()) <= LOCAL_DRIFT_REL * _rms(a) + LOCAL_DRIFT_ABS:  # NaN too
+            logger.warning("the donor's local weights stray from its anchor (%s): rebuilt from the anchor", n)
+            return {m: fits[m].to(parameters[m].dtype) for m in parameters}, True
+    return parameters, False
 
 
 def state_snapshot(trainer: Trainer, round_id: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -99,7 +170,11 @@ def apply_state(trainer: Trainer, tensors: Mapping[str, torch.Tensor], meta: Map
             f"donor runs strategy {meta.get('strategy_name')!r}, this peer {trainer.strategy.name!r}"
         )
     step, rnd = meta.get("step"), meta.get("round")
-    if not isinstance(step, int) or not isinstance(rnd, int) or step < 0 or rnd < 0:
+    if (
+        not isinstance(step, int)
+        or not isinstance(rnd, int)
+        or not (0 <= step <= MAX_STEP and 0 <= rnd <= MAX_ROUND)
+    ):
         raise ProtocolError("state meta lacks a valid step and round")
     kind = trainer.config.train.optimizer
     take_optimizer = "optimizer" in meta
@@ -113,7 +188,9 @@ def apply_state(trainer: Trainer, tensors: Mapping[str, torch.Tensor], meta: Map
         take_optimizer = False
     parameters = {n[len(_MODEL) :]: t for n, t in tensors.items() if n.startswith(_MODEL)}
     try:
-        strategy_state = unpack_state(meta.get("strategy"), tensors)
+        strategy_state = own_settings(trainer.strategy, unpack_state(meta.get("strategy"), tensors))
+        parameters, rebuilt = local_weights(trainer.strategy, parameters, strategy_state)
+        take_optimizer = take_optimizer and not rebuilt  # inner state that went with those weights
         optimizer_state = unpack_state(meta["optimizer"], tensors) if take_optimizer else None
         trainer.load_peer_state(parameters, strategy_state, step, optimizer_state)
     except CheckpointError as e:
