@@ -75,7 +75,8 @@ def dashboard(opts: DashboardOptions) -> None:
     overrides = config_overrides(opts)
     if not overrides["peers.initial_peers"]:
         raise ConfigError("--initial-peers: give the multiaddr of at least one peer of the run")
-    cfg = _peers_config(opts.config, overrides)
+    by_manifest = opts.config is None and opts.run_id is None  # the run of the served manifest
+    cfg = _peers_config(opts.config, overrides, by_manifest=by_manifest)
     history = History(cfg.run_id)
     host, port = opts.host, opts.port
     try:

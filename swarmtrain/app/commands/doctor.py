@@ -28,17 +28,25 @@ __all__ = ["register", "doctor", "DoctorOptions"]
 _NO_PEERS = "no --initial-peers"
 
 
-def _manifest_settings(maddrs: list[str], timeout: float) -> dict[str, object] | None:
-    """The run-wide settings of the manifest the initial peer serves (its run ID and policy), or None
-    when it serves none (a run made without ``run init``): the doctor then checks the default run."""
-    from peers.dht.manifest_fetch import fetch_manifest
-    from swarmtrain.core.errors import SwarmError
+def _manifest(maddrs: list[str], timeout: float) -> Any:
+    """The manifest the initial peer serves, or None when it serves none (a run made without
+    ``run init``): the doctor then checks the run its config or flags name.
+
+    Raises:
+        ConfigError: the initial peer cannot be reached (the cause in one line, as ``join`` says it).
+    """
+    from peers.dht.manifest_fetch import NoManifest, fetch_manifest
+    from swarmtrain.core.errors import ConfigError, SwarmError
 
     try:
         manifest, _, _ = fetch_manifest(maddrs, timeout)
-    except SwarmError:
+    except NoManifest:
         return None
-    return manifest.settings
+    except SwarmError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
+    return manifest
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,18 @@ class DoctorOptions:
     )
     config: Path | None = flag(None, "--config", "-c", help="The run's TOML config (preset, run ID).")
     run_id: str | None = flag(None, "--run-id", key="peers.run_id", help="The run to check against.")
+    identity: str | None = flag(
+        None,
+        "--identity",
+        key="peers.identity_path",
+        help="Private key file, as for join (default under token: this machine's, if it exists).",
+    )
+    token: str | None = flag(
+        None,
+        "--token",
+        key="peers.token",
+        help="Join token, as for join: admitted, the run's peers answer probes.",
+    )
     json_out: bool = flag(False, "--json", help="Print JSON instead of a table.")
     n_peers: int = flag(3, "--peers", min=0, max=16, help="How many live peers to probe.")
     timeout: float = flag(30.0, "--timeout", min=1.0, help="Seconds for each network step.")
@@ -69,7 +89,7 @@ def doctor(opts: DoctorOptions) -> None:
     overrides = config_overrides(opts)
     maddrs: list[str] = overrides["peers.initial_peers"] or []
     cfg = _doctor_config(opts, overrides)
-    peers_cfg = cfg.peers.model_copy(update={"identity_path": None, "token": None})  # writes nothing
+    peers_cfg = _doctor_peer(cfg.peers)
 
     def progress(what: str) -> None:
         if not opts.json_out:
@@ -87,13 +107,36 @@ def doctor(opts: DoctorOptions) -> None:
 
 def _doctor_config(opts: DoctorOptions, overrides: dict[str, Any]) -> Any:
     """The run's config: the file and flags, over the settings of the manifest the initial peer serves
-    when neither names the run; the doctor's own node listens on 127.0.0.1 only."""
+    when neither names the run; the doctor's own node listens on 127.0.0.1 only.
+
+    Raises:
+        ConfigError: the initial peer cannot be reached, or a token the manifest's key did not sign.
+    """
+    from swarmtrain.app.peer.token_check import check_token_signer
     from swarmtrain.core.config import load_config
 
     maddrs = overrides["peers.initial_peers"]
     by_manifest = maddrs and opts.config is None and opts.run_id is None
-    base = _manifest_settings(maddrs, opts.timeout) if by_manifest else None
-    return load_config(opts.config, {**overrides, "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}, base=base)
+    manifest = _manifest(maddrs, opts.timeout) if by_manifest else None
+    base = None if manifest is None else manifest.settings
+    cfg = load_config(opts.config, {**overrides, "peers.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}, base=base)
+    if manifest is not None and cfg.peers.token:
+        check_token_signer(cfg.peers.token, manifest.run_id, manifest.run_public_key)
+    return cfg
+
+
+def _doctor_peer(peers: Any) -> Any:
+    """The doctor node's peer settings: the identity and token as ``join`` takes them (this machine's
+    default identity under a non-open policy, only if it exists: the doctor creates no key); without
+    a token, a throwaway identity."""
+    from peers.keys.identity import default_identity_path
+
+    identity = peers.identity_path
+    if identity is None and peers.admission != "open" and default_identity_path().exists():
+        identity = str(default_identity_path())
+    if not peers.token and not (peers.admission == "allowlist" and identity):
+        identity = None
+    return peers.model_copy(update={"identity_path": identity})
 
 
 def _run_checks(

@@ -44,11 +44,37 @@ def split_maddrs(values: list[str] | None) -> list[str]:
     return out
 
 
-def _peers_config(config: Path | None, overrides: dict[str, Any]) -> Any:
+def _served_manifest(overrides: dict[str, Any]) -> Any:
+    """The manifest the initial peers serve (``None``: they serve none, a run without ``run init``).
+
+    Raises:
+        ConfigError: the initial peers cannot be reached (the cause in one line, as ``join`` says it).
+    """
+    from peers.dht.manifest_fetch import NoManifest, fetch_manifest
+    from swarmtrain.core.errors import ConfigError, SwarmError
+
+    try:
+        return fetch_manifest(list(overrides.get("peers.initial_peers") or []))[0]
+    except NoManifest:
+        return None
+    except SwarmError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
+
+
+def _peers_config(config: Path | None, overrides: dict[str, Any], *, by_manifest: bool = False) -> Any:
     """``[peers]`` of the run's config file (if any) under the command's flags (``None``: not given);
-    with ``peers.manifest`` set, the manifest's settings are the lowest layer."""
+    with ``peers.manifest`` set, the manifest's settings are the lowest layer. With ``by_manifest``
+    (``status``, ``dashboard`` given no --config and no --run-id), the run is the one whose manifest
+    the initial peers serve, as for ``join``."""
     from swarmtrain.core.config import load_config
 
+    if by_manifest and overrides.get("peers.initial_peers"):
+        load_config(None, overrides)  # the command's own flags and environment: their errors first
+        manifest = _served_manifest(overrides)
+        if manifest is not None:
+            return load_config(None, overrides, base=manifest.settings).peers
     cfg = load_config(config, overrides)
     if not cfg.peers.manifest:
         return cfg.peers
@@ -168,6 +194,8 @@ def status(opts: StatusOptions) -> None:
     """Print a table of the run's live peers and exit: ID, role, step, round, tokens/s, loss, bytes
     sent and received, committed/late/failed rounds, version (fits the terminal; 80 columns piped).
 
+    Without --config and --run-id the run is the one whose manifest the initial peer serves.
+
     Below it: the peers banned by the run's signed suspicion records, and why.
     """
     import shutil
@@ -178,7 +206,8 @@ def status(opts: StatusOptions) -> None:
     from peers.trust.suspicion import compute_bans
     from swarmtrain.core.jsonsafe import dumps
 
-    cfg = _peers_config(opts.config, config_overrides(opts))
+    by_manifest = opts.config is None and opts.run_id is None
+    cfg = _peers_config(opts.config, config_overrides(opts), by_manifest=by_manifest)
     timeout = opts.timeout
     with RunReader(cfg, startup_timeout=timeout) as reader:  # reads records; writes nothing
         records = reader.live_peers(timeout=timeout)

@@ -46,17 +46,22 @@ def check_daemon(timeout: float) -> Check:
 
 
 def check_throughput(cfg: Config, device: str, *, steps: int = 5, max_s: float = 20.0) -> Check:
-    """Time a few training steps of ``cfg``'s model on ``device`` (``cpu`` or ``cuda``), alone.
+    """Time a few training steps of ``cfg``'s model on ``device`` (``cpu`` or ``cuda``), alone (the
+    ``local`` strategy, whatever the run's is: the inner steps are what a volunteer computes).
 
     Two warm-up steps first (allocator, kernels); then up to ``steps`` steps or ``max_s`` seconds.
     """
     import torch
 
     from swarmtrain.app.train.trainer import Trainer
+    from swarmtrain.core.config import strategy_config
 
     name = f"throughput {device}"
-    run_cfg = cfg.model_copy(
-        update={"train": cfg.train.model_copy(update={"device": device, "compile": False})}
+    run_cfg = cfg.model_copy(  # the run's model, alone: a networked strategy would need its peers
+        update={
+            "train": cfg.train.model_copy(update={"device": device, "compile": False}),
+            "strategy": strategy_config("local"),
+        }
     )
     trainer: Any = None
     try:

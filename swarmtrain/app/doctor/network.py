@@ -12,7 +12,7 @@ from typing import Any
 from swarmtrain.app.doctor.local import human_rate
 from swarmtrain.app.doctor.result import Check, Status
 
-__all__ = ["RunLinks", "check_run"]
+__all__ = ["RunLinks", "check_run", "probe_failure"]
 
 
 @dataclass
@@ -28,7 +28,20 @@ class RunLinks:
     peer_throughput: list[float] = field(default_factory=list)
 
 
-def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: float) -> Check:
+def probe_failure(e: BaseException, admission: str, has_token: bool, timeout: float) -> str:
+    """Why a probe failed, in words: not admitted, unreachable, or timed out."""
+    from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
+
+    if isinstance(e, PeerTimeoutError):
+        return f"timed out: no answer within {timeout:.0f} s (a firewall or NAT between us?)"
+    if isinstance(e, ProtocolError):  # the peer's handler closed the stream: it refuses this node
+        if admission != "open" and not has_token:
+            return f"not admitted: run admits by {admission}; pass --identity and --token as for join"
+        return f"refused the probe (closed the stream; not admitted yet?): {e}"
+    return f"unreachable: {e}"
+
+
+def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: float, token: bool) -> Check:
     from peers.dht.probe import probe_peer
     from swarmtrain.core.errors import SwarmError
 
@@ -36,8 +49,9 @@ def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: flo
     try:
         r = probe_peer(node, peer_id, download_bytes=download, timeout=timeout)
     except SwarmError as e:
+        why = probe_failure(e, node.admission.policy, token, timeout)
         return Check(
-            name, "warn", "-", f"{role}: probe failed: {e}"[:200], {"peer_id": peer_id, "role": role}
+            name, "warn", "-", f"{role}: probe failed: {why}"[:200], {"peer_id": peer_id, "role": role}
         )
     return Check(
         name,
@@ -55,6 +69,17 @@ def _probe_check(node: Any, peer_id: str, role: str, download: int, timeout: flo
     )
 
 
+def _live_others(node: Any, published: bool, timeout: float) -> list[Any]:
+    """The run's live records but this node's own; with ``published``, first wait (up to ``timeout``)
+    until its own record is readable, so the peers it probes have admitted it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = node.live_peers(timeout=timeout)
+        if not published or any(r.peer_id == node.peer_id for r in records) or time.monotonic() > deadline:
+            return [r for r in records if r.peer_id != node.peer_id]
+        time.sleep(0.5)
+
+
 def check_run(cfg: Any, *, n_peers: int, timeout: float, download: int = 1 << 20) -> RunLinks:
     """Join the run's DHT (``cfg``: ``PeersConfig``) as a read-only monitor and probe up to
     ``n_peers`` live peers (trainers first)."""
@@ -63,15 +88,16 @@ def check_run(cfg: Any, *, n_peers: int, timeout: float, download: int = 1 << 20
 
     out = RunLinks()
     t0 = time.perf_counter()
+    publish = bool(cfg.token)  # under token, peers answer only nodes whose signed record they read
     try:
-        node = PeerNode(cfg, role="monitor", client_mode=True, publish_record=False, startup_timeout=timeout)
-    except SwarmError as e:
+        node = PeerNode(cfg, role="doctor", client_mode=True, publish_record=publish, startup_timeout=timeout)
+    except SwarmError as e:  # ConfigError too: a token the run does not accept
         out.checks.append(Check("dht", "fail", "-", f"could not join the run's DHT: {e}"[:200]))
         return out
     with node:
         joined = time.perf_counter() - t0
         try:
-            records = node.live_peers(timeout=timeout)
+            records = _live_others(node, publish, timeout)
         except SwarmError as e:
             out.checks.append(Check("dht", "fail", f"{joined:.2f} s", f"the DHT did not answer: {e}"[:200]))
             return out
@@ -88,7 +114,7 @@ def check_run(cfg: Any, *, n_peers: int, timeout: float, download: int = 1 << 20
         ]
         ranked = sorted(records, key=lambda r: (r.role != "trainer", r.peer_id))
         for rec in ranked[:n_peers]:
-            out.checks.append(_probe_check(node, rec.peer_id, rec.role, download, timeout))
+            out.checks.append(_probe_check(node, rec.peer_id, rec.role, download, timeout, publish))
     probed = out.checks[1:]
     if probed and all(c.status != "ok" for c in probed):
         out.checks.append(Check("peers", "fail", "0 ok", "no live peer answered a probe"))
