@@ -15,7 +15,7 @@ import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,6 +210,7 @@ def run_in_process(
     timeout: float = 1800.0,
     data_seed: int | None = None,
     curve_points: int = 0,
+    wrap: Callable[[int, Any], Any] | None = None,
 ) -> HarnessResult:
     """Train ``workers`` replicas of ``cfg``'s run in this process, each on its own data shard.
 
@@ -222,6 +223,8 @@ def run_in_process(
         curve_points: record the validation loss after committed syncs, at most this many before
             the end (every sync when syncs are at least ``steps / curve_points`` steps apart; else
             the first sync each that many steps); 0: only the end, no curve.
+        wrap: ``wrap(i, member)`` is worker i's collective instead of the group's ``member`` (e.g. a
+            recorder of what it reduces, ``swarmtrain.app.bench.pseudo``).
 
     Raises:
         ConfigError: ``workers`` < 1.
@@ -241,7 +244,7 @@ def run_in_process(
         trainers = [
             Trainer(
                 run_cfg,
-                collective=group[i],
+                collective=group[i] if wrap is None else wrap(i, group[i]),
                 peer_index=i,
                 num_peers=workers,
                 data_seed=data_seed,

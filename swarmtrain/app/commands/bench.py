@@ -95,12 +95,30 @@ def codecs(
     reps: int = typer.Option(3, "--reps", help="Timed repetitions per codec (best is kept)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     block: int = typer.Option(256, "--block", help="Block size of int8/int4/ternary."),
+    from_run: Path | None = typer.Option(
+        None,
+        "--from-run",
+        help="Measure error and bits/element on the DiLoCo pseudo-gradients saved in this folder "
+        "(round-*.safetensors), without and with error feedback, instead of throughput.",
+    ),
+    capture: bool = typer.Option(
+        False,
+        "--capture",
+        help="With --from-run: first train a short DiLoCo run (2 in-process workers, 8 rounds of "
+        "H=10, tiny) and save its pseudo-gradients there.",
+    ),
 ) -> None:
     """Compress/decompress throughput of every codec, as GB/s and as a fraction of the copy roofline."""
     import torch
     from rich.console import Console
 
     from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, report
+
+    if capture and from_run is None:
+        raise ConfigError("--capture needs --from-run DIR (where the pseudo-gradients go)")
+    if from_run is not None:
+        _codecs_from_run(from_run, list(codec or DEFAULT_CODECS), json_path, capture)
+        return
 
     if size is not None and size < 1024:
         raise ConfigError(f"--size must be at least 1024 elements, got {size}")
@@ -130,6 +148,43 @@ def codecs(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report(results, device), indent=2) + "\n", encoding="utf-8")
         console.log(f"wrote {path}")
+
+
+#: the run ``bench codecs --capture`` trains: 8 outer rounds of fp32 DiLoCo (its pseudo-gradients raw)
+CAPTURE_RUN: dict[str, Any] = {
+    "strategy.name": "diloco",
+    "compression.codec": "none",
+    "strategy.inner_steps": 10,
+    "train.steps": 80,
+    "train.batch_size": 8,
+    "train.eval_interval": 10_000_000,
+}
+
+
+def _codecs_from_run(run_dir: Path, codecs: list[str], json_path: str | None, capture: bool) -> None:
+    """``bench codecs --from-run DIR [--capture]``: codec error on captured pseudo-gradients."""
+    from rich.console import Console
+
+    from swarmtrain.app.bench.pseudo import capture as capture_run
+    from swarmtrain.app.bench.pseudo import load_rounds, measure_all, table_lines
+    from swarmtrain.app.bench.strategies import load_point
+    from swarmtrain.core.jsonsafe import dumps
+
+    console = Console(stderr=True)
+    if capture:
+        console.print(f"capturing DiLoCo pseudo-gradients into {run_dir} (2 workers, 80 steps, H=10)")
+        capture_run(load_point(None, CAPTURE_RUN), 2, run_dir)
+    rounds = load_rounds(run_dir)
+    rows = measure_all(rounds, codecs)
+    numel = sum(t.numel() for t in rounds[0].values())
+    for line in table_lines(rows, len(rounds), numel):
+        typer.echo(line)
+    if json_path:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"run_dir": str(run_dir), "rounds": len(rounds), "numel": numel, "rows": rows}
+        path.write_text(dumps(doc, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {path}")
 
 
 def _floats(text: str, flag: str) -> list[float | None]:
