@@ -2,6 +2,10 @@
 
 The file holds a serialised libp2p ``PrivateKey`` protobuf (hivemind's format, RSA), readable only by
 its owner. :func:`ensure_identity` creates it when missing; :func:`peer_id_of` tells the ID it gives.
+
+Both are written here with ``cryptography`` and a few bytes of protobuf rather than through
+``hivemind.p2p``: importing hivemind imports torch (seconds), and ``swarmtrain identity`` must answer
+at once (issue 31.6). The bytes and IDs equal hivemind's (``tests/unit/test_identity_fast.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,6 @@ def ensure_identity(path: str | os.PathLike[str]) -> str:
     Raises:
         ConfigError: the path is a directory, unreadable, or does not hold a valid key.
     """
-    from hivemind.p2p import P2P
-
     p = Path(path).expanduser()
     if p.is_dir():
         raise ConfigError(f"identity path {p} is a directory; give a file path")
@@ -43,7 +45,7 @@ def ensure_identity(path: str | os.PathLike[str]) -> str:
         except OSError as e:
             raise ConfigError(f"cannot create the directory of identity file {p}: {e}") from None
         logger.info("generating a new peer identity in %s", p)
-        P2P.generate_identity(str(p))
+        _generate(p)
     return peer_id_of(p)
 
 
@@ -57,13 +59,11 @@ def throwaway_identity() -> str:
     import shutil
     import tempfile
 
-    from hivemind.p2p import P2P
-
     folder = tempfile.mkdtemp(prefix="swarmtrain-id-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    path = str(Path(folder) / "identity.key")
-    P2P.generate_identity(path)
-    return path
+    path = Path(folder) / "identity.key"
+    _generate(path)
+    return str(path)
 
 
 def peer_id_of(path: str | os.PathLike[str]) -> str:
@@ -72,8 +72,6 @@ def peer_id_of(path: str | os.PathLike[str]) -> str:
     Raises:
         ConfigError: missing, oversized or malformed key file.
     """
-    from hivemind.p2p import PeerID
-
     p = Path(path).expanduser()
     try:
         data = p.read_bytes()
@@ -82,8 +80,99 @@ def peer_id_of(path: str | os.PathLike[str]) -> str:
     if not data or len(data) > _MAX_KEY_BYTES:
         raise ConfigError(f"identity file {p} is empty or too large to be a key")
     try:
-        return str(PeerID.from_identity(data).to_base58())
+        return _peer_id(data)
     except Exception as e:  # protobuf / crypto errors of a corrupt file
         raise ConfigError(
             f"identity file {p} does not hold a libp2p private key: {type(e).__name__}"
         ) from None
+
+
+_RSA = 0  # libp2p crypto.proto KeyType.RSA
+_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _key_message(key_type: int, data: bytes) -> bytes:
+    """libp2p's ``PrivateKey``/``PublicKey`` protobuf (proto2, both fields required)."""
+    return b"\x08" + _varint(key_type) + b"\x12" + _varint(len(data)) + data
+
+
+def _key_data(message: bytes) -> bytes:
+    """The ``data`` field of an RSA ``PrivateKey`` message.
+
+    Raises:
+        ValueError: not such a message.
+    """
+    i, key_type, data = 0, None, None
+    while i < len(message):
+        tag, i = _read_varint(message, i)
+        if tag == 0x08:
+            key_type, i = _read_varint(message, i)
+        elif tag == 0x12:
+            n, i = _read_varint(message, i)
+            if i + n > len(message):
+                raise ValueError("truncated key")
+            data, i = message[i : i + n], i + n
+        else:
+            raise ValueError(f"unexpected field tag {tag}")
+    if key_type != _RSA or data is None:
+        raise ValueError("not an RSA private key message")
+    return data
+
+
+def _read_varint(b: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while i < len(b) and shift < 64:
+        n |= (b[i] & 0x7F) << shift
+        i += 1
+        if not b[i - 1] & 0x80:
+            return n, i
+        shift += 7
+    raise ValueError("bad varint")
+
+
+def _base58(raw: bytes) -> str:
+    n = int.from_bytes(raw, "big")
+    out = ""
+    while n:
+        n, r = divmod(n, 58)
+        out = _BASE58[r] + out
+    return "1" * (len(raw) - len(raw.lstrip(b"\0"))) + out
+
+
+def _peer_id(message: bytes) -> str:
+    """The base58 peer ID of a serialised RSA private key (libp2p's peer-ID spec: the sha2-256
+    multihash of the public key's protobuf, as hivemind's ``PeerID.from_identity``)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_der_private_key(_key_data(message), password=None)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    digest = hashlib.sha256(_key_message(_RSA, public)).digest()
+    return _base58(b"\x12\x20" + digest)
+
+
+def _generate(path: Path) -> None:
+    """Write a new 2048-bit RSA identity to ``path`` (mode 0400), as ``P2P.generate_identity``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    der = key.private_bytes(
+        serialization.Encoding.DER,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+    path.write_bytes(_key_message(_RSA, der))
+    os.chmod(path, 0o400)
