@@ -146,6 +146,7 @@ def test_the_other_commands_overrides() -> None:
     assert (tok["peers.reducer"], tok["peers.byzantine_f"], tok["strategy.inner_steps"]) == ("mean", 2, 30)
     assert StrategiesOptions(preset="small").base_overrides() == {
         "train.steps": 300,
+        "train.eval_batches": 32,
         "model.preset": "small",
         "train.eval_interval": 10_000_000,
     }

@@ -109,23 +109,14 @@ def codecs(
     ),
 ) -> None:
     """Compress/decompress throughput of every codec, as GB/s and as a fraction of the copy roofline."""
-    import torch
     from rich.console import Console
 
     from compression.benchmark import DEFAULT_CODECS, benchmark_codecs, report
 
-    if capture and from_run is None:
-        raise ConfigError("--capture needs --from-run DIR (where the pseudo-gradients go)")
+    _check_codec_flags(size, reps, device, capture, from_run)
     if from_run is not None:
         _codecs_from_run(from_run, list(codec or DEFAULT_CODECS), json_path, capture)
         return
-
-    if size is not None and size < 1024:
-        raise ConfigError(f"--size must be at least 1024 elements, got {size}")
-    if reps < 1:
-        raise ConfigError(f"--reps must be at least 1, got {reps}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available")
     console = Console(stderr=True)
     llc = last_level_cache_bytes(device)
     size = size or default_size(llc)
@@ -148,6 +139,22 @@ def codecs(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report(results, device), indent=2) + "\n", encoding="utf-8")
         console.log(f"wrote {path}")
+
+
+def _check_codec_flags(
+    size: int | None, reps: int, device: str, capture: bool, from_run: Path | None
+) -> None:
+    """One line for a bad ``bench codecs`` flag."""
+    import torch
+
+    if capture and from_run is None:
+        raise ConfigError("--capture needs --from-run DIR (where the pseudo-gradients go)")
+    if size is not None and size < 1024:
+        raise ConfigError(f"--size must be at least 1024 elements, got {size}")
+    if reps < 1:
+        raise ConfigError(f"--reps must be at least 1, got {reps}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
 
 
 #: the run ``bench codecs --capture`` trains: 8 outer rounds of fp32 DiLoCo (its pseudo-gradients raw)
