@@ -78,10 +78,13 @@ class PeerStatus:
     committed: int = 0  # rounds committed so far
     failed: int = 0  # rounds late or failed so far
     committed_round: int | None = None  # the round this status's sync committed (None: none did)
+    waiting: str = ""  # what the peer waits for while no step moves (``run_watch.waiting_text``)
 
 
 #: seconds between two live statuses when neither a sync nor ``log_interval`` calls for one
 STATUS_EVERY_S = 0.25
+#: seconds between two publications of a trainer's step, rate and loss in its record between syncs
+PUBLISH_EVERY_S = 5.0
 
 
 class SyncClock:

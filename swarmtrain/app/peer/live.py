@@ -44,21 +44,27 @@ def short_rate(x: float) -> str:
 
 
 #: fields a status line drops, in this order, when it would not fit its width
-_DROP_ORDER = ("sync", "rate", "bytes")
+_DROP_ORDER = ("bytes", "rate", "next")
 
 
 def format_status(s: PeerStatus, width: int = 77, *, total: int | None = None) -> str:
-    """``step 120 round 6 (3 peers) loss 2.781 3.3k tok/s up 25.7M dn 32.2M sync 4s``, with fields
-    left out (next sync first, then the rate, then bytes) until it fits ``width`` (77: a spinner and
-    the line fit 80 columns). ``total``: the run's steps, shown as ``step 120/300``."""
+    """``step 120 round 6 (3 trainers) loss 2.781 3.3k tok/s up 24.5M dn 30.7M next round in ~4s``,
+    with fields left out (bytes first, then the rate, then the next round's estimate) until it fits
+    ``width`` (77: a spinner and the line fit 80 columns). ``peers``: the live trainers as the peer
+    last read them (this one included). ``total``: the run's steps, shown as ``step 120/300``.
+    While the peer waits (``s.waiting``: a round that has not formed, a download), the line is the
+    step and what it waits for, cut to ``width``."""
+    step = f"step {s.step}" + (f"/{total}" if total else "")
+    if s.waiting:
+        return f"{step} {s.waiting}"[:width]
     loss = "-" if s.loss != s.loss else f"{s.loss:.3f}"
     fields = {
-        "step": f"step {s.step}" + (f"/{total}" if total else ""),
-        "round": f"round {s.round_id} ({s.peers} peer{'' if s.peers == 1 else 's'})",
+        "step": step,
+        "round": f"round {s.round_id} ({s.peers} trainer{'' if s.peers == 1 else 's'})",
         "loss": f"loss {loss}",
         "rate": f"{short_rate(s.tokens_per_s)} tok/s",
         "bytes": f"up {short_bytes(s.bytes_up)} dn {short_bytes(s.bytes_down)}",
-        "sync": "sync " + ("?" if s.next_sync_s is None else short_seconds(s.next_sync_s)),
+        "next": "next round in " + ("?" if s.next_sync_s is None else "~" + short_seconds(s.next_sync_s)),
     }
     line = " ".join(fields.values())
     for key in _DROP_ORDER:

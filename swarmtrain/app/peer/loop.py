@@ -26,13 +26,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from swarmtrain.app.peer.contract import STATUS_EVERY_S, Membership, PeerHooks, PeerRun, PeerStatus, SyncClock
+from swarmtrain.app.peer.contract import (
+    PUBLISH_EVERY_S,
+    STATUS_EVERY_S,
+    Membership,
+    PeerHooks,
+    PeerRun,
+    PeerStatus,
+    SyncClock,
+)
 from swarmtrain.app.peer.failure_streak import FailureStreak
 from swarmtrain.app.peer.preemption import Preemption, finish_sync, withdraw_announcement
 from swarmtrain.app.peer.realign import Realign, fast_forward, state_age, steps_behind
-from swarmtrain.app.peer.run_agreement import check_agreement, run_settings
+from swarmtrain.app.peer.run_agreement import run_settings
+from swarmtrain.app.peer.run_checks import check_breakdown_point, check_settings, run_started
+from swarmtrain.app.peer.run_watch import RunView, RunWatch, Waiting, WatchedCollective
 from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_state_path
 from swarmtrain.app.peer.state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
 from swarmtrain.core.config import Config
@@ -87,6 +98,10 @@ class _Peer:
         from peers.trust.admission import OwnAdmission
 
         self.cfg, self.node, self.membership, self.hooks, self.stop = cfg, node, membership, hooks, stop
+        # a volunteer watches its run: live trainers, the run's round, what it waits for (run_watch)
+        self.watch = RunWatch(node, self._show_waiting) if membership.rank is None else None
+        self._in_step = False  # its last round committed: its round number is the others'
+        self._shown: PeerStatus | None = None  # the last status shown (the waiting line builds on it)
         self.guard = self._build_guard()
         self.p2p, self.collective = self._build_collective()
         self.trainer = self._build_trainer(self._build_reducer())
@@ -104,7 +119,7 @@ class _Peer:
         self._clock = SyncClock(strategy.inner_steps if isinstance(strategy, PeriodicStrategy) else None)
         # a volunteer that keeps arriving late starts its periods a few steps ahead (0: fixed members)
         self._realign = Realign(self._clock.period if membership.rank is None else None)
-        self._last_status = 0.0
+        self._last_status = self._published = 0.0
         self.preemption = preemption  # the grace clock the stop signal starts
         self._leaving = False  # a stop signal was seen at a step (its record says so)
         self._sync_s = cfg.peers.join_window + 5.0  # a sync step's seconds (first guess, then measured)
@@ -131,6 +146,9 @@ class _Peer:
         collective: Collective = p2p
         if self.hooks.wrap_collective is not None:
             collective = self.hooks.wrap_collective(self.node, p2p)
+        if self.watch is not None:
+            needs = max(cfg.peers.min_peers, 2)
+            collective = WatchedCollective(collective, self.watch, lambda: p2p.round_id, needs)
         return p2p, collective
 
     def _build_reducer(self) -> Reducer:
@@ -171,6 +189,8 @@ class _Peer:
     def run(self) -> PeerRun:
         """Catch up if asked, train, fill in the result, report it, then linger as a donor."""
         res, trainer = self.result, self.trainer
+        if self.watch is not None:
+            self.watch.start()
         if self.membership.catch_up_on_join:
             self.check_settings()
             # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
@@ -185,6 +205,8 @@ class _Peer:
             # its own saved state is one it committed itself; a downloaded one, when enough vouched
             self.server.refresh(vouch=resumed or self._vouch)
             self.check_breakdown_point()
+        if self.watch is not None:  # the others may have moved on by rounds that failed without it
+            self._align_round(self.watch.read())
         logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
         t0 = time.perf_counter()
         try:
@@ -212,55 +234,16 @@ class _Peer:
             self.stop.wait(self.membership.linger_s)
         return res
 
-    def _live_peers(self) -> list[Any] | None:
-        """The run's live peer records for an up-front check, or None when the DHT did not answer
-        (the check is then skipped: the rounds will say what is wrong)."""
-        try:
-            return list(self.node.live_peers(timeout=10.0))
-        except SwarmError:
-            return None
-
     def check_settings(self) -> None:
-        """Refuse to join (``ConfigError``, one line) when every live trainer of the run uses another
-        strategy, sync period, codec or reducer than this peer (``swarmtrain.app.peer.run_agreement``)."""
-        live = self._live_peers()
-        if live is not None:
-            check_agreement(run_settings(self.cfg), live, self.node.peer_id)
+        """Refuse to join when the run's live trainers use other settings (``run_checks``)."""
+        check_settings(self.node, self.cfg)
 
     def check_breakdown_point(self) -> None:
-        """Say at once, at normal verbosity, when the run has fewer trainers than a round of the
-        configured reducer needs: its rounds fail until more peers join (and the peer gives up after
-        ``give_up_after`` seconds), which would otherwise show only as failed rounds."""
-        live = self._live_peers() if self.round_needs > 2 else None
-        if live is None:
-            return
-        n = len({r.peer_id for r in live if r.role == "trainer"} | {self.node.peer_id})
-        if n < self.round_needs:
-            p = self.cfg.peers
-            logger.warning(
-                "reducer %r tolerating f=%d needs n >= %d peers per round; the run has %d trainer(s) "
-                "with this one: rounds fail until more join",
-                p.reducer,
-                p.byzantine_f,
-                self.round_needs,
-                n,
-            )
+        """Warn when the run has fewer trainers than a round of the reducer needs (``run_checks``)."""
+        check_breakdown_point(self.node, self.cfg, self.round_needs)
 
     def _run_started(self) -> int:
-        """The highest round of another live peer that has committed a round (0: nobody has, so there
-        is no state to wait for: rounds that only failed leave everyone at the initial parameters)."""
-        try:
-            peers = self.node.live_peers()
-        except SwarmError:
-            return 0
-        rounds = [
-            p.round
-            for p in peers
-            if p.peer_id != self.node.peer_id
-            and isinstance(committed := p.extra.get("committed"), int)
-            and committed > 0
-        ]
-        return max(rounds, default=0)
+        return run_started(self.node)
 
     def _wait_for_the_runs_state(self) -> None:
         """The run is past its first round but no donor served a state yet (donors busy, a restarted
@@ -307,15 +290,21 @@ class _Peer:
     def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
         """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
         fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
-        got = adopt_swarm_state(
-            self.node,
-            self.trainer,
-            self.p2p,
-            self.membership.catch_up_timeout,
-            wait_for_donor=wait_for_donor,
-            min_round=min_round,
-            fresh_wait=fresh_wait,
-        )
+        if self.watch is not None:
+            self.watch.waiting = Waiting("state", self.p2p.round_id, time.monotonic())
+        try:
+            got = adopt_swarm_state(
+                self.node,
+                self.trainer,
+                self.p2p,
+                self.membership.catch_up_timeout,
+                wait_for_donor=wait_for_donor,
+                min_round=min_round,
+                fresh_wait=fresh_wait,
+            )
+        finally:
+            if self.watch is not None:
+                self.watch.waiting = None
         if got is None:
             return False
         (donor, self._state_age, self._vouch), step, rnd = got, self.trainer.step, self.p2p.round_id
@@ -331,6 +320,9 @@ class _Peer:
         now = time.monotonic()
         if r.synced:
             self._sync_s = now - self._step_t
+        if self.watch is not None:
+            self.watch.stepped()
+            self._align_round(self.watch.view)
         self._step_t, self._steps_per_s = now, info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
         note = ""
         if r.synced:
@@ -348,6 +340,10 @@ class _Peer:
                 outcome="committed" if r.committed else "late" if r.late else "failed",
             )
             self._clock.synced(self.trainer.step)
+            self._published = now
+        elif now - self._published >= PUBLISH_EVERY_S:  # live figures for `status` and the dashboard
+            self._published = now
+            self.node.publish(step=self.trainer.step, throughput=info.tokens_per_s, loss=info.loss)
         now = time.monotonic()
         due = (
             r.synced
@@ -356,28 +352,45 @@ class _Peer:
         )
         if self.hooks.on_status is not None and due:
             self._last_status = now
-            ledger, res = self.node.ledger, self.result
-            steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
-            self.hooks.on_status(
-                PeerStatus(
-                    step=self.trainer.step,
-                    round_id=self.p2p.round_id,
-                    loss=info.loss,
-                    peers=self._peers_seen,
-                    bytes_up=ledger.sent,
-                    bytes_down=ledger.received,
-                    tokens_per_s=info.tokens_per_s,
-                    note=note,
-                    synced=r.synced,
-                    next_sync_s=self._clock.seconds_left(self.trainer.step, steps_per_s),
-                    committed=res.committed_rounds,
-                    failed=res.failed_rounds + res.late_rounds,
-                    committed_round=r.round_id if r.synced and r.committed else None,
-                )
-            )
+            self._shown = self._status(info, note)
+            self.hooks.on_status(self._shown)
         if self.stop.requested and self._leave_now(info):
             raise _Stop
         self.own_admission.check()  # an expired token: one line and out, not failing rounds
+
+    def _status(self, info: StepInfo, note: str) -> PeerStatus:
+        """The live status after step ``info``: the live trainers' count as the watch last read it."""
+        r, ledger, res = info.report, self.node.ledger, self.result
+        view = self.watch.view if self.watch is not None else None
+        steps_per_s = info.tokens_per_s / max(self.trainer.tokens_per_step, 1)
+        return PeerStatus(
+            step=self.trainer.step,
+            round_id=self.p2p.round_id,
+            loss=info.loss,
+            peers=view.trainers if view is not None else self._peers_seen,
+            bytes_up=ledger.sent,
+            bytes_down=ledger.received,
+            tokens_per_s=info.tokens_per_s,
+            note=note,
+            synced=r.synced,
+            next_sync_s=self._clock.seconds_left(self.trainer.step, steps_per_s),
+            committed=res.committed_rounds,
+            failed=res.failed_rounds + res.late_rounds,
+            committed_round=r.round_id if r.synced and r.committed else None,
+        )
+
+    def _show_waiting(self, text: str) -> None:
+        """The watch's line while the training thread waits in a round or a download (its thread)."""
+        if self.hooks.on_status is not None and self._shown is not None:
+            self.hooks.on_status(replace(self._shown, waiting=text, note="", synced=False))
+
+    def _align_round(self, view: RunView | None) -> None:
+        """Not in step with the run (restarted, or its last round failed): move this peer's round number
+        up to the run's (``run_watch.run_round``), so that its next round is the one the others join."""
+        to = view.ahead_of(self.p2p.round_id) if view is not None and not self._in_step else None
+        if to is not None:
+            logger.info("the run is at round %d: this peer moves up from round %d", to, self.p2p.round_id)
+            self.p2p.round_id = to
 
     def _leave_now(self, info: StepInfo) -> bool:
         """A stop signal arrived: leave after this step, or (the first time, when the next sync and
@@ -404,6 +417,7 @@ class _Peer:
         if "fragment" in r.extra:  # a strategy that syncs one fragment per round says which
             counts = res.fragment_rounds.setdefault(int(r.extra["fragment"]), dict.fromkeys(_OUTCOMES, 0))
             counts["committed" if r.committed else "late" if r.late else "failed"] += 1
+        self._in_step = r.committed
         if r.committed:
             self.streak.committed()
             res.committed_rounds += 1
@@ -459,6 +473,8 @@ class _Peer:
         return best is not None and best[1].hex() == shared_digest(self.trainer)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         self.server.close()
         withdraw_announcement(self.node)  # newcomers must not ask a peer that left
         close = getattr(self.collective, "close", None)  # a wrapper closes what it wraps
