@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from peers.wire.budgets import RequesterBudget
 from peers.wire.ledger import STATE_ROUND
 from peers.wire.messages import FRAME_PREFIX
 from peers.wire.transport import read_frame, read_header, write_frame, write_frame_drained
@@ -54,6 +55,9 @@ MAX_REQUESTS = 32  # requests per stream
 MAX_STREAMS = 4  # probe streams served at once
 _IDLE_S = 10.0  # seconds a probe stream may wait for its next request
 _ZEROS = memoryview(bytes(MAX_DOWNLOAD))  # what downloads send (read-only, shared)
+#: download bytes one requester may take per minute (a doctor probe takes 1 MiB), and all together
+PROBE_BYTES_PER_MINUTE = 16 << 20
+PROBE_TOTAL_PER_MINUTE = 64 << 20
 
 
 def probe_handler_name(run_id: str) -> str:
@@ -104,6 +108,8 @@ class ProbeServer:
         self.name = probe_handler_name(node.run_id)
         self.active = 0
         self.served = 0
+        #: per-requester and total download bytes per minute (issue 30.4)
+        self.budget = RequesterBudget(PROBE_BYTES_PER_MINUTE, PROBE_TOTAL_PER_MINUTE)
         node.loop.run(node.p2p.add_binary_stream_handler(self.name, self._handle), 15.0)
 
     async def _handle(self, info: Any, reader: Any, writer: Any) -> None:
@@ -130,6 +136,8 @@ class ProbeServer:
                     continue
                 if downloaded + size > MAX_STREAM_BYTES:
                     raise ProtocolError("probe stream asked for too many bytes")
+                if not self.budget.take(sender, size):
+                    raise ProtocolError("the requester's probe bytes for this minute are spent")
                 downloaded += size
                 sent += await write_frame_drained(writer, _ZEROS[:size])
             self.served += 1

@@ -17,7 +17,9 @@ likewise; verified chunks stay in :class:`ChunkProgress` (content-addressed), so
 other donors, fetches only what is missing.
 
 A donor serves chunks through a :class:`TokenBucket` shared by all its requests (``upload_rate``
-bytes/s), so a crowd of newcomers cannot take the link its own rounds need.
+bytes/s), so a crowd of newcomers cannot take the link its own rounds need, and gives each requester
+at most :data:`STATES_PER_MINUTE` full states a minute (``peers.wire.budgets``), so one identity
+cannot take the whole of that link from real newcomers.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import msgpack
 
+from peers.wire.budgets import RequesterBudget
 from peers.wire.ledger import STATE_ROUND, ByteLedger
 from peers.wire.messages import Envelope, decode_envelope, encode_envelope
 from peers.wire.transport import (
@@ -254,6 +257,9 @@ def _handler_name(run_id: str) -> str:
     return f"swarmtrain.{run_id}.chunks"
 
 
+STATES_PER_MINUTE = 3  # largest snapshots one requester may pull per minute (a retry, a restart)
+
+
 class ChunkServer:
     """Serves the manifests and chunks of a donor's last ``keep`` snapshots, at ``upload_rate``
     bytes/s at most over all requests (``<= 0``: unlimited)."""
@@ -271,6 +277,7 @@ class ChunkServer:
         self.node, self.run_id, self.ledger, self.keep = node, run_id, ledger, max(1, keep)
         self.chunk_bytes = chunk_bytes
         self.bucket = TokenBucket(upload_rate, max(float(chunk_bytes), upload_rate / 4))
+        self.budget, self._share = RequesterBudget(0.0), 0.0  # per requester (issue 30.4)
         self._snaps: OrderedDict[bytes, tuple[bytes, bytes, Manifest]] = OrderedDict()  # by state hash
         self._index: dict[bytes, tuple[bytes, int, int]] = {}  # chunk hash -> (state hash, off, len)
         self.served_chunks = 0
@@ -291,6 +298,7 @@ class ChunkServer:
             for h, (o, n) in zip(man.hashes, man.plan, strict=True):
                 index[h] = (sh, o, n)
         self._snaps, self._index = snaps, index
+        self._share = STATES_PER_MINUTE * max(len(d) + len(e) for d, e, _ in snaps.values())
         return hashlib.sha256(encoded).digest()
 
     def chunk(self, h: bytes) -> bytes | None:
@@ -318,6 +326,8 @@ class ChunkServer:
                 data = self.chunk(env.digest)
             if data is None:
                 raise ProtocolError("requested manifest or chunk is not held (refreshed since)")
+            if not self.budget.take(sender, len(data), self._share):
+                raise ProtocolError("the requester's share of state bytes for this minute is spent")
             await self.bucket.acquire(len(data))
             frames = split_bytes(data, PART_BYTES)
             hdr = Envelope(

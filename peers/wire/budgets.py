@@ -1,0 +1,73 @@
+"""Per-requester budgets on what a peer serves (issue 30.4): bytes per requester per window.
+
+A donor's upload cap (``peers.state.state_chunks.TokenBucket``) is shared by all requests, so one
+identity asking again and again takes the whole of it and real newcomers starve. A
+:class:`RequesterBudget` gives each requester at most ``per_requester`` bytes per ``window_s``
+seconds, and all requesters together at most ``total`` bytes (``0``: no total), counted in fixed
+windows that start at a requester's first request. It tracks at most ``max_requesters`` requesters
+(the oldest window is forgotten first), so a crowd of identities costs bounded memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+__all__ = ["RequesterBudget"]
+
+
+class RequesterBudget:
+    """Bytes each requester may take per window (see the module docstring).
+
+    Args:
+        per_requester: bytes one requester may take per window.
+        total: bytes all requesters together may take per window (``<= 0``: no total).
+        window_s: the window, in seconds.
+        max_requesters: requesters tracked at once.
+        clock: monotonic seconds (tests inject one).
+    """
+
+    def __init__(
+        self,
+        per_requester: float,
+        total: float = 0.0,
+        window_s: float = 60.0,
+        max_requesters: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_requester, self.total, self.window_s = float(per_requester), float(total), float(window_s)
+        self.max_requesters, self.clock = max_requesters, clock
+        self._used: OrderedDict[str, tuple[float, float]] = OrderedDict()  # peer -> (window start, bytes)
+        self._all = (clock(), 0.0)
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def take(self, peer: str, n: int, limit: float | None = None) -> bool:
+        """Count ``n`` bytes for ``peer`` and return True, or return False (nothing counted) when they
+        would exceed its share this window (``limit``: its share this time, default ``per_requester``)."""
+        cap = self.per_requester if limit is None else float(limit)
+        now = self.clock()
+        with self._lock:
+            start, used = self._used.get(peer, (now, 0.0))
+            if now - start >= self.window_s:
+                start, used = now, 0.0
+            t0, everyone = self._all
+            if now - t0 >= self.window_s:
+                t0, everyone = now, 0.0
+            if used + n > cap or (self.total > 0 and everyone + n > self.total):
+                self.refused += 1
+                return False
+            self._used[peer] = (start, used + n)
+            self._used.move_to_end(peer)
+            while len(self._used) > self.max_requesters:
+                self._used.popitem(last=False)
+            self._all = (t0, everyone + n)
+            return True
+
+    def used(self, peer: str) -> float:
+        """Bytes ``peer`` took in its current window."""
+        with self._lock:
+            start, used = self._used.get(peer, (0.0, 0.0))
+            return used if self.clock() - start < self.window_s else 0.0
