@@ -183,3 +183,58 @@ def test_an_address_with_nothing_listening_or_a_dropped_connect_is_named() -> No
         )
         == "Daemon failed to start: failed to connect to bootstrap peers"
     )
+
+
+def _result(committed: int, by_signal: bool = False) -> Any:
+    from swarmtrain.app.peer.volunteer import VolunteerResult
+
+    return VolunteerResult(
+        peer_id="Qm",
+        steps=49,
+        final_train_loss=3.0,
+        final_val_loss=None,
+        final_digest="d",
+        committed_rounds=committed,
+        stopped_by_signal=by_signal,
+    )
+
+
+def test_join_json_is_written_on_every_exit_and_zero_rounds_is_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from swarmtrain.app.commands import join
+    from swarmtrain.core.errors import SwarmError
+
+    out = tmp_path / "j.json"
+    monkeypatch.setattr(join, "_volunteer", lambda *_a, **_k: _result(0))
+    with pytest.raises(SwarmError, match="no round committed in 49 steps"):
+        join.run_join(None, {}, out)
+    got = json.loads(out.read_text())
+    assert got["exit_code"] == 1 and "no round committed" in got["reason"] and got["steps"] == 49
+    monkeypatch.setattr(join, "_volunteer", lambda *_a, **_k: _result(0, by_signal=True))
+    join.run_join(None, {}, out)  # the volunteer chose to leave: exit 0
+    assert json.loads(out.read_text())["reason"] == "stopped by signal"
+    monkeypatch.setattr(join, "_volunteer", lambda *_a, **_k: _result(3))
+    join.run_join(None, {}, out)
+    assert (json.loads(out.read_text())["exit_code"], json.loads(out.read_text())["reason"]) == (0, "done")
+
+    def refused(*_a: object, **_k: object) -> None:
+        raise ConfigError("run 'x' sets compression.codec = 'int8'")
+
+    monkeypatch.setattr(join, "_volunteer", refused)
+    with pytest.raises(ConfigError):
+        join.run_join(None, {}, out)
+    assert json.loads(out.read_text()) == {
+        "exit_code": 2,
+        "reason": "run 'x' sets compression.codec = 'int8'",
+    }
+
+    def gave_up(*_a: object, **_k: object) -> None:
+        raise SwarmError("no round committed for 300 s")
+
+    monkeypatch.setattr(join, "_volunteer", gave_up)
+    with pytest.raises(SwarmError):
+        join.run_join(None, {}, out)
+    assert json.loads(out.read_text()) == {"exit_code": 1, "reason": "no round committed for 300 s"}

@@ -204,10 +204,44 @@ def run_join(
     log_every: float = 10.0,
     by_manifest: bool = False,
 ) -> None:
-    """Load the run's config, join it as a volunteer with a live status line, and print a summary."""
+    """Load the run's config, join it as a volunteer with a live status line, and print a summary.
+
+    ``json_path`` is written on every exit, with ``exit_code`` and ``reason``: a refusal (2), a
+    failure (1), a run that committed no round (1, unless stopped by a signal), or done (0).
+
+    Raises:
+        SwarmError: the volunteer committed no round (its steps reached no other peer).
+    """
+    from swarmtrain.app.units import human_bytes
+    from swarmtrain.core.errors import SwarmError
+
+    try:
+        result = _volunteer(config, overrides, log_every=log_every, by_manifest=by_manifest)
+    except BaseException as e:
+        _write_json(json_path, {"exit_code": _exit_code(e), "reason": _reason(e)})
+        raise
+    how = "stopped by signal" if result.stopped_by_signal else "done"
+    typer.echo(
+        f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
+        f"val loss {_loss_text(result.final_val_loss)}, "
+        f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
+    )
+    code, reason = 0, how
+    if result.committed_rounds == 0 and not result.stopped_by_signal:
+        code = 1
+        reason = (
+            f"no round committed in {result.steps} steps: this volunteer's work reached no other peer "
+            "(too few peers for a round, or every round failed)"
+        )
+    _write_json(json_path, {**asdict(result), "exit_code": code, "reason": reason})
+    if code:
+        raise SwarmError(reason)
+
+
+def _volunteer(config: Path | None, overrides: dict[str, Any], *, log_every: float, by_manifest: bool) -> Any:
+    """The config, the budget and data lines, then the volunteer's run under its live line."""
     from swarmtrain.app.data import describe_data
     from swarmtrain.app.peer.volunteer import run_volunteer
-    from swarmtrain.app.units import human_bytes
     from swarmtrain.core.errors import ConfigError
 
     cfg = load_join_config(config, overrides, by_manifest=by_manifest)
@@ -223,16 +257,30 @@ def run_join(
     print(budget_report(cfg, resolve_device(cfg.train.device)), file=sys.stderr, flush=True)
     print(describe_data(cfg.data), file=sys.stderr, flush=True)
     with LiveLine(every_s=log_every) as live:
-        result = run_volunteer(cfg, on_status=live.update)
-    how = "stopped by signal" if result.stopped_by_signal else "done"
-    typer.echo(
-        f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
-        f"val loss {_loss_text(result.final_val_loss)}, "
-        f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
-    )
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(dumps(asdict(result), indent=2, default=str) + "\n")
+        return run_volunteer(cfg, on_status=live.update)
+
+
+def _exit_code(e: BaseException) -> int:
+    """The exit status the CLI gives ``e`` (``swarmtrain.app.cli``)."""
+    from swarmtrain.core.errors import ConfigError
+
+    if isinstance(e, typer.Exit):
+        return int(e.exit_code)
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return 2 if isinstance(e, ConfigError) else 1  # SwarmError and anything unexpected: 1
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def _write_json(json_path: Path | None, summary: dict[str, Any]) -> None:
+    if json_path is None:
+        return
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(dumps(summary, indent=2, default=str) + "\n")
 
 
 def _loss_text(loss: float | None) -> str:
