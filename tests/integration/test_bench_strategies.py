@@ -112,6 +112,10 @@ def test_harness_runs_every_synced_strategy_with_identical_workers(strategy: str
     assert res.params_identical and res.rounds_failed == 0 and res.rounds_committed > 0
     assert res.tokens == 3 * 12 * 16 * 128
     assert 0 < res.final_val_loss < 6
+    if strategy == "streaming_diloco":  # the global (anchor) model's loss, not the mixed local ones'
+        assert res.local_val_loss is not None and res.final_val_loss != res.local_val_loss
+    else:
+        assert res.local_val_loss is None
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ import torch
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["CurvePoint", "HarnessResult", "run_in_process"]
+__all__ = ["CurvePoint", "HarnessResult", "global_loss", "run_in_process"]
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,17 @@ class HarnessResult:
         workers: workers that trained together.
         steps: local steps per worker.
         tokens: tokens trained on, all workers together.
-        final_val_loss: mean over workers of the final validation loss.
-        val_losses: each worker's final validation loss.
+        final_val_loss: the final validation loss of the run's model: mean over workers, or for
+            Streaming DiLoCo its global (anchor) model's, which every worker holds the same.
+        val_losses: each worker's final validation loss (of its own, local model).
         bytes_sent_per_peer: codec payload bytes one worker sent (mean over workers).
         peak_sync_bytes: the most bytes one worker sent in a single sync.
         rounds_committed / rounds_failed: per worker, the mean.
         params_identical: all workers ended with bit-identical shared parameters.
         wall_s: wall time of the training, all workers at once.
         curve: the run after each recorded sync and at the end (``curve_points`` > 0), else empty.
+        local_val_loss: Streaming DiLoCo: the mean over workers of their local (mixed) models'
+            final loss, what a peer's own evaluation reports; ``None`` for the other strategies.
     """
 
     workers: int
@@ -68,6 +71,7 @@ class HarnessResult:
     params_identical: bool
     wall_s: float
     curve: tuple[CurvePoint, ...] = ()
+    local_val_loss: float | None = None
 
     @property
     def bytes_per_token(self) -> float:
@@ -101,6 +105,26 @@ def _quiet(cfg: Config, out_dir: str) -> Config:
     return cfg.model_copy(update={"train": train})
 
 
+def global_loss(trainer: Any) -> float:
+    """The validation loss of the run's global model as ``trainer`` holds it: Streaming DiLoCo's
+    workers train a mix of their local steps and the anchor, so the anchor (its ``global_parameters``,
+    the same on every worker) is loaded for the evaluation and the local model put back after; every
+    other strategy's model is the global one after a sync."""
+    if trainer.config.strategy.name != "streaming_diloco":
+        return float(trainer.evaluate())
+    params = dict(trainer.model.named_parameters())
+    local = {n: p.detach().clone() for n, p in params.items()}
+    try:
+        with torch.no_grad():
+            for n, t in trainer.strategy.global_parameters().items():
+                params[n].copy_(t.to(device=params[n].device, dtype=params[n].dtype))
+        return float(trainer.evaluate())
+    finally:
+        with torch.no_grad():
+            for n, t in local.items():
+                params[n].copy_(t)
+
+
 def _identical(trainers: list[Any]) -> bool:
     """The parameters the workers must agree on (all of them; Streaming DiLoCo's global copy) are
     bit-identical, by the digest real peers compare."""
@@ -125,7 +149,7 @@ class _Curve:
         due = info.step < self.end and info.step - self.last >= self.every
         if report.synced and report.committed and due:
             self.last = info.step
-            val = trainer.evaluate()
+            val = global_loss(trainer)
             self.points.append(CurvePoint(info.step, info.tokens * self.workers, trainer.bytes_sent, val))
 
 
@@ -178,20 +202,23 @@ def _summarise(
 ) -> HarnessResult:
     n = len(trainers)
     val_losses = tuple(t.val_loss for t in tallies)
+    final, local = sum(val_losses) / n, None
+    if cfg.strategy.name == "streaming_diloco":
+        final, local = global_loss(trainers[0]), final
     points: tuple[CurvePoint, ...] = ()
     if curve is not None:  # the end: every worker's final loss and bytes, as the result reports them
         end = CurvePoint(
             trainers[0].step,
             sum(t.tokens for t in trainers),
             round(sum(t.bytes_sent for t in trainers) / n),
-            sum(val_losses) / n,
+            final,
         )
         points = (*curve.points, end)
     return HarnessResult(
         workers=n,
         steps=cfg.train.steps,
         tokens=sum(t.tokens for t in trainers),
-        final_val_loss=sum(val_losses) / n,
+        final_val_loss=final,
         val_losses=val_losses,
         bytes_sent_per_peer=sum(t.bytes_sent for t in trainers) / n,
         peak_sync_bytes=max(t.peak for t in tallies),
@@ -200,6 +227,7 @@ def _summarise(
         params_identical=_identical(trainers),
         wall_s=wall,
         curve=points,
+        local_val_loss=local,
     )
 
 
