@@ -15,6 +15,7 @@ import pytest
 from peers.dht.records import PeerRecord
 from swarmtrain.app.cli import run as cli_run
 from swarmtrain.app.dashboard import DashboardServer, History, Poller
+from swarmtrain.app.dashboard.history import step_ticks
 from swarmtrain.app.dashboard.page import PAGE
 from swarmtrain.core.jsonsafe import dumps
 
@@ -57,6 +58,22 @@ def test_a_point_per_change_of_step_round_or_loss_and_nan_is_null() -> None:
     row = snap["peers"][0]
     assert row["peer"] == A and row["loss"] == 2.5 and row["seen_ago"] == 0.0
     assert [p[1] for p in snap["throughput"]] == [0.0, 0.0, 0.0, 0.0, 7.0]
+
+
+def test_the_loss_curve_has_a_point_per_published_step_within_a_round_on_a_whole_step_axis() -> None:
+    h = History("r")
+    for i, step in enumerate(range(30, 32)):  # two steps of one round: the axis read 30 30 30 31 31 31
+        h.update([rec(step=step, rnd=3, loss=3.0 - step / 100)], {}, float(i))
+    snap = h.snapshot(5.0)
+    assert [p[1] for p in snap["series"][A]["points"]] == [30, 31]  # not one point per round
+    assert snap["step_ticks"] == [30, 31]
+    for lo, hi in [(0, 1000), (30, 30), (7, 93), (0, 5), (123_456, 123_999)]:
+        ticks = step_ticks(lo, hi)
+        assert ticks and all(isinstance(t, int) for t in ticks), (lo, hi, ticks)
+        assert len(set(ticks)) == len(ticks) and ticks == sorted(ticks) and len(ticks) <= 12
+        assert lo <= ticks[0] and ticks[-1] <= hi, (lo, hi, ticks)
+    assert step_ticks(0, 1000) == [0, 200, 400, 600, 800, 1000]
+    assert History("r").snapshot(1.0)["step_ticks"] == []
 
 
 def test_history_is_bounded() -> None:

@@ -3,7 +3,9 @@
 Each :meth:`History.update` takes one poll (the live peer records and the current bans) and keeps:
 
 * per peer, a series of points ``(time, step, round, loss, bytes_sent, bytes_received, throughput)``,
-  one each time the peer's step, round or loss changed (the loss curve);
+  one each time the peer's step, round or loss changed (the loss curve: trainers publish their step
+  and loss every few seconds, so a point every few steps, not one per round), and the whole-step
+  ticks of the curve's x axis (:func:`step_ticks`);
 * per round, the bytes the peers' ledgers counted between polls, attributed to the round each peer
   reported (bytes per round);
 * a timeline of round outcomes: when a peer's ``committed``/``late``/``failed`` count grows, one
@@ -25,7 +27,7 @@ from typing import Any
 
 from peers.dht.records import PeerRecord
 
-__all__ = ["History", "OUTCOMES"]
+__all__ = ["History", "OUTCOMES", "step_ticks"]
 
 OUTCOMES = ("committed", "late", "failed")
 _NOT_WORKERS = frozenset({"bootstrap", "monitor"})  # roles that train nothing (no throughput)
@@ -152,6 +154,7 @@ class History:
                 if p.points
             }
             totals = {k: sum(row[k] for row in peers) for k in OUTCOMES}
+            steps = [pt[1] for p in self._peers.values() for pt in p.points if not math.isnan(pt[3])]
             return {
                 "run_id": self.run_id,
                 "now": now,
@@ -171,6 +174,8 @@ class History:
                     for pid, (why, since) in sorted(self._bans.items())
                 ],
                 "totals": totals,
+                # the loss curve's x axis: whole steps (the page draws these ticks)
+                "step_ticks": step_ticks(min(steps), max(steps)) if steps else [],
             }
 
     def _row(self, r: PeerRecord, now: float) -> dict[str, Any]:
@@ -192,6 +197,20 @@ class History:
             "banned": ban[0] if ban else None,
             "seen_ago": max(now - r.time, 0.0) if r.time else None,
         }
+
+
+def step_ticks(lo: float, hi: float, n: int = 6) -> list[int]:
+    """About ``n`` tick values for a step axis from ``lo`` to ``hi``: whole steps, a 1-2-5 spacing of at
+    least one step, each once (a range of one or two steps got ticks 30, 30.2, ... shown as
+    ``30 30 30 31 31 31``)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
+        return []
+    raw = max((hi - lo) / max(n, 1), 1.0)
+    p = 10 ** math.floor(math.log10(raw))
+    f = raw / p
+    step = int((1 if f < 1.5 else 2 if f < 3 else 5 if f < 7 else 10) * p)
+    first = math.ceil(lo / step) * step
+    return list(range(first, math.floor(hi) + 1, step)) or [math.floor(lo)]
 
 
 def _same(a: float, b: float) -> bool:

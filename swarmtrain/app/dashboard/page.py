@@ -203,7 +203,8 @@ function drawLoss(st) {
   let yr = range(all.map(p => p[1])); const pad = (yr[1] - yr[0]) * 0.08 || Math.abs(yr[0]) * 0.05 || 0.1;
   yr = [yr[0] - pad, yr[1] + pad];
   const f = frame(svg, W, H, range(all.map(p => p[0])), yr,
-                  {xlabel:"step", ylabel:"training loss", xfmt:num, yfmt:v => v.toFixed(2)});
+                  {xlabel:"step", ylabel:"training loss", xfmt:num, yfmt:v => v.toFixed(2),
+                   xticks:st.step_ticks && st.step_ticks.length ? st.step_ticks : undefined});
   for (const [id, live, pts] of lines) {
     const c = color(id);
     const xy = pts.map(p => f.X(p[0]).toFixed(1) + "," + f.Y(p[1]).toFixed(1)).join(" ");
