@@ -52,3 +52,35 @@ def test_met_only_when_the_whole_interval_is_inside_the_goal(
     mean: float, ci: float | None, limit: float, at_most: bool, verdict: str
 ) -> None:
     assert goal_verdict(mean, ci, limit, at_most=at_most) == verdict
+
+
+def test_the_long_runs_goals_are_met_only_inside_the_interval() -> None:
+    """``benchmarks/long_run.py``: a DiLoCo mean inside 2 % whose interval is not is no "met"."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from long_run import goal_lines, goals
+
+    def row(label: str, strategy: str, gap: float, ci: float | None, red: float, peak: int = 100) -> dict:  # type: ignore[type-arg]
+        return {
+            "label": label,
+            "strategy": strategy,
+            "gap_vs_dp": gap,
+            "gap_vs_dp_ci95": ci,
+            "reduction_vs_dp": red,
+            "final_val_loss": 2.0 * (1 + gap),
+            "peak_sync_bytes": peak,
+        }
+
+    rows = [
+        row("diloco int4", "diloco", 0.015, 0.01, 500.0),
+        row("streaming_diloco int4", "streaming_diloco", 0.016, 0.01, 500.0, peak=20),
+        row("demo", "demo", 0.03, 0.005, 150.0),
+    ]
+    out = goals(rows, fragments=4)
+    assert [g.get("verdict") for g in out[:2]] == ["unclear", "met"]
+    assert [g["met"] for g in out[:2]] == [False, True]
+    assert goal_lines(out)[0].startswith("- **unclear**: DiLoCo within 2 %")
+    rows[0]["gap_vs_dp_ci95"] = None  # one seed: judged on the mean, and said so
+    assert goals(rows, fragments=4)[0]["verdict"] == "met (1 seed)"
