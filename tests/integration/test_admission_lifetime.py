@@ -73,6 +73,7 @@ def test_an_expired_or_revoked_token_is_refused_mid_run(
         while not _refused(c, a_id):  # honoured at the next revocation read (2 s here, 20 s by default)
             assert time.monotonic() - t0 < 20, "a revoked peer is still served"
             time.sleep(0.5)
+        t_rev = time.monotonic() - t0
         assert time.time() < expires - 1, "the machine was too slow for this test's token lifetime"
         assert not _refused(b, a_id)  # still admitted before its expiry
         time.sleep(max(expires - time.time(), 0.0))
@@ -80,6 +81,10 @@ def test_an_expired_or_revoked_token_is_refused_mid_run(
         while not _refused(b, a_id):
             assert time.monotonic() - t_exp < 10, "an expired token still admits its peer"
             time.sleep(0.5)
+        print(
+            f"revoked peer refused {t_rev:.1f} s after the store, "
+            f"expired one {time.monotonic() - t_exp:.1f} s after its expiry"
+        )
         assert c.peer_id in a.admitted.refused() and b.peer_id in a.admitted.refused()  # type: ignore[attr-defined]
     finally:
         for n in reversed(nodes):
