@@ -54,7 +54,7 @@ from peers.dht.process import find_orphans, spawn_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allreduce_hivemind import MATCHMAKING_S  # noqa: E402
-from allreduce_phases import phase_lines, plot_phases  # noqa: E402
+from allreduce_phases import phase_lines, plot_phases, tree_cpu  # noqa: E402
 from runlog import append_run, load_runs, recorded, write_json, write_report  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -77,22 +77,6 @@ def _expected_mean(n_peers: int, numel: int) -> torch.Tensor:
     return (acc / n_peers).to(torch.float32)
 
 
-def _tree_cpu() -> float:
-    """CPU seconds (user + system) used so far by this process and all its descendants (the DHT
-    process, its p2pd daemon and, for hivemind, the averager process)."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
-
-
 def _stats() -> dict[str, Any]:
     """One (implementation, codec, size)'s per-round records of one peer; ``None`` marks a failed round."""
     return {"times": [], "cpu": [], "sent": [], "group": [], "phases": [], "err": float("nan"),
@@ -110,9 +94,9 @@ def _hivemind_size(
     avg = make_averager(x, dht, f"bench{x.numel()}", cfg["n"], cfg["matchmaking_s"])
     try:
         for i in range(cfg["rounds"] + 1):
-            cpu0 = _tree_cpu()
+            cpu0 = tree_cpu()
             hr = hivemind_round(avg, x, barrier, votes, rank)
-            cpu = _tree_cpu() - cpu0
+            cpu = tree_cpu() - cpu0
             st["retries"] += hr.retries
             if hr.failure:
                 st["failed"].append(hr.failure)
@@ -143,12 +127,12 @@ def _ours_size(
     for i in range(cfg["rounds"] + 1):
         for codec, comp in comps.items():
             st = stats[codec]
-            cpu0, parts0, adm0 = _tree_cpu(), sampler.sample(), dict(adm)
+            cpu0, parts0, adm0 = tree_cpu(), sampler.sample(), dict(adm)
             barrier.wait(timeout=300)
             t0 = time.perf_counter()
             res = coll.all_reduce({"x": x}, compressor=comp, timeout=120)
             dt = time.perf_counter() - t0
-            cpu, parts = _tree_cpu() - cpu0, CpuSampler.delta(parts0, sampler.sample())
+            cpu, parts = tree_cpu() - cpu0, CpuSampler.delta(parts0, sampler.sample())
             if not res.committed:  # counted and shown, never hidden; the next round re-forms
                 st["failed"].append(res.reason[:120])
             if i == 0:
@@ -190,7 +174,7 @@ def _hivemind_peer(
     dht = hivemind.DHT(initial_peers=initial, host_maddrs=[LOOPBACK], start=True)
     try:
         q.put(("ready", rank, [str(m) for m in dht.get_visible_maddrs()]))
-        barrier.wait(timeout=300)  # every peer's DHT is up
+        barrier.wait(timeout=120)  # every peer's DHT is up
         for numel in cfg["sizes"]:
             x, expected = _vector(rank, numel), _expected_mean(cfg["n"], numel)
             _report(q, rank, numel, _hivemind_size(dht, rank, x, expected, (barrier, votes), cfg))
@@ -387,8 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     sides: dict[str, dict[str, Any]] = {}
     for impl in ["swarmtrain"] if args.only_ours else ["hivemind", "swarmtrain"]:
         side_rows, error = _run(args.peers, {**cfg, "impl": impl})
+        first_error, want = None, len(cfg["sizes"]) * (1 if impl == "hivemind" else len(cfg["codecs"]))
+        if error and len(side_rows) < want:  # one more try of the whole side, recorded in sides
+            print(f"{impl} side: one more try after: {error}", file=sys.stderr)
+            first_error = error
+            side_rows, error = _run(args.peers, {**cfg, "impl": impl})
         rows += side_rows
-        sides[impl] = {"rows": len(side_rows), "error": error}
+        sides[impl] = {"rows": len(side_rows), "error": error, "retried_after": first_error}
     if not rows:
         why = "; ".join(f"{k}: {v['error']}" for k, v in sides.items())
         print(f"allreduce: nothing measured ({why})", file=sys.stderr)
@@ -410,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     write_report(Path(args.json), out, table, plot=plot_phases)
     if args.append:
-        entry = append_run(Path(args.runs_json), "allreduce", out, note=RUNS_NOTE)
+        entry = append_run(Path(args.runs_json), "allreduce", out, note=RUNS_NOTE, record=record)
         summary = write_summary(Path(args.runs_json))
         print(f"appended run {entry['run']} to {args.runs_json}")
         print(format_summary(summary))

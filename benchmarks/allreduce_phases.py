@@ -27,7 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuSampler", "time_admission", "phase_medians", "phase_lines", "plot_phases", "PHASE_ORDER"]
+__all__ = [
+    "CpuSampler",
+    "time_admission",
+    "phase_medians",
+    "phase_lines",
+    "plot_phases",
+    "markdown_table",
+    "PHASE_ORDER",
+]
 
 #: the calling thread's phases and sub-phases, in round order (sub-phases after their phase)
 PHASE_ORDER = (
@@ -102,6 +110,22 @@ def time_admission(node: Any) -> dict[str, float]:
     return totals
 
 
+def tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process and all its descendants (the DHT
+    process, its p2pd daemon and, for hivemind, the averager process)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -172,3 +196,24 @@ def plot_phases(doc: dict[str, Any], path: Path) -> None:
     fig.suptitle(f"all-reduce round by phase, {doc['peers']} peers on loopback (medians)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """``allreduce.json``'s rows of ours by phase (docs/benchmarks.md): wall seconds of the calling
+    thread's phases, then one round's CPU seconds per part of one peer (medians)."""
+    cols = ["group", "encode_parts", "exchange.wait", "exchange.reduce_send_aggs", "exchange.decode_aggs"]
+    cols += ["wait_sends", "agree"]
+    head = ["setup", "round s", *[c.removeprefix("exchange.") for c in cols], "CPU s: caller"]
+    head += ["event loop", "p2pd", "DHT process"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in doc["rows"]:
+        ph = r.get("phases")
+        if not ph:
+            continue
+        name = "fp32" if r["codec"] == "none" else r["codec"]
+        cells = [f"ours, {name}, {r['numel'] / 2**20:g}M", f"{r['round_s_median']:.3f}"]
+        cells += [f"{ph['wall_s'].get(c) or 0:.3f}" for c in cols]
+        parts = ph["cpu_s_by_part"]
+        cells += [f"{parts.get(p) or 0:.3f}" for p in ("caller_thread", "loop_thread", "p2pd", "dht_process")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

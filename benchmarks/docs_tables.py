@@ -449,6 +449,10 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "long_run": (("long_run.json",), lambda: strategies_table("long_run.json")),
     "long_run_goals": (("long_run.json",), long_run_goals),
     "allreduce": (("allreduce_runs.json",), allreduce_table),
+    "allreduce_phases": (
+        ("allreduce.json",),
+        lambda: bench_module("allreduce_phases").markdown_table(load("allreduce.json")),
+    ),
     "wan": (("wan.json",), wan_table),
     "wan_overlap": (("wan_overlap_runs.json",), wan_overlap_table),
     "wan_utilization": (("wan_utilization.json",), wan_utilization_table),
