@@ -226,6 +226,10 @@ def candidates(
     """The announcements a newcomer may take, best (highest round) first, each with the digest the
     donors vouch for: read once, bounded and parsed, then witnessed and vouched for."""
     vouches: dict[str, Vouches] = {}
+    admitted = getattr(node, "admitted", None)
+    if admitted is not None and run == node.run_id:  # revoked or expired donors neither serve nor vouch
+        admitted.read_revocations()
+        exclude = exclude | admitted.refused()
     found = [a for a in announcements(node, run, 15.0, vouches, manifests) if a[1] not in exclude]
     found = witnessed(node, run, found, errors)
     return vouched(found, vouches, vouchers, errors)

@@ -150,3 +150,23 @@ def test_a_leaders_list_admits_nobody_this_node_has_not_admitted(run_key: RunKey
     assert (
         _collective(admitted, ("A", "B", "X"))._form_group("reduce", 3, 1e12, PhaseClock()).members[2] == "X"
     )
+
+
+def test_a_revoked_donor_neither_serves_nor_vouches(run_key: RunKey, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer reads the revocations before it picks donors: a revoked donor's announcement and
+    its vouch are left out (``peers.state.donors.candidates``)."""
+    import peers.state.donors as donors
+
+    digest = b"d" * 32
+
+    def found(node: Any, run: str, timeout: float, vouches: dict[str, Any], manifests: Any) -> list[Any]:
+        vouches.update({p: frozenset({(5, digest)}) for p in ("A", "B", "R")})
+        return [(5, p, b"h" * 32, 10) for p in ("A", "B", "R")]
+
+    monkeypatch.setattr(donors, "announcements", found)
+    monkeypatch.setattr(donors, "witnessed", lambda node, run, got, errors: got)
+    revoked = [sign_revocation(run_key, RUN, "R", T0 + 1e6)]
+    admitted = AdmittedPeers(_policy(run_key), list, revocations=lambda: revoked, clock=Clock())
+    node = SimpleNamespace(run_id=RUN, admitted=admitted)
+    chosen = donors.candidates(node, RUN, frozenset(), 2, [])  # type: ignore[arg-type]
+    assert sorted(a[1] for a, _ in chosen) == ["A", "B"] and all(v == digest for _, v in chosen)
