@@ -266,7 +266,7 @@ class StrategiesOptions:
 
     strategy: str = flag("diloco", "--strategy", help="Comma-separated: diloco, streaming_diloco, demo.")
     codec: str = flag("int8", "--codec", help="Comma-separated pseudo-gradient codecs.")
-    inner_steps: str = flag("", "--inner-steps", "-H", help="Comma-separated H values [30].")
+    inner_steps: str = flag("", "--inner-steps", "-H", help="Comma-separated H values [30; --quick: 4].")
     outer_lr: str = flag("", "--outer-lr", help="Comma-separated outer learning rates [config's].")
     outer_momentum: str = flag("", "--outer-momentum", help="Comma-separated outer momenta [config's].")
     error_feedback: str = flag("", "--error-feedback", help="Comma-separated: none, ef [config's].")
@@ -326,8 +326,8 @@ class StrategiesOptions:
         return self.workers or (2 if self.quick else 4)
 
     def base_overrides(self) -> dict[str, Any]:
-        """What every point of the grid shares, as config overrides (unset flags: the config's, but
-        ``train.eval_batches`` >= 32 for a benchmark; ``--quick``'s smaller run where not given)."""
+        """What every point of the grid shares, as config overrides: the given flags; else 300 steps
+        and 32 evaluation batches (a benchmark's), or ``--quick``'s smaller run; the rest the config's."""
         given = {k: v for k, v in config_overrides(self).items() if v is not None}
         quick = QUICK if self.quick else {"train.steps": 300, "train.eval_batches": BENCH_EVAL_BATCHES}
         return {**quick, **given, "train.eval_interval": 10_000_000}  # evaluated at the end (and the curve)
