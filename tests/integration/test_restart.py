@@ -95,6 +95,11 @@ class _Volunteers:
             assert time.monotonic() < deadline, self.log(name)[-2500:]
             time.sleep(0.2)
 
+    def first_round(self, name: str) -> str:
+        """How the first round ``name`` took part in ended (its log line)."""
+        m = re.search(rf"{FAILED}.*|{WITH_ALL}.*", self.log(name))
+        return m.group(0) if m else ""
+
     def counts(self) -> dict[str, int]:
         return {n: len(self.rounds_with_all(n)) for n in self.procs}
 
@@ -137,6 +142,9 @@ def test_a_volunteer_restarted_by_ctrl_c_and_by_sigkill_commits_with_the_others_
         for p in run.all:
             p.terminate(grace=3.0)
         dht.terminate(grace=3.0)
+    # within one round after it is back: its first round is a round of three that commits
+    for n in ("c2", "c3"):
+        assert re.match(WITH_ALL, run.first_round(n)), (n, run.first_round(n))
     # the rounds of three the restarted volunteer took part in hold the same parameters everywhere
     for r in run.rounds_with_all("c3"):
         digests = {n: ends[n]["sync_digests"].get(str(r)) for n in live}
