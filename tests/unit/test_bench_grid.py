@@ -209,3 +209,13 @@ def test_one_seed_writes_null_intervals_strict_json_csv_and_both_plots(tmp_path:
     assert [p.name for p in written] == ["g.json", "g.csv", "g.png", "g_curves.png"]
     assert "curve" not in (tmp_path / "g.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[2:])
+
+
+def test_seed_k_reseeds_only_codecs_with_random_draws() -> None:
+    from swarmtrain.app.bench.strategies import load_point, seeded
+
+    ternary = load_point(None, {"compression.codec": "ternary"}, env={})
+    assert seeded(ternary, 0) is ternary  # seed 0: the config's own run
+    assert seeded(ternary, 2).compression.options == {"seed": 2}
+    int8 = load_point(None, {"compression.codec": "int8"}, env={})
+    assert seeded(int8, 2) is int8  # deterministic: nothing to seed

@@ -297,7 +297,11 @@ def _row(point: GridPoint, cfg: Config, runs: Sequence[Any], data_seeds: Sequenc
         "rounds_failed": _mean([r.rounds_failed for r in runs]),
         "params_identical": all(r.params_identical for r in runs),
         "wall_s": _mean([r.wall_s for r in runs]),
-        **({"local_val_loss": _mean([r.local_val_loss for r in runs])} if runs[0].local_val_loss else {}),
+        **(
+            {"local_val_loss": _mean([r.local_val_loss for r in runs])}
+            if runs[0].local_val_loss is not None
+            else {}
+        ),
         "curve": _curve(runs),
     }
 
