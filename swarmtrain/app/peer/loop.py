@@ -381,8 +381,10 @@ class _Peer:
 
     def _show_waiting(self, text: str) -> None:
         """The watch's line while the training thread waits in a round or a download (its thread)."""
-        if self.hooks.on_status is not None and self._shown is not None:
-            self.hooks.on_status(replace(self._shown, waiting=text, note="", synced=False))
+        if self.hooks.on_status is None:
+            return
+        base = self._shown or PeerStatus(self.trainer.step, self.p2p.round_id, float("nan"), 1, 0, 0, 0.0)
+        self.hooks.on_status(replace(base, waiting=text, note="", synced=False))
 
     def _align_round(self, view: RunView | None) -> None:
         """Not in step with the run (restarted, or its last round failed): move this peer's round number

@@ -151,7 +151,7 @@ class RunWatch:
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=10.0)
+            self._thread.join(timeout=1.0)  # a daemon: a read in flight need not hold the exit up
 
 
 class WatchedCollective:
