@@ -65,8 +65,13 @@ class ByzantineGuard:
         return str(self.node.peer_id)
 
     def read_tables(self, timeout: float = 10.0) -> dict[str, AccusationTable]:
-        """Every verified record of the run (this peer's own local table always included)."""
+        """Every verified record of the run (this peer's own local table always included), but those of
+        accusers this node no longer admits (a token expired or revoked: issue 30.3)."""
         out = read_tables(self.node.dht, self.node.run_id, timeout)
+        admitted = getattr(self.node, "admitted", None)
+        if admitted is not None:
+            gone = admitted.refused()
+            out = {k: v for k, v in out.items() if k not in gone}
         with self._lock:
             out[self.peer_id] = AccusationTable.from_obj(self.table.to_obj())
         return out

@@ -170,3 +170,31 @@ def test_a_revoked_donor_neither_serves_nor_vouches(run_key: RunKey, monkeypatch
     node = SimpleNamespace(run_id=RUN, admitted=admitted)
     chosen = donors.candidates(node, RUN, frozenset(), 2, [])  # type: ignore[arg-type]
     assert sorted(a[1] for a, _ in chosen) == ["A", "B"] and all(v == digest for _, v in chosen)
+
+
+def test_a_revoked_accuser_counts_for_no_ban(
+    run_key: RunKey, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With ``f = 1`` two accusers ban; one of them revoked, the other alone bans nobody."""
+    import peers.rounds.guard as guard
+    from peers.keys.identity import ensure_identity
+    from peers.keys.signing import Signer
+    from peers.trust.suspicion import AccusationTable
+
+    def accusing() -> AccusationTable:
+        t = AccusationTable()
+        for _ in range(4):
+            t.observe("V", True)
+        return t
+
+    monkeypatch.setattr(guard, "read_tables", lambda dht, run, timeout: {"H": accusing(), "R": accusing()})
+    ensure_identity(tmp_path / "me.key")
+    revoked: list[bytes] = []
+    admitted = AdmittedPeers(_policy(run_key), list, revocations=lambda: revoked, clock=Clock())
+    signer = Signer(tmp_path / "me.key")
+    node = SimpleNamespace(signer=signer, peer_id=signer.peer_id, dht=None, run_id=RUN, admitted=admitted)
+    g = guard.ByzantineGuard(node, f=1, strikes=3)
+    assert "V" in g.refresh()
+    revoked.append(sign_revocation(run_key, RUN, "R", T0 + 1e6))
+    admitted.read_revocations()
+    assert "V" not in g.refresh()
