@@ -179,7 +179,7 @@ class AdmittedPeers:
 
     def _maybe_read_revocations(self) -> None:
         """Start a background read of the revocations when the last one is older than the interval."""
-        if self.revocations is None:
+        if self.revocations is None or self.admission.run_public is None:
             return
         with self._cond:
             if self._rev_reading or time.monotonic() < self._rev_next:
