@@ -304,6 +304,8 @@ REJOIN_ROWS = [
     ("before-realign-H50", ", before re-alignment"),
     ("realign-H50", ", re-aligned"),
     ("realign-H10", ", re-aligned"),
+    ("h10", ", round aligned"),
+    ("h30", ", round aligned"),
 ]
 
 
