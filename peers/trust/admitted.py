@@ -24,6 +24,7 @@ import msgpack
 
 from peers.trust.admission import Admission, NotAdmitted
 from peers.trust.revocation import REVOCATION_READ_S, decode_revocation
+from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = ["AdmittedPeers", "token_fields", "token_of_record", "UNVERIFIED_S"]
@@ -37,9 +38,12 @@ def token_fields(token: bytes | None) -> dict[str, float | str]:
     """What a peer record carries of its writer's join token (``extra``): its expiry and signature."""
     if not token:
         return {}
-    body, sig = unpack(token, what="join token", max_bytes=512, max_bin=512, max_array=3)
-    expires = unpack(body, what="join token body", max_bytes=512, max_array=3)[2]
-    return {"token_expires": float(expires), "token_sig": base64.urlsafe_b64encode(sig).decode()}
+    try:
+        body, sig = unpack(token, what="join token", max_bytes=512, max_bin=512, max_array=3)
+        expires = unpack(body, what="join token body", max_bytes=512, max_array=3)[2]
+        return {"token_expires": float(expires), "token_sig": base64.urlsafe_b64encode(sig).decode()}
+    except (ProtocolError, ValueError, TypeError, IndexError):  # not a token: shows none (others refuse it)
+        return {}
 
 
 def token_of_record(run_id: str, peer_id: str, extra: Mapping[str, Any]) -> bytes | None:
