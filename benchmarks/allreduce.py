@@ -39,9 +39,11 @@ ranges over all runs that the README quotes); ``--summarize`` only rewrites and 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import multiprocessing as mp
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -486,4 +488,5 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a long run waits
     sys.exit(main())
