@@ -15,10 +15,12 @@ If a round formed without this peer (it arrived late), the others committed an o
 take: it downloads the state that round committed before training on, so it never drifts from the
 swarm. A volunteer with an identity file keeps the state of its last committed round next to it
 (``swarmtrain.app.peer.saved_state``); restarted, it loads that state instead of downloading one when the
-donors still vouch for it as their freshest. SIGTERM or Ctrl-C starts a preemption hand-off within
-``peers.preempt_grace`` (``swarmtrain.app.peer.preemption``): finish the step, train on to the next sync if
-it fits, wait until peers that stay hold the committed state, withdraw the records and leave; a
-second signal aborts at once.
+donors still vouch for it as their freshest. A volunteer out of step with the run (restarted, or
+its last round did not commit) moves its round number up to the one the others publish
+(``run_watch``, which also tells the live line what the peer waits for). SIGTERM or Ctrl-C starts a
+preemption hand-off within ``peers.preempt_grace`` (``swarmtrain.app.peer.preemption``): finish the
+step, train on to the next sync if it fits, wait until peers that stay hold the committed state,
+withdraw the records and leave; a second signal aborts at once.
 """
 
 from __future__ import annotations
