@@ -195,7 +195,9 @@ def vouched(
     (itself included) vouch for the same ``(r, digest)`` that it vouches for; ``donors`` is how many
     distinct donors announced. With one donor (or ``k <= 1``) every announcement stands, with the
     digest it vouches for if any. A lone admitted donor cannot make a newcomer adopt a state the
-    others did not commit."""
+    others did not commit. When the donors that vouch for round ``r`` disagree on its digest, a state
+    counts only with a strict majority of them (issue 30.1: colluders fewer than the honest donors
+    of a round plant nothing in it; a round only they vouch for is bounded by :func:`witnessed`)."""
     donors = {a[1] for a in found}
     need = min(k, len(donors))
     out: list[tuple[Announcement, bytes | None]] = []
@@ -210,6 +212,10 @@ def vouched(
         support = sum(1 for p in donors if (a[0], own[0]) in vouches.get(p, frozenset()))
         if support < need:
             errors.append(f"{a[1][:12]}: round {a[0]} vouched for by {support} of the {need} donors needed")
+            continue
+        at_round = sum(1 for p in donors if any(r == a[0] for r, _ in vouches.get(p, frozenset())))
+        if 2 * support <= at_round:  # donors disagree on the round's state: only a strict majority wins
+            errors.append(f"{a[1][:12]}: round {a[0]} vouched for by {support} of {at_round} donors at it")
             continue
         out.append((a, own[0]))
     return out

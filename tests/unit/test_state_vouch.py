@@ -55,3 +55,15 @@ def test_the_vouch_list_is_bounded_and_typed() -> None:
     for bad in ([[4, D]] * (MAX_VOUCHES + 1), [[4, b"x"]], [[-1, D]], [4, D], "x", [[4, D, 1]]):
         with pytest.raises(ProtocolError):
             parse_announcement(_ann(bad))
+
+
+def test_colluders_fewer_than_the_honest_donors_of_a_round_plant_nothing_in_it() -> None:
+    """Issue 30.1: two admitted colluders vouch for each other's digest of round 5, three honest donors
+    for the honest one: only the honest state counts (before, both did); with as many colluders as
+    honest donors, neither does (the newcomer falls back to an older round they agree on)."""
+    honest = {p: {(4, E), (5, D)} for p in "abc"}
+    anns = [(5, "x"), (5, "y"), (5, "a"), (5, "b"), (5, "c")]
+    assert _pick(anns, {**honest, "x": {(5, E)}, "y": {(5, E)}}) == ["a", "b", "c"]
+    tie = {"a": {(4, E), (5, D)}, "b": {(4, E), (5, D)}, "x": {(4, E), (5, E)}, "y": {(4, E), (5, E)}}
+    assert _pick([(5, "x"), (5, "y"), (5, "a"), (5, "b")], tie) == []
+    assert _pick([(4, "a"), (4, "x")], tie) == ["a", "x"]  # the round all four committed alike
