@@ -38,6 +38,8 @@ __all__ = ["PeerNode", "validate_maddrs", "dht_time", "live_records", "RUN_ID_PA
 
 logger = logging.getLogger(__name__)
 _DHT_CALL_TIMEOUT = 15.0
+#: seconds shutdown gives the tombstone's store (a node whose DHT peers are gone must still stop)
+_LEAVE_S = 3.0
 
 
 _WATCHDOG_TASKS: list[asyncio.Task[None]] = []
@@ -306,7 +308,7 @@ class PeerNode:
 
     # --- records ------------------------------------------------------------------------------------
 
-    def _store_record(self, rec: PeerRecord, expiration: float) -> bool:
+    def _store_record(self, rec: PeerRecord, expiration: float, timeout: float = _DHT_CALL_TIMEOUT) -> bool:
         try:
             fut = self.dht.store(
                 peers_key(self.run_id),
@@ -315,9 +317,12 @@ class PeerNode:
                 subkey=self.peer_id,
                 return_future=True,
             )
-            return bool(fut.result(_DHT_CALL_TIMEOUT))
+            return bool(fut.result(timeout))
         except Exception as e:  # the heartbeat must survive a flaky DHT
-            logger.warning("storing the peer record failed: %s: %s", type(e).__name__, e)
+            why = str(e) or (
+                f"no DHT peer answered within {timeout:.0f} s" if isinstance(e, TimeoutError) else ""
+            )
+            logger.warning("storing the peer record failed: %s: %s", type(e).__name__, why)
             return False
 
     def _heartbeat(self) -> None:
@@ -414,11 +419,13 @@ class PeerNode:
         self._stop.set()
         self._wake.set()
         if self._hb_thread is not None:
-            self._hb_thread.join(5.0)
+            self._hb_thread.join(2.0)  # a daemon thread: one stuck in a store is left behind
         if self._publish_record:
             # A newer expiration wins in hivemind's DHT, so the tombstone outlives the last heartbeat.
+            # Bounded: a node whose DHT peers are gone must still stop within seconds (issue 31.5);
+            # the record then expires with its TTL.
             tomb = replace(self._record, left=True, time=dht_time())
-            self._store_record(tomb, dht_time() + self.heartbeat_ttl + 1.0)
+            self._store_record(tomb, dht_time() + self.heartbeat_ttl + 1.0, timeout=_LEAVE_S)
         self._stop_dht()
         logger.info("peer %s shut down", self.peer_id)
 

@@ -160,8 +160,13 @@ def serve(
         )
         typer.echo(f"server: rebalancing moved it from stage {src} to stage {dst}: {what}")
 
+    def started(maddrs: list[str]) -> None:
+        typer.echo("server: multiaddrs (others pass one as --initial-peers):")
+        for m in maddrs:
+            typer.echo(f"  {m}")
+
     with GracefulExit(message="leaving after the stage's last average") as stop:
-        out = run_server(cfg, settings, stage, stop, on_ready=ready, on_move=moved)
+        out = run_server(cfg, settings, stage, stop, on_ready=ready, on_move=moved, on_started=started)
     typer.echo(
         f"server left: stage {out.stage}, {out.served} requests served, {out.refused} refused, "
         f"{out.version} optimizer steps, {out.step_failures} step failures, {len(out.moves)} move(s), "

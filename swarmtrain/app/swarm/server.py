@@ -318,12 +318,14 @@ def run_server(
     on_ready: Callable[[str, int], None] | None = None,
     on_move: MoveCallback | None = None,
     on_serving: Callable[[int], None] | None = None,
+    on_started: Callable[[list[str]], None] | None = None,
 ) -> ServerOutcome:
     """Serve stage ``stage`` (``None``: the bottleneck stage) until ``stop`` is set (a
     ``threading.Event`` or ``peers.GracefulExit``), moving between stages
     when rebalancing says so, then average a last time with the stage's servers that leave with it.
     ``on_ready(peer_id, stage)`` once it serves; ``on_serving(stage)`` once it also caught up with
-    the stage's replicas (a late start downloads their state first).
+    the stage's replicas (a late start downloads their state first); ``on_started(maddrs)`` once
+    its node is up, with the multiaddrs others pass as ``--initial-peers``.
 
     Raises:
         ConfigError: a bad stage or codec.
@@ -336,6 +338,8 @@ def run_server(
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     with PeerNode(cfg.peers, role="server", heartbeat_ttl=6.0) as node:
+        if on_started is not None:
+            on_started(list(node.visible_maddrs))
         live = _live_servers(node, settings.stages)
         k = bottleneck_stage(live, settings.stages) if stage is None else stage
         late = any(s.stage == k and s.version > 0 for s in live)
