@@ -238,3 +238,14 @@ def test_join_json_is_written_on_every_exit_and_zero_rounds_is_a_failure(
     with pytest.raises(SwarmError):
         join.run_join(None, {}, out)
     assert json.loads(out.read_text()) == {"exit_code": 1, "reason": "no round committed for 300 s"}
+
+
+def test_a_doctor_probe_failure_says_why() -> None:
+    from swarmtrain.app.doctor.network import probe_failure
+    from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
+
+    closed = ProtocolError("stream closed in the middle of a frame")
+    assert probe_failure(closed, "token", False, 30).startswith("not admitted: run admits by token; pass")
+    assert probe_failure(closed, "token", True, 30).startswith("refused the probe")
+    assert probe_failure(PeerTimeoutError("took over 30 s"), "open", False, 30).startswith("timed out")
+    assert probe_failure(SwarmError("no route"), "open", False, 30) == "unreachable: no route"
