@@ -48,7 +48,7 @@ def test_intruders_try_every_attack_and_change_nothing(tmp_path: Path) -> None:
     assert "effects: none" in proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     # piped, it still shows progress: plain timestamped lines (issue 17)
-    line = r"^\d\d:\d\d:\d\d diloco\+int8.*: step \d+/60 round \d+ \(\d+ peers?\) loss \d"
+    line = r"^\d\d:\d\d:\d\d diloco\+int8.*: step \d+/60 round \d+ \(\d+ trainers?\) loss \d"
     assert re.search(line, proc.stderr, re.M), proc.stderr
 
 
