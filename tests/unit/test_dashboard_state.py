@@ -238,7 +238,9 @@ def test_command_rejects_bad_input_in_one_line(capsys: pytest.CaptureFixture[str
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert cli_run(["dashboard", "--initial-peers", maddr, "--port", str(port)]) == 2
+        # --run-id names the run, so no manifest is fetched from the (dead) peer first
+        args = ["dashboard", "--initial-peers", maddr, "--run-id", "r", "--port", str(port)]
+        assert cli_run(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
         f"swarmtrain: error: cannot serve the dashboard on 127.0.0.1:{port}"

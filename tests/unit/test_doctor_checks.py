@@ -14,11 +14,14 @@ from peers.dht.probe import (
     MAX_ECHO,
     MAX_REQUEST,
     MAX_STREAM_BYTES,
+    PROBE_BYTES_PER_MINUTE,
+    PROBE_TOTAL_PER_MINUTE,
     ProbeServer,
     encode_download,
     encode_echo,
     parse_request,
 )
+from peers.wire.budgets import RequesterBudget
 from peers.wire.ledger import ByteLedger
 from swarmtrain.app.doctor.reachability import Seen, classify, is_public_maddr
 from swarmtrain.app.doctor.result import Check
@@ -100,6 +103,7 @@ def _serve(requests: list[bytes], admitted: bool = True) -> tuple[_Writer, _Node
     server = object.__new__(ProbeServer)
     node = _Node(admitted)
     server.node, server.name, server.active, server.served = node, "t", 0, 0
+    server.budget = RequesterBudget(PROBE_BYTES_PER_MINUTE, PROBE_TOTAL_PER_MINUTE)
 
     async def go() -> _Writer:
         reader = asyncio.StreamReader()
