@@ -13,7 +13,14 @@ from __future__ import annotations
 from compression.base import CODECS, DTYPES, Codec
 from compression.blockwise import BlockwiseCodec, Int4Compressor, Int8Compressor
 from compression.cast import BF16Compressor, FP16Compressor, NoneCompressor
-from compression.factory import VALUE_CODECS, build_compressor, codec_names, decompress_any, make_codec
+from compression.factory import (
+    VALUE_CODECS,
+    build_compressor,
+    codec_names,
+    decompress_any,
+    make_codec,
+    peer_seed,
+)
 from compression.feedback import EF21, ErrorFeedback
 from compression.kernels import compile_mode
 from compression.plugins import ENTRY_POINT_GROUP, load_codec_plugins
@@ -36,6 +43,7 @@ __all__ = [
     "ErrorFeedback",
     "EF21",
     "build_compressor",
+    "peer_seed",
     "make_codec",
     "codec_names",
     "decompress_any",

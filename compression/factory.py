@@ -10,6 +10,7 @@ one dict (``compression.options``).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import threading
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from swarmtrain.core.errors import ConfigError, ProtocolError
 from swarmtrain.core.packet import Packet
 from swarmtrain.core.registry import NamesView
 
-__all__ = ["build_compressor", "make_codec", "codec_names", "decompress_any", "VALUE_CODECS"]
+__all__ = ["build_compressor", "make_codec", "codec_names", "decompress_any", "peer_seed", "VALUE_CODECS"]
 
 #: codecs that may carry top-k values (``value_codec = True``), live from the registry.
 VALUE_CODECS: NamesView = NamesView(CODECS.value_names, ordered=True)
@@ -136,10 +137,25 @@ def _topk(top: Mapping[str, Any], inner: Codec, device: str | torch.device | Non
     return codec
 
 
+def peer_seed(run_seed: int, peer: int | str) -> int:
+    """The seed of one peer's codec draws in a run whose codec seed is ``run_seed``.
+
+    ``peer`` is the peer's identity: its rank in a fixed run, or its libp2p peer ID (``str``) where it
+    has no rank. The result is the first 4 bytes (little-endian, so in ``[0, 2**32)``) of BLAKE2b
+    over ``"<run_seed>/<kind>:<peer>"``: deterministic, the same on every machine, and different
+    per peer, so random-draw codecs (ternary) quantise independently on each peer and their noise
+    averages out instead of adding up coherently.
+    """
+    kind = "rank" if isinstance(peer, int) else "id"
+    digest = hashlib.blake2b(f"{int(run_seed)}/{kind}:{peer}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
 def build_compressor(
     cfg: CompressionConfig,
     *,
     seed: int = 0,
+    peer: int | str | None = None,
     device: str | torch.device | None = None,
     options: Mapping[str, OptionValue] | None = None,
 ) -> Codec:
@@ -150,10 +166,21 @@ def build_compressor(
     option of the codec (see ``make_codec``), and ``cfg.error_feedback`` (``"ef"`` or ``"ef21"``)
     wraps it in ``ErrorFeedback`` or ``EF21``.
 
+    Seeds: without ``peer`` the codec's seed is ``options``' ``seed`` or else ``seed`` (as before).
+    With ``peer`` (this peer's rank or peer ID) that value is the run's codec seed and the codec gets
+    ``peer_seed(run seed, peer)``: every peer of a run draws differently, reproducibly.
+
     Raises:
         ConfigError: unknown codec name or invalid parameter.
     """
     opts = dict(getattr(cfg, "options", None) or {}) if options is None else dict(options)
+    if peer is not None:
+        given = opts.get("seed")
+        if isinstance(given, int) and not isinstance(given, bool):
+            # kept in the options, so a codec without a seed still refuses it
+            opts["seed"] = peer_seed(given, peer)
+        else:
+            seed = peer_seed(seed, peer)
     codec = make_codec(
         cfg.codec, block=cfg.block_size, fraction=cfg.topk_fraction, seed=seed, device=device, options=opts
     )

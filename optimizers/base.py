@@ -49,7 +49,11 @@ class StrategyContext:
     ``collective`` is ``None`` for a single-peer run; networked strategies refuse to start without one.
     ``reducer`` is applied by partition owners (``None``: token-weighted mean).
     ``compressor`` overrides the codec built from ``compression`` (tests, benchmarks); ``None``: build
-    it with ``compression.build_compressor(compression)``.
+    it with ``compression.build_compressor(compression, seed=codec_seed, peer=codec_peer)``.
+    ``codec_seed`` is the run's codec seed and ``codec_peer`` this peer's identity (rank, or peer ID
+    without one): given, the codec's random draws are seeded ``compression.peer_seed(codec_seed,
+    codec_peer)``, so they differ per peer; ``None`` keeps one seed for every peer (the old default,
+    which correlates a random-draw codec's noise across peers).
     """
 
     model: torch.nn.Module
@@ -59,6 +63,8 @@ class StrategyContext:
     collective: Collective | None = None
     reducer: Reducer | None = None
     compressor: Compressor | None = None
+    codec_seed: int = 0
+    codec_peer: int | str | None = None
 
 
 StrategyFactory = Callable[[StrategyContext], Strategy]
@@ -100,7 +106,7 @@ def make_compressor(ctx: StrategyContext) -> Compressor:
     """The codec a strategy sends through: ``ctx.compressor`` or one built from ``ctx.compression``."""
     if ctx.compressor is not None:
         return ctx.compressor
-    comp = build_compressor(ctx.compression)
+    comp = build_compressor(ctx.compression, seed=ctx.codec_seed, peer=ctx.codec_peer)
     if comp.sends_increments:
         # EF21 packets decode to increments of each sender's running estimate; the collective's
         # owners average decoded values from whichever peers joined the round, so they cannot

@@ -7,7 +7,8 @@ row reports its validation-loss gap to it and how many fewer bytes per token it 
 ``Grid.controls`` every codec row of an outer strategy gets a fp32 control (same strategy, H, outer
 step and seeds, codec ``none``), so its gap splits into the strategy's part (the control's gap) and
 the codec's (the row's gap to its control). With several seeds (seed k: data order ``train.seed +
-k``, codec draws seeded k; k = 0 is the config's own run) each row reports the mean and a 95 %
+k``, and the codec's run seed the same, from which each worker derives its own draws'
+``compression.peer_seed``; k = 0 is the config's own run) each row reports the mean and a 95 %
 t-interval (``stats``), gaps paired by seed. Outputs (``outputs``): a table, JSON (rewritten after
 every point, so an interrupted grid keeps what it measured), a CSV with the same rows, a Pareto plot
 (final validation loss against bytes per token, with error bars) and the curves (validation loss
@@ -336,12 +337,14 @@ def _compare(rows: list[dict[str, Any]]) -> None:
 
 
 def seeded(cfg: Config, k: int) -> Config:
-    """``cfg`` with its codec's random draws seeded ``k`` (codecs without a seed, and k = 0: ``cfg``)."""
+    """``cfg`` with its codec's random draws seeded for seed ``k``: the run's codec seed becomes
+    ``train.seed + k``, seed k's data seed, from which each worker's own codec seed is derived
+    (``compression.peer_seed``); codecs without a seed, and k = 0: ``cfg``."""
     from compression import build_compressor
 
     if k == 0:
         return cfg
-    options = {**cfg.compression.options, "seed": k}
+    options = {**cfg.compression.options, "seed": cfg.train.seed + k}
     comp = cfg.compression.model_copy(update={"options": options})
     try:
         build_compressor(comp)

@@ -195,10 +195,12 @@ def _start(
     from peers import P2PCollective, PeerNode
     from peers.reducers import build_reducer
 
-    compressor = build_compressor(comp_cfg)
+    build_compressor(comp_cfg)  # a bad codec option is refused before the node starts
     reducer = build_reducer(peers_cfg.reducer, peers_cfg.byzantine_f, **peers_cfg.reducer_options)
     node = PeerNode(peers_cfg, role="trainer")  # as the peer loop starts its node
     try:
+        # each peer its own codec draws, from its peer ID (it has no rank): peer_seed(run seed, ID)
+        compressor = build_compressor(comp_cfg, peer=node.peer_id)
         collective = P2PCollective(
             node,
             min_peers=peers_cfg.min_peers,

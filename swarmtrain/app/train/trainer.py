@@ -137,7 +137,10 @@ class Trainer:
         num_peers: peers training together.
         reducer: robust reducer handed to the strategy (``None``: token-weighted mean).
         data_seed: seed of this peer's data stream (default ``config.train.seed``). Volunteers who do
-            not know their index derive it from their peer ID, so their streams differ.
+            not know their index derive it from their peer ID, so their streams differ. It is also
+            the run's codec seed: a random-draw codec (ternary) is seeded
+            ``compression.peer_seed(data seed, peer_index)`` unless ``compression.options.seed`` is
+            set (then that replaces the data seed), so every peer draws differently.
 
     Attributes:
         model: the (uncompiled) ``GPT``.
@@ -178,6 +181,9 @@ class Trainer:
                 compression=config.compression,
                 collective=collective,
                 reducer=reducer,
+                # each peer its own codec draws (a volunteer without a rank: its data seed differs)
+                codec_seed=tc.seed if data_seed is None else data_seed,
+                codec_peer=peer_index,
             )
         )
         self._forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = self.model
