@@ -7,7 +7,11 @@ of the last few states it committed itself (the digest of the parameters every p
 and the hash of the snapshot's chunk manifest (``peers.state.state_chunks``). A newcomer reads them
 all (:func:`announcements`), leaves out a donor whose round no other peer bears out (:func:`witnessed`)
 and, with ``vouchers = k``, one whose state fewer than ``min(k, donors)`` distinct donors vouch for
-(:func:`vouched`): one admitted donor alone cannot plant a state.
+(:func:`vouched`): one admitted donor alone cannot plant a state. Once the run has commit
+certificates (``peers.state.certificates``: each member of a committed round signs its round, digest
+and group size), the vouches give way to them (:func:`certified_states`): a state is taken only when
+more than half of its round's group, each admitted, signed its digest, and those signers are more
+than half of the established live peers (issue 30.1).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import msgpack
 
 from peers.dht.node import PeerNode
+from peers.state.certificates import Certified, certified, read_certificates
 from swarmtrain.core.errors import ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
@@ -28,7 +33,9 @@ __all__ = [
     "Announcement",
     "Vouches",
     "announcements",
+    "by_certificate",
     "candidates",
+    "certified_states",
     "decode_announcement",
     "encode_announcement",
     "freshest_vouched",
@@ -238,7 +245,42 @@ def candidates(
         exclude = exclude | admitted.refused()
     found = [a for a in announcements(node, run, 15.0, vouches, manifests) if a[1] not in exclude]
     found = witnessed(node, run, found, errors)
+    states = certified_states(node, run, exclude, errors)
+    if states is not None:  # the run has commit certificates: only a certified state is taken
+        return by_certificate(found, states, errors)
     return vouched(found, vouches, vouchers, errors)
+
+
+def certified_states(
+    node: PeerNode, run: str, exclude: frozenset[str], errors: list[str]
+) -> dict[int, Certified] | None:
+    """The run's certified states by round (``peers.state.certificates.certified``: a quorum of each
+    round's group, admitted signers, bounded by the established live peers); ``None`` when the run
+    has no valid certificate yet (no round committed: the vouching rules alone apply then)."""
+    certs = [c for c in read_certificates(node, run, 15.0) if c.signer not in exclude]
+    if not certs:
+        return None
+    admitted = getattr(node, "admitted", None)
+    check = admitted.check if admitted is not None and run == node.run_id else None
+    try:
+        live: frozenset[str] | None = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
+    except SwarmError:
+        live = None
+    return certified(certs, admitted=check, live=live, errors=errors)
+
+
+def by_certificate(
+    found: list[Announcement], states: Mapping[int, Certified], errors: list[str]
+) -> list[tuple[Announcement, bytes | None]]:
+    """The announcements of a certified round, each with the certified digest (the caller checks the
+    downloaded state has it)."""
+    out: list[tuple[Announcement, bytes | None]] = []
+    for a in found:
+        if a[0] in states:
+            out.append((a, states[a[0]].digest))
+        else:
+            errors.append(f"{a[1][:12]}: round {a[0]} has no certified state")
+    return out
 
 
 def freshest_vouched(

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from peers.dht.node import PeerNode, dht_time
+from peers.state.certificates import MAX_CERTIFICATES, commit_key, encode_record, sign_certificate
 from peers.state.donors import (
     MAX_VOUCHES,
     Announcement,
@@ -62,6 +63,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 StateProvider = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]]
 META_KEY = "swarmtrain"
+#: seconds a member's commit certificates outlive their last store: a state stays certified a while
+#: after some of the members that signed it left (the established peers count only live ones)
+CERTIFICATE_TTL = 600.0
 
 
 class NoStateAnnounced(PeerTimeoutError):
@@ -144,6 +148,8 @@ class StateServer:
         self._latest: tuple[bytes, int, int, bytes] | None = None  # (hash, nbytes, round, manifest)
         #: (round, shared-parameter digest) of the last states this peer committed itself
         self._vouches: list[tuple[int, bytes]] = []
+        #: its signed commit certificates (``peers.state.certificates``), the last few
+        self._certificates: list[list[bytes]] = []
         self.leaving = False  # announced too: a peer about to leave is nobody's holder of the state
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -155,7 +161,7 @@ class StateServer:
         )
         self._thread.start()
 
-    def refresh(self, vouch: str | None = None) -> str:
+    def refresh(self, vouch: str | None = None, committed_by: int | None = None) -> str:
         """Snapshot the provider's state now (call it from the training thread between steps) and
         announce it. Returns the SHA-256 hex digest.
 
@@ -163,7 +169,11 @@ class StateServer:
         this peer committed itself, or one it downloaded that at least two donors (and at least
         ``vouchers``) vouched for alike: the announcement then vouches for ``(round, vouch)``, and a
         newcomer takes a state only when enough donors vouch for it (:func:`download_state`'s
-        ``vouchers``). A state one donor alone vouched for is never vouched for again."""
+        ``vouchers``). A state one donor alone vouched for is never vouched for again.
+
+        ``committed_by``: this peer committed the state's round itself in a group of that many
+        members: it also signs a commit certificate of ``(round, vouch, committed_by)`` and stores its
+        last few under ``"<run>.commit"`` (``peers.state.certificates``)."""
         tensors, meta = self.provider()
         rnd = meta.get("round")
         if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
@@ -175,6 +185,11 @@ class StateServer:
             self._latest = (digest, len(data), rnd, manifest)
             if vouch is not None:
                 self._vouches = [*self._vouches, (rnd, bytes.fromhex(vouch))][-MAX_VOUCHES:]
+                if committed_by is not None:
+                    cert = sign_certificate(
+                        self.node.signer, self.run_id, rnd, bytes.fromhex(vouch), committed_by
+                    )
+                    self._certificates = [*self._certificates, cert][-MAX_CERTIFICATES:]
         self._announce()
         return digest.hex()
 
@@ -195,6 +210,7 @@ class StateServer:
             if latest is None:
                 return
             vouches = list(self._vouches)
+            certs = list(self._certificates)
         digest, nbytes, rnd, manifest = latest
         value = encode_announcement(digest, nbytes, rnd, vouches, manifest, leaving=self.leaving)
         try:
@@ -205,6 +221,14 @@ class StateServer:
                 subkey=self.node.peer_id,
                 return_future=True,
             ).result(15.0)
+            if certs:
+                self.node.dht.store(
+                    commit_key(self.run_id),
+                    encode_record(self.node.signer, certs),
+                    dht_time() + max(self.announce_ttl, CERTIFICATE_TTL),
+                    subkey=self.node.peer_id,
+                    return_future=True,
+                ).result(15.0)
         except Exception as e:
             logger.warning("announcing the state failed: %s", e)
 

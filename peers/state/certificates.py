@@ -1,0 +1,231 @@
+"""Commit certificates: which states a round's group signed, and the quorum a newcomer asks of them.
+
+After a round commits, each of its members signs ``(run, round, digest, group size)`` with its
+libp2p identity key (the RSA key behind its peer ID, ``peers.keys.signing``): the digest is the
+shared-state digest every member of the round holds (parameters and outer momentum). A member keeps
+its last :data:`MAX_CERTIFICATES` and stores them in one DHT record under ``"<run>.commit"`` (subkey:
+its peer ID), beside its state announcement (``peers.state.state_transfer.StateServer``). Each
+certificate verifies on its own: a reader checks that the embedded key hashes to the claimed peer ID
+and that every signature holds, whatever node stored or returned the record.
+
+A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` only when
+
+* **group quorum**: more than half of the round's group signed ``(r, d)``, the group's size being the
+  largest size any admitted signer of round ``r`` claims (a signer claiming a smaller group than the
+  others cannot shrink the quorum), each signer admitted, each counted once; a signer that signed
+  two different certificates for one round counts for neither;
+* **history bound**: those signers are more than half of the *established* peers: live peers that
+  signed any state with a group quorum in the history the newcomer reads. Colluders cannot certify a
+  round of their own ahead of the others (a group of two that signs itself is a quorum of its own
+  group, not of the run's established members).
+
+So colluders fewer than half of a round's group, and fewer than half of the established live peers,
+plant nothing. What a majority can still do is in ``docs/threat-model.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from peers.keys.signing import MAX_PUBLIC_DER, Signer, verify_signed_by
+from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.safe_msgpack import unpack
+
+__all__ = [
+    "MAX_CERTIFICATES",
+    "MAX_GROUP",
+    "Certificate",
+    "Certified",
+    "certified",
+    "commit_key",
+    "decode_record",
+    "encode_record",
+    "sign_certificate",
+]
+
+logger = logging.getLogger(__name__)
+MAX_CERTIFICATES = 4  # certificates one member's record carries: its last committed rounds
+MAX_GROUP = 1 << 16  # the largest group size a certificate may claim
+_MAX_ROUND = 1 << 40  # as peers.state.donors.MAX_ROUND
+_MAX_RECORD = 8 * 1024
+_DOMAIN = b"swarmtrain-commit-v1\0"
+
+
+def commit_key(run_id: str) -> str:
+    """DHT key of the run's commit certificates."""
+    return f"{run_id}.commit"
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """One member's signed word that round ``round`` committed the state ``digest`` in a group of
+    ``group_size`` members (verified: built only by :func:`decode_record`)."""
+
+    signer: str
+    round: int
+    digest: bytes
+    group_size: int
+
+
+@dataclass(frozen=True)
+class Certified:
+    """A state that passed :func:`certified`: its round, digest, signers and the group size counted."""
+
+    round: int
+    digest: bytes
+    signers: frozenset[str]
+    group_size: int
+
+
+def _body(run_id: str, rnd: int, digest: bytes, group_size: int) -> bytes:
+    return bytes(msgpack.packb([run_id, rnd, digest, group_size], use_bin_type=True))
+
+
+def _check_fields(rnd: Any, digest: Any, group_size: Any) -> None:
+    if not (isinstance(rnd, int) and not isinstance(rnd, bool) and 0 <= rnd <= _MAX_ROUND):
+        raise ProtocolError("commit certificate round is out of range")
+    if not (isinstance(digest, bytes) and len(digest) == 32):
+        raise ProtocolError("commit certificate digest is not 32 bytes")
+    if not (isinstance(group_size, int) and not isinstance(group_size, bool) and 0 < group_size <= MAX_GROUP):
+        raise ProtocolError("commit certificate group size is out of range")
+
+
+def sign_certificate(signer: Signer, run_id: str, rnd: int, digest: bytes, group_size: int) -> list[bytes]:
+    """``signer``'s certificate that round ``rnd`` of ``run_id`` committed ``digest`` in a group of
+    ``group_size``: ``[body, signature]``, an entry of :func:`encode_record`."""
+    _check_fields(rnd, digest, group_size)
+    body = _body(run_id, rnd, digest, group_size)
+    return [body, signer.sign(_DOMAIN + body)]
+
+
+def encode_record(signer: Signer, entries: list[list[bytes]]) -> bytes:
+    """The DHT value of ``signer``'s certificates (the last :data:`MAX_CERTIFICATES` of ``entries``):
+    msgpack ``{p, k, c}`` (peer ID, public key, ``[[body, signature], ...]``)."""
+    value = {"p": signer.peer_id, "k": signer.public_der, "c": entries[-MAX_CERTIFICATES:]}
+    return bytes(msgpack.packb(value, use_bin_type=True))
+
+
+def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
+    """Verify and parse one member's record read under ``subkey``: its certificates.
+
+    Raises:
+        ProtocolError: malformed or oversized, stored under another peer's subkey, a key that is not
+            ``subkey``'s, a signature that does not hold, or a certificate of another run.
+    """
+    if not isinstance(value, bytes) or len(value) > _MAX_RECORD:
+        raise ProtocolError("commit record is not bytes or too large")
+    obj = unpack(
+        value,
+        what="commit record",
+        max_bytes=_MAX_RECORD,
+        max_str=256,
+        max_bin=max(MAX_PUBLIC_DER, 512),
+        max_array=MAX_CERTIFICATES,
+        max_map=4,
+    )
+    if not isinstance(obj, dict) or not (
+        isinstance(obj.get("p"), str) and isinstance(obj.get("k"), bytes) and isinstance(obj.get("c"), list)
+    ):
+        raise ProtocolError("commit record fields missing or ill-typed")
+    if obj["p"] != subkey:
+        raise ProtocolError("commit record stored under another peer's subkey")
+    out = []
+    for entry in obj["c"]:
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, bytes) for x in entry)):
+            raise ProtocolError("commit certificate is not [body, signature]")
+        body, sig = entry
+        verify_signed_by(subkey, obj["k"], _DOMAIN + body, sig)
+        fields = unpack(body, what="commit certificate", max_bytes=256, max_str=128, max_bin=32, max_array=4)
+        if not (isinstance(fields, list) and len(fields) == 4):
+            raise ProtocolError("commit certificate is not [run, round, digest, group size]")
+        run, rnd, digest, size = fields
+        if run != run_id:
+            raise ProtocolError("commit certificate of another run")
+        _check_fields(rnd, digest, size)
+        out.append(Certificate(subkey, rnd, digest, size))
+    return out
+
+
+def certified(
+    certs: Iterable[Certificate],
+    *,
+    admitted: Callable[[str], bool] | None = None,
+    live: frozenset[str] | None = None,
+    errors: list[str] | None = None,
+) -> dict[int, Certified]:
+    """The certified state of each round (at most one a round), by the rules in the module docstring.
+
+    Args:
+        certs: verified certificates (:func:`decode_record`), any number per signer.
+        admitted: whether a signer is admitted (``None``: everyone); others' certificates count for
+            nothing.
+        live: the peers with a live record (``None``: unknown, every established signer counts).
+        errors: why a round was refused, appended.
+    """
+    errs = errors if errors is not None else []
+    by_round: dict[int, dict[str, set[tuple[bytes, int]]]] = defaultdict(lambda: defaultdict(set))
+    verdict: dict[str, bool] = {}
+    for c in certs:
+        if c.signer not in verdict:
+            verdict[c.signer] = admitted is None or admitted(c.signer)
+        if verdict[c.signer]:
+            by_round[c.round][c.signer].add((c.digest, c.group_size))
+    quorum: dict[int, Certified] = {}
+    for rnd, signed in by_round.items():
+        honest = {p: next(iter(v)) for p, v in signed.items() if len(v) == 1}  # equivocators drop out
+        if len(honest) < len(signed):
+            errs.append(f"round {rnd}: {len(signed) - len(honest)} signers signed two states")
+        if not honest:
+            continue
+        size = max(n for _, n in honest.values())  # the largest group a signer of this round claims
+        support: dict[bytes, set[str]] = defaultdict(set)
+        for p, (d, _) in honest.items():
+            support[d].add(p)
+        winners = [(d, who) for d, who in support.items() if 2 * len(who) > size]
+        if len(winners) != 1:  # none, or (sizes claimed inconsistently) two: the round is refused
+            best = max(len(who) for who in support.values())
+            errs.append(f"round {rnd}: {best} of a group of {size} signed its state")
+            continue
+        digest, who = winners[0]
+        quorum[rnd] = Certified(rnd, digest, frozenset(who), size)
+    established: set[str] = set()
+    for q in quorum.values():
+        established |= q.signers
+    if live is not None:
+        established &= live
+    out = {}
+    for rnd, q in quorum.items():
+        if 2 * len(q.signers) <= len(established):
+            errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
+            continue
+        out[rnd] = q
+    return out
+
+
+def read_certificates(node: Any, run_id: str, timeout: float) -> list[Certificate]:
+    """The run's certificates whose signatures verify; a bad record is skipped (logged)."""
+    from peers.dht.node import dht_time
+
+    try:
+        found = node.dht.get(commit_key(run_id), latest=True, return_future=True).result(timeout)
+    except Exception as e:
+        logger.info("reading commit certificates failed: %s", e)
+        return []
+    if found is None or not isinstance(found.value, dict):
+        return []
+    now = dht_time()
+    out: list[Certificate] = []
+    for subkey, item in found.value.items():
+        if not isinstance(subkey, str) or item.expiration_time < now:
+            continue
+        try:
+            out.extend(decode_record(run_id, subkey, item.value))
+        except ProtocolError as e:
+            logger.warning("ignoring a commit record under %s: %s", subkey[:16], e)
+    return out

@@ -1,0 +1,160 @@
+"""Commit certificates (issue 30.1): signed records of a round's state and the quorum a newcomer asks
+of them (``peers.state.certificates``). The real-peer case (two admitted colluders) is in
+``tests/integration/test_certified_state.py``."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from peers.keys.signing import Signer
+from peers.state.certificates import (
+    MAX_CERTIFICATES,
+    Certificate,
+    certified,
+    decode_record,
+    encode_record,
+    sign_certificate,
+)
+from peers.state.donors import by_certificate
+from swarmtrain.core.errors import ProtocolError
+
+RUN = "t-cert"
+D, E = b"\x01" * 32, b"\x02" * 32  # the honest digest, a forged one
+
+
+@pytest.fixture(scope="module")
+def signers(tmp_path_factory: pytest.TempPathFactory) -> list[Signer]:
+    from peers.keys.identity import ensure_identity
+
+    out = []
+    for i in range(3):
+        path = tmp_path_factory.mktemp("id") / f"id{i}.key"
+        ensure_identity(path)
+        out.append(Signer(path))
+    return out
+
+
+def _record(s: Signer, *certs: tuple[int, bytes, int], run: str = RUN) -> bytes:
+    return encode_record(s, [sign_certificate(s, run, r, d, n) for r, d, n in certs])
+
+
+def test_a_signed_record_reads_back_as_its_certificates(signers: list[Signer]) -> None:
+    a = signers[0]
+    got = decode_record(RUN, a.peer_id, _record(a, (5, D, 4), (6, E, 3)))
+    assert got == [Certificate(a.peer_id, 5, D, 4), Certificate(a.peer_id, 6, E, 3)]
+
+
+def test_a_forged_signature_or_a_changed_certificate_is_refused(signers: list[Signer]) -> None:
+    a, b = signers[0], signers[1]
+    # b's key signs a record that claims to be a's: the key does not hash to a's peer ID
+    fake = msgpack.packb(
+        {"p": a.peer_id, "k": b.public_der, "c": [sign_certificate(b, RUN, 5, D, 4)]}, use_bin_type=True
+    )
+    with pytest.raises(ProtocolError, match="not the key of the claimed peer ID"):
+        decode_record(RUN, a.peer_id, fake)
+    # a's own certificate with another digest written into the signed body
+    body, sig = sign_certificate(a, RUN, 5, D, 4)
+    changed = [body.replace(D, E), sig]
+    value = msgpack.packb({"p": a.peer_id, "k": a.public_der, "c": [changed]}, use_bin_type=True)
+    with pytest.raises(ProtocolError, match="invalid signature"):
+        decode_record(RUN, a.peer_id, value)
+    with pytest.raises(ProtocolError, match="another peer's subkey"):  # stored under b's subkey
+        decode_record(RUN, b.peer_id, _record(a, (5, D, 4)))
+    with pytest.raises(ProtocolError, match="another run"):  # a certificate of another run replayed
+        decode_record(RUN, a.peer_id, _record(a, (5, D, 4), run="other-run"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"p": 1, "k": b"", "c": []}), b"x" * 9000],
+)
+def test_a_malformed_record_raises_only_protocol_error(signers: list[Signer], bad: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_record(RUN, signers[0].peer_id, bad)
+
+
+def test_a_certificate_out_of_range_is_not_signed(signers: list[Signer]) -> None:
+    for rnd, d, n in ((1 << 41, D, 4), (5, b"x", 4), (5, D, 0)):
+        with pytest.raises(ProtocolError):
+            sign_certificate(signers[0], RUN, rnd, d, n)
+
+
+def _c(signer: str, rnd: int, d: bytes, n: int) -> Certificate:
+    return Certificate(signer, rnd, d, n)
+
+
+def test_more_than_half_of_the_group_certifies_a_state() -> None:
+    certs = [_c(p, 5, D, 5) for p in "abc"]
+    got = certified(certs)
+    assert got[5].digest == D and got[5].signers == frozenset("abc") and got[5].group_size == 5
+
+
+def test_too_few_signers_are_refused() -> None:
+    errors: list[str] = []
+    assert certified([_c(p, 5, D, 5) for p in "ab"], errors=errors) == {}
+    assert "2 of a group of 5" in errors[0]
+
+
+def test_a_certificate_of_another_digest_counts_for_nothing_toward_this_one() -> None:
+    # three signed the round, but one of them another digest: two of five for D, one for E
+    assert certified([_c("a", 5, D, 5), _c("b", 5, D, 5), _c("c", 5, E, 5)]) == {}
+
+
+def test_a_duplicate_signer_counts_once() -> None:
+    assert certified([_c("a", 5, D, 3)] * MAX_CERTIFICATES) == {}
+    assert certified([_c("a", 5, D, 3)] * 2 + [_c("b", 5, D, 3)])[5].signers == frozenset("ab")
+
+
+def test_a_signer_of_two_states_of_one_round_counts_for_neither() -> None:
+    certs = [_c("a", 5, D, 3), _c("a", 5, E, 3), _c("b", 5, D, 3)]  # a equivocates: 1 of 3 left
+    errors: list[str] = []
+    assert certified(certs, errors=errors) == {}
+    assert "signed two states" in errors[0]
+
+
+def test_signers_claiming_a_smaller_group_do_not_shrink_the_quorum() -> None:
+    """Two colluders of a round of six sign a forged state and claim a group of two: the round's
+    group is the largest one its signers claim, so they are two of six."""
+    honest = [_c(p, 5, D, 6) for p in "abcd"]
+    forged = [_c(p, 5, E, 2) for p in "xy"]
+    got = certified(honest + forged)
+    assert got[5].digest == D
+    assert certified(forged + [_c(p, 5, D, 6) for p in "ab"]) == {}  # nobody has a quorum of six
+
+
+def test_unadmitted_signers_count_for_nothing() -> None:
+    certs = [_c(p, 5, D, 3) for p in "axy"]
+    assert certified(certs, admitted=lambda p: p == "a") == {}
+    assert certified(certs, admitted=lambda p: p != "y")[5].signers == frozenset("ax")
+
+
+def test_colluders_cannot_certify_a_round_of_their_own_ahead_of_the_others() -> None:
+    """Issue 30 finding 1: two admitted colluders announce a round ahead and sign it as a group of
+    two (a quorum of their own group). They are two of the five established live peers."""
+    honest = [_c(p, 5, D, 5) for p in "abcxy"]  # the colluders x, y took part in round 5
+    ahead = [_c(p, 6, E, 2) for p in "xy"]
+    errors: list[str] = []
+    got = certified(honest + ahead, live=frozenset("abcxy"), errors=errors)
+    assert set(got) == {5} and got[5].digest == D
+    assert any("round 6: 2 of the 5 established peers signed" in e for e in errors)
+    # the control: seen without the others' history, their round is a quorum of its own group
+    assert certified(ahead, live=frozenset("abcxy"))[6].digest == E
+
+
+def test_established_peers_that_left_do_not_hold_the_history_back() -> None:
+    """Round 5 was signed by five; three of them left. The two that stay commit round 6 as a group of
+    two: two of the two live established peers."""
+    certs = [_c(p, 5, D, 5) for p in "abcde"] + [_c(p, 6, E, 2) for p in "ab"]
+    assert certified(certs, live=frozenset("ab"))[6].digest == E
+    assert 6 not in certified(certs, live=frozenset("abcde"))  # had they stayed, two of five
+
+
+def test_only_announcements_of_a_certified_round_are_taken_with_its_digest() -> None:
+    certs = [_c(p, 5, D, 3) for p in "abc"] + [_c(p, 6, E, 2) for p in "xy"]
+    states = certified(certs, live=frozenset("abcxy"))
+    found = [(6, "x", b"h" * 32, 10), (5, "a", b"h" * 32, 10), (5, "x", b"h" * 32, 10)]
+    errors: list[str] = []
+    out = by_certificate(found, states, errors)
+    assert [(a[1], d) for a, d in out] == [("a", D), ("x", D)]  # x's round-5 bytes face the digest check
+    assert "round 6 has no certified state" in errors[0]
