@@ -61,6 +61,7 @@ from peers.swarm.routing import ServerInfo, pick_server, server_from_record, ser
 from peers.swarm.stage_call import Refused, failure_reason, gather_steps, request
 from peers.swarm.steps import MAX_SHORT
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
+from peers.swarm.verify import VERIFY, ReplicaCheck, agree, agree_loss, judge
 from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
@@ -96,6 +97,8 @@ class PipelineConfig:
         step_timeout: seconds a closed step may take to be applied (the other trainers' closes and
             the stage's gradient rounds included).
         min_grace: seconds the other servers of a stage have to answer a step after its first one.
+        verify_rate: share of replies checked on a second replica of their stage after each
+            server's first (``peers.swarm.verify``; 0: no check at all).
     """
 
     stages: int
@@ -110,6 +113,7 @@ class PipelineConfig:
     first_contact: float = 60.0
     step_timeout: float = 300.0
     min_grace: float = 2.0
+    verify_rate: float = 0.0
 
     def limits(self, stage: int) -> StageLimits:
         """The bounds of ``stage``'s messages."""
@@ -140,6 +144,7 @@ class SwarmPipeline:
         #: its inputs and targets), to feed again one whose gradients left with a dead server
         self._held: dict[int, tuple[list[str], torch.Tensor, torch.Tensor]] = {}
         self.fed_again = 0  # micro-batches fed again (see :meth:`close_step`)
+        self.check = ReplicaCheck(config.verify_rate)  # replies checked on another replica
 
     # --- directory ----------------------------------------------------------------------------------
 
@@ -210,17 +215,23 @@ class SwarmPipeline:
         inputs = [encode_tokens(x)]  # inputs[s]: the bytes stage s gets (forwarded unchanged)
         holders: list[str] = []  # the backward goes back to the server that ran the forward
         for s in range(last):
-            _, frames, peer = self._call(s, FORWARD, [inputs[s]], mb_id, bt, prefer=pref[s])
-            inputs.append(frames[0])
-            holders.append(peer)
-        head, frames, peer = self._call(
-            last, FORWARD, [inputs[last], encode_tokens(y)], mb_id, bt, prefer=pref[last]
+            req = [inputs[s]]
+            first = self._call(s, FORWARD, req, mb_id, bt, prefer=pref[s])
+            reply = self._checked(s, FORWARD, req, mb_id, bt, first)
+            inputs.append(reply[1][0])
+            holders.append(reply[2])  # the honest replica's when the first one was convicted
+        req = [inputs[last], encode_tokens(y)]
+        head, frames, peer = self._checked(
+            last, FORWARD, req, mb_id, bt, self._call(last, FORWARD, req, mb_id, bt, prefer=pref[last])
         )
         holders.append(peer)
         loss = decode_loss(head.note)
         grad = frames[0]
         for s in range(last - 1, -1, -1):
-            _, frames, holders[s] = self._call(s, BACKWARD, [inputs[s], grad], mb_id, bt, prefer=holders[s])
+            req = [inputs[s], grad]
+            _, frames, holders[s] = self._checked(
+                s, BACKWARD, req, mb_id, bt, self._call(s, BACKWARD, req, mb_id, bt, prefer=holders[s])
+            )
             if s:
                 grad = frames[0]
         self._held[mb_id] = (holders, x, y)
@@ -333,6 +344,114 @@ class SwarmPipeline:
         if want:  # a hidden state or a gradient of the request's shape
             decode_hidden(frames[0], self.config.limits(stage), expect=bt)
 
+    # --- replica checks (``peers.swarm.verify``) ----------------------------------------------------
+
+    def _checked(
+        self,
+        stage: int,
+        typ: str,
+        frames: Sequence[bytes],
+        mb_id: int,
+        bt: tuple[int, int],
+        reply: tuple[Envelope, list[bytes], str],
+    ) -> tuple[Envelope, list[bytes], str]:
+        """``reply`` (a server's answer to ``typ`` of ``mb_id`` on ``stage``), checked on another
+        replica of the stage when :attr:`check` wants it; returns the reply to go on with: the
+        majority's when a third replica convicted the first server. Its server is then the one that
+        gave it, unless the request added gradients on the first server (a backward, the last
+        stage's forward): that one holds them for the step."""
+        head, got, peer = reply
+        if (typ == BACKWARD and stage == 0) or not self.check.wants(peer, self.rng):
+            return reply  # stage 0's backward answers nothing to compare
+        other = self._verify_on(stage, typ, frames, mb_id, bt, {peer})
+        if other is None:  # no other replica answered: nothing compared, nothing counted
+            return reply
+        self.check.checked_once(peer)
+        if self._same(stage, typ, reply, other):
+            return reply
+        self.check.mismatches += 1
+        third = self._verify_on(stage, typ, frames, mb_id, bt, {peer, other[2]})
+        if third is None:
+            self.check.disputes.append((stage, peer, other[2]))
+            logger.warning(
+                "stage %d: %s and %s disagree on micro-batch %d and no third replica can tell; "
+                "neither is excluded",
+                stage,
+                peer[:16],
+                other[2][:16],
+                mb_id,
+            )
+            return reply
+        odd = judge(False, self._same(stage, typ, reply, third), self._same(stage, typ, other, third))
+        liar = {"a": peer, "b": other[2], "c": third[2]}.get(odd or "all")
+        if liar is None:
+            self.check.disputes.append((stage, peer, other[2]))
+            logger.warning("stage %d: three replicas disagree on micro-batch %d", stage, mb_id)
+            return reply
+        why = f"stage {stage}: its {typ} of micro-batch {mb_id} disagreed with two other replicas"
+        self.check.convict(liar, why)
+        logger.warning("excluded server %s: %s", liar[:16], why)
+        if liar != peer:
+            return reply
+        keeps = typ == BACKWARD or stage == self.config.stages - 1  # gradients added on ``peer``
+        return (other[0], other[1], peer if keeps else other[2])
+
+    def _verify_on(
+        self,
+        stage: int,
+        typ: str,
+        frames: Sequence[bytes],
+        mb_id: int,
+        bt: tuple[int, int],
+        skip: set[str],
+    ) -> tuple[Envelope, list[bytes], str] | None:
+        """The same request as a check (nothing accumulated) on another replica of ``stage``, not
+        one of ``skip``; ``None`` when none answered (two tries)."""
+        kind = GRADIENTS if typ == BACKWARD else ACTIVATIONS
+        env = Envelope(
+            type=typ,
+            run=self.node.run_id,
+            kind=kind,
+            round=mb_id,
+            index=stage,
+            frames=len(frames),
+            nbytes=sum(len(f) for f in frames),
+            note=VERIFY,
+        )
+        for _ in range(2):
+            excluded = self.exclusions.active(time.monotonic()) | frozenset(self.check.convicted) | skip
+            srv = pick_server(self.refresh()[stage], excluded, self.rng)
+            if srv is None:
+                return None
+            timeout = self.times.deadline(stage, typ, srv.queue)
+            try:
+                head, got = self.node.loop.run(
+                    self._request(srv.peer_id, env, frames, timeout), timeout + 1.0
+                )
+                self._check_reply(stage, typ, head, got, bt)
+            except (SwarmError, TimeoutError) as e:
+                logger.info(
+                    "stage %d: check of micro-batch %d on %s failed: %s", stage, mb_id, srv.peer_id[:16], e
+                )
+                skip = skip | {srv.peer_id}
+                continue
+            return head, got, srv.peer_id
+        return None
+
+    def _same(
+        self,
+        stage: int,
+        typ: str,
+        a: tuple[Envelope, list[bytes], str],
+        b: tuple[Envelope, list[bytes], str],
+    ) -> bool:
+        """Whether two replicas' replies to one request agree (``peers.swarm.verify``)."""
+        lim = self.config.limits(stage)
+        if typ == FORWARD and stage == self.config.stages - 1:
+            if not agree_loss(decode_loss(a[0].note), decode_loss(b[0].note)):
+                return False
+        return agree(decode_hidden(a[1][0], lim), decode_hidden(b[1][0], lim))
+
     def _call(
         self,
         stage: int,
@@ -392,7 +511,7 @@ class SwarmPipeline:
     def _pick(self, stage: int, want: str | None) -> ServerInfo | None:
         """``want`` while it serves ``stage`` and is not excluded, else a weighted draw (``None``: none)."""
         servers = self.refresh()[stage]
-        excluded = self.exclusions.active(time.monotonic())
+        excluded = self.exclusions.active(time.monotonic()) | frozenset(self.check.convicted)
         mine = [x for x in servers if x.peer_id == want and x.peer_id not in excluded]
         return mine[0] if mine else pick_server(servers, excluded, self.rng)
 

@@ -2,7 +2,8 @@
 
 * :func:`compute`: a decoded forward or backward request of one micro-batch run through the stage
   module, with its gradients accumulated once per micro-batch (``peers.swarm.steps``): a backward
-  retried on a server that already accumulated it answers the input gradient only.
+  retried on a server that already accumulated it answers the input gradient only, and so does a
+  trainer's replica check (``note`` :data:`peers.swarm.verify.VERIFY`).
 * :class:`ServiceRate`: the samples per second the server announces (rows over the moving averages of
   its forward and backward service times), which trainers route by (``peers.swarm.routing``).
 """
@@ -26,6 +27,7 @@ from peers.swarm.protocol import (
     encode_loss,
 )
 from peers.swarm.steps import StageSteps
+from peers.swarm.verify import VERIFY
 from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.protocols import Compressor
@@ -66,7 +68,9 @@ def compute(stage: Stage, env: Envelope, frames: list[bytes]) -> tuple[Reply, in
     x = x.to(stage.device)  # decoded on the host, computed on the stage's device
     bt = (int(x.shape[0]), int(x.shape[1]))
     again = env.type != FORWARD or lim.last
-    again = again and stage.steps.seen(env.round)  # its gradients are already accumulated here
+    # a replica check (``peers.swarm.verify``) computes the reply without accumulating anything;
+    # otherwise a micro-batch whose gradients are already accumulated here is answered, not added
+    again = again and (env.note == VERIFY or stage.steps.seen(env.round))
     if env.type == FORWARD and not lim.last:
         with torch.no_grad():
             y = stage.module(x)

@@ -57,3 +57,10 @@ class SwarmConfig(BaseModel):
     cooldown: float = Field(
         default=60.0, ge=0, description="seconds before a server that moved may move again"
     )
+    verify_rate: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="share of a trainer's replies checked on a second replica of the stage after each "
+        "server's first (peers.swarm.verify; 0: no check at all)",
+    )

@@ -76,16 +76,28 @@ def spread_servers(servers: int, stages: int) -> list[int]:
 
 
 def _server_main(
-    rank: int, stage: int, cfg_json: str, settings: dict[str, Any], q: Any, level: int, run_over: Any
+    rank: int,
+    stage: int,
+    cfg_json: str,
+    settings: dict[str, Any],
+    q: Any,
+    level: int,
+    run_over: Any,
+    lie: bool = False,
 ) -> None:
     """One stage server; it reports its outcome (its whole stage state) only when told to leave at
     the run's end (``run_over`` set): a server preempted mid-run is not read any more, and a report
-    of megabytes would keep it from exiting (the queue's feeder thread waits for a reader)."""
+    of megabytes would keep it from exiting (the queue's feeder thread waits for a reader).
+    ``lie``: it corrupts its replies (``swarmtrain.simulation.attacks.stage_server``)."""
     from peers import GracefulExit
     from swarmtrain.app.swarm.server import run_server
 
     quiet_logs(level)
     try:
+        if lie:
+            from swarmtrain.simulation.attacks.stage_server import corrupt_stage_replies
+
+            corrupt_stage_replies()
         cfg = Config.model_validate_json(cfg_json)
         with GracefulExit() as stop:
             out = run_server(
@@ -250,10 +262,13 @@ def run_swarm_simulation(
     timeout: float = 1800.0,
     layout: list[int] | None = None,
     chaos: ChaosSpec | None = None,
+    byzantine_servers: int = 0,
 ) -> SwarmResult:
     """Run SWARM with ``servers`` stage servers and ``settings.trainers`` trainers on loopback
     (``layout``: servers per stage, summing to ``servers``; default round-robin; ``chaos``: servers
-    killed, preempted and restarted while the trainers train).
+    killed, preempted and restarted while the trainers train; ``byzantine_servers=K``: the servers
+    of ranks ``0..K-1``, the first ones of each stage in turn, scale their replies by -10,
+    ``swarmtrain.simulation.attacks.stage_server``).
 
     Raises:
         ConfigError: too few servers for the stages, a layout that does not fit, or more kills than
@@ -263,6 +278,11 @@ def run_swarm_simulation(
     from swarmtrain.app.swarm.roles import train_baseline
 
     stage_of = _placement(servers, settings.stages, layout, kill_servers)
+    if byzantine_servers > servers - settings.stages:
+        raise ConfigError(
+            f"--byzantine-servers {byzantine_servers}: {servers} servers over {settings.stages} stages "
+            f"leave at most {servers - settings.stages} that can lie beside an honest one per stage"
+        )
     cfg = loopback_copy(cfg)
     quiet_resource_tracker()
     ctx = mp.get_context("spawn")
@@ -277,6 +297,7 @@ def run_swarm_simulation(
         try:
             initial = start_bootstrap(boot_cfg, bq, level, None, procs, deadline)
             spawner = _Spawner(ctx, _child_configs(cfgs, initial), settings.model_dump(), level, procs)
+            spawner.liars = frozenset(range(byzantine_servers))
             srv = spawner.start_servers(stage_of)
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
             phases["start"] = time.perf_counter() - t0
@@ -296,6 +317,7 @@ def run_swarm_simulation(
     if sc is not None:
         add_chaos(res, sc, srv, servers)
     add_moves(res, settings, alive, trn, t_train)
+    res.byzantine = [f"server{r}.stage{stage_of[r]}" for r in range(byzantine_servers)]
     if baseline:
         res.baseline_val_loss, _ = train_baseline(cfg, settings)
     return res
@@ -344,6 +366,8 @@ class _Spawner:
     servers: list[_Child] = field(default_factory=list)
     #: set before the servers are told to leave at the run's end: only then do they report
     run_over: Any = None
+    #: ranks whose servers corrupt their replies (restarted incarnations too)
+    liars: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         self.run_over = self.ctx.Event()
@@ -358,7 +382,8 @@ class _Spawner:
         from peers import spawn_function
 
         q = self.ctx.Queue()
-        args = (rank, stage, self.cfgs[rank], self.settings, q, self.level, self.run_over)
+        lie = rank in self.liars
+        args = (rank, stage, self.cfgs[rank], self.settings, q, self.level, self.run_over, lie)
         p = spawn_function(_server_main, args, name=f"server{rank}")
         self.procs.append(p)
         self.servers.append(_Child(f"server{rank}", p, q, stage, rank=rank))

@@ -86,6 +86,16 @@ class SwarmResult:
     restarts_caught_up: int = 0
     #: the device each surviving server's stage parameters were on when it left (``None``: not said)
     server_devices: dict[str, str | None] = field(default_factory=dict)
+    #: the trainers' replica checks (``peers.swarm.verify``): replies checked on a second replica,
+    #: those that disagreed, disagreements no third replica settled, and the servers some trainer
+    #: excluded (``server<rank>.stage<k>`` -> why)
+    swarm_checked: int = 0
+    swarm_mismatches: int = 0
+    swarm_disputes: int = 0
+    excluded_servers: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)
+    #: ``--byzantine-servers``: the servers that corrupted their replies (``server<rank>.stage<k>``)
+    byzantine: list[str] = field(default_factory=list)
 
     @property
     def rounds_committed(self) -> int:
@@ -165,7 +175,20 @@ def collect_result(
         out_of_step=[f"{c.name}.stage{o['stage']}" for c, o in souts if not is_replica(o)],
         server_devices={f"server{c.name[6:]}.stage{o['stage']}": o.get("device") for c, o in souts},
     )
+    _add_checks(res, touts, alive)
     return res
+
+
+def _add_checks(res: SwarmResult, touts: list[dict[str, Any]], servers: Sequence[Child]) -> None:
+    """The trainers' replica checks, the excluded servers named by rank and stage where known."""
+    names = {o["peer_id"]: f"server{c.name[6:]}.stage{o['stage']}" for c in servers if (o := c.outcome)}
+    res.swarm_checked = sum(int(o.get("checked", 0)) for o in touts)
+    res.swarm_mismatches = sum(int(o.get("mismatches", 0)) for o in touts)
+    res.swarm_disputes = sum(int(o.get("disputes", 0)) for o in touts)
+    for o in touts:
+        for peer, why in o.get("excluded", {}).items():
+            res.excluded.setdefault(names.get(peer, peer[:16]), why)
+    res.excluded_servers = len(res.excluded)
 
 
 def is_replica(outcome: dict[str, Any]) -> bool:

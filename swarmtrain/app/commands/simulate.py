@@ -154,6 +154,17 @@ class SimulateOptions:
     kill_servers: int = flag(
         0, "--kill-servers", min=0, help="swarm: SIGKILL this many servers at random moments mid-run."
     )
+    byzantine_servers: int = flag(
+        0, "--byzantine-servers", min=0, help="swarm: this many servers send their replies x(-10)."
+    )
+    swarm_verify: float | None = flag(
+        None,
+        "--swarm-verify",
+        key="swarm.verify_rate",
+        min=0.0,
+        max=1.0,
+        help="swarm: share of replies checked on a 2nd replica [0.1; 0: off].",
+    )
     topology: Path | None = flag(
         None, "--topology", help="Place the peers in emulated regions (TOML: RTTs, Mbit/s; root only)."
     )
@@ -161,8 +172,9 @@ class SimulateOptions:
     @property
     def swarm(self) -> bool:
         """A SWARM run (``--strategy swarm`` or one of its own flags): ``simulate_swarm`` runs it."""
-        own = (self.stages, self.trainers, self.activation_codec)
-        return self.strategy == "swarm" or any(v is not None for v in own) or bool(self.kill_servers)
+        own = (self.stages, self.trainers, self.activation_codec, self.swarm_verify)
+        faults = bool(self.kill_servers or self.byzantine_servers)
+        return self.strategy == "swarm" or any(v is not None for v in own) or faults
 
     def given(self, sections: tuple[str, ...], but: tuple[str, ...] = ()) -> list[str]:
         """The flags given that set a key in one of the config ``sections`` (but the keys ``but``)."""

@@ -43,6 +43,8 @@ class SwarmFlags(Protocol):
     @property
     def kill_servers(self) -> int: ...
     @property
+    def byzantine_servers(self) -> int: ...
+    @property
     def baseline(self) -> bool: ...
     @property
     def timeout(self) -> float: ...
@@ -58,7 +60,10 @@ class SwarmFlags(Protocol):
 def _refuse_other_flags(opts: SwarmFlags) -> None:
     """Flags of the data-parallel strategies mean nothing to SWARM: one line naming the first."""
     if opts.strategy != "swarm":
-        raise ConfigError("--stages, --trainers, --activation-codec and --kill-servers need --strategy swarm")
+        raise ConfigError(
+            "--stages, --trainers, --activation-codec, --kill-servers, --byzantine-servers and "
+            "--swarm-verify need --strategy swarm"
+        )
     others = opts.given(NOT_SWARM, but=("strategy.name",)) + (["--intruders"] if opts.intruders else [])
     if others:
         flag = others[0]
@@ -111,10 +116,13 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
     chaos = parse_chaos(opts.chaos) if opts.chaos is not None else None
     console = Console(stderr=True)
     faults = f"chaos: {chaos.describe()}" if chaos else f"{opts.kill_servers} server(s) killed mid-run"
+    if opts.byzantine_servers:
+        faults += f", {opts.byzantine_servers} lying server(s)"
+    checks = f"{settings.verify_rate:g} of replies checked" if settings.verify_rate else "no replica check"
     console.print(
         f"swarmtrain simulate: SWARM, {opts.peers} servers over {settings.stages} stages, "
         f"{settings.trainers} trainer(s) x {settings.microbatches} micro-batches of {cfg.train.batch_size}, "
-        f"codec {settings.codec}, {faults}"
+        f"codec {settings.codec}, {checks}, {faults}"
     )
     clean = None
     if chaos is not None:
@@ -129,6 +137,7 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
         baseline=opts.baseline,
         timeout=opts.timeout,
         chaos=chaos,
+        byzantine_servers=opts.byzantine_servers,
     )
     out = res.summary()
     if chaos is not None and clean is not None:
@@ -142,7 +151,9 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
         f"{res.throughput_samples_per_s:.1f}/s; rerouted {res.rerouted}, lost {res.lost_microbatches}, "
         f"fed again {res.fed_again}, "
         f"killed {res.killed or 'none'}, rebalancing moves {res.rebalance_moves}; "
-        f"replicas identical: {'yes' if res.params_identical else 'NO'}"
+        f"replicas identical: {'yes' if res.params_identical else 'NO'}; replica checks "
+        f"{res.swarm_checked}, mismatches {res.swarm_mismatches}, excluded {res.excluded_servers}"
+        + (f" ({', '.join(res.excluded)})" if res.excluded else "")
     )
     if opts.json_path is not None:
         opts.json_path.write_text(dumps(out, indent=2) + "\n")

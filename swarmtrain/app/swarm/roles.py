@@ -97,6 +97,13 @@ class TrainerOutcome:
     done_at: list[float] = field(default_factory=list)
     #: micro-batches fed again because a dead server took their gradients (``peers.swarm.client``)
     fed_again: int = 0
+    #: replies checked on a second replica, and those that disagreed (``peers.swarm.verify``)
+    checked: int = 0
+    mismatches: int = 0
+    #: servers this trainer left out of routing after a check -> why
+    excluded: dict[str, str] = field(default_factory=dict)
+    #: disagreements no third replica could settle
+    disputes: int = 0
 
 
 def stage_spec(cfg: Config) -> GPTSpec:
@@ -212,7 +219,12 @@ def run_trainer(
         num_peers=settings.trainers,
     )
     pcfg = PipelineConfig(
-        settings.stages, spec.n_embd, spec.vocab_size, spec.block_size, cfg.train.batch_size
+        settings.stages,
+        spec.n_embd,
+        spec.vocab_size,
+        spec.block_size,
+        cfg.train.batch_size,
+        verify_rate=settings.verify_rate,
     )
     with PeerNode(cfg.peers, role="trainer", heartbeat_ttl=6.0) as node:
         pipe = SwarmPipeline(node, pcfg, seed=cfg.train.seed * 1000 + index)
@@ -233,6 +245,10 @@ def run_trainer(
             ledger=node.ledger.totals(),
             done_at=done_at,
             fed_again=pipe.fed_again,
+            checked=pipe.check.checked,
+            mismatches=pipe.check.mismatches,
+            excluded=dict(pipe.check.convicted),
+            disputes=len(pipe.check.disputes),
         )
 
 
