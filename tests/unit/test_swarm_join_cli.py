@@ -34,6 +34,7 @@ def test_one_type_for_the_swarm_settings_with_its_own_checks() -> None:
         "hysteresis": 0.2,
         "patience": 10.0,
         "cooldown": 60.0,
+        "verify_rate": 0.1,
     }
     for bad in ({"stages": 1}, {"device_s": 60.0}, {"sync_period": 0.0}, {"patience": -1.0}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
