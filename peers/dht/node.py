@@ -345,13 +345,14 @@ class PeerNode:
     def publish(self, **fields: Any) -> None:
         """Update fields of this peer's record and re-publish it soon (non-blocking).
 
-        Known fields: ``step, round, throughput, loss, role, region``; any other keyword goes into
-        ``extra`` (numbers or short strings).
+        Known fields: ``step, round, throughput, loss, role, region, contributed_tokens,
+        committed_rounds``; any other keyword goes into ``extra`` (numbers or short strings).
 
         Raises:
             ConfigError: a value of the wrong type.
         """
-        known = {"step", "round", "throughput", "loss", "role", "region"}
+        counts = ("step", "round", "contributed_tokens", "committed_rounds")
+        known = {*counts, "throughput", "loss", "role", "region"}
         with self._lock:
             extra = dict(self._record.extra)
             upd: dict[str, Any] = {}
@@ -362,7 +363,7 @@ class PeerNode:
                     extra[k] = v
                 else:
                     raise ConfigError(f"publish: field {k!r} must be a number or a string")
-            for k in ("step", "round"):
+            for k in counts:
                 if k in upd:
                     upd[k] = int(upd[k])
             for k in ("throughput", "loss"):

@@ -49,6 +49,9 @@ class PeerRecord:
         maddrs: the multiaddrs others can dial.
         bytes_sent: the peer's ledger total of bytes sent.
         bytes_received: the peer's ledger total of bytes received.
+        contributed_tokens: tokens of this peer's own training steps that went into rounds it
+            committed (its contribution since it started; as the peer claims it, unverified).
+        committed_rounds: rounds this peer committed since it started (as it claims).
         time: DHT time of this update.
         left: tombstone: the peer deregistered.
         extra: small extra fields (str -> float/int/str).
@@ -66,12 +69,14 @@ class PeerRecord:
     maddrs: tuple[str, ...] = ()
     bytes_sent: int = 0
     bytes_received: int = 0
+    contributed_tokens: int = 0
+    committed_rounds: int = 0
     time: float = 0.0
     left: bool = False
     extra: dict[str, float | int | str] = field(default_factory=dict)
 
 
-_INT = ("step", "round", "bytes_sent", "bytes_received")
+_INT = ("step", "round", "bytes_sent", "bytes_received", "contributed_tokens", "committed_rounds")
 _FLOAT = ("throughput", "loss", "time")
 _STR = ("peer_id", "run_id", "role", "version", "region")
 

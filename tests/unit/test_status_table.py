@@ -23,6 +23,8 @@ def _rec(i: int, **kw: object) -> PeerRecord:
         "bytes_received": 1023 * 1024**3,
         "time": dht_time() - 12,
         "extra": {"committed": 61_000, "late": 700, "failed": 28},
+        "contributed_tokens": 81_234_567_890,
+        "committed_rounds": 61_000,
     }
     base.update(kw)
     return PeerRecord(**base)  # type: ignore[arg-type]
@@ -33,8 +35,10 @@ def test_the_table_fits_80_columns_with_every_figure_whole() -> None:
     lines = peer_table("r", recs, width=80)
     assert all(len(x) <= 80 for x in lines), lines
     body = "\n".join(lines)
-    for figure in ("1234567", "61728", "123,457", "2.346", "3072.0 GiB", "1023.0 GiB", "61000/700/28"):
+    for figure in ("1234567", "61728", "123,457", "2.346", "3072.0 GiB", "61000/700/28", "81.2G"):
         assert figure in body, (figure, body)
+    # figures this wide leave no room for bytes received: they go before a volunteer's contribution
+    assert "recv" not in lines[1] and "1023.0 GiB" not in body and lines[1].split()[-1] == "tokens"
     assert "xxxx0000"[-8:] in body and "…" not in body and "..." not in body
     assert "0.1.0 on xxxx0000, xxxx0001; 0.2.0 on xxxx0002" in body  # the column went: said below
     assert "region" not in lines[1]  # the first column to go
@@ -53,6 +57,7 @@ def test_a_wide_terminal_keeps_every_column_and_one_version_is_said_once() -> No
         "sent",
         "recv",
         "ok/late/fail",
+        "tokens",
         "seen",
     ]
     assert lines[-1] == "every peer runs swarmtrain 0.1.0"

@@ -14,7 +14,7 @@ from swarmtrain.app.commands.flags import command, config_overrides, flag
 from swarmtrain.app.commands.peers import given_maddrs
 from swarmtrain.core.jsonsafe import dumps
 
-__all__ = ["register", "join", "run_join", "JoinOptions"]
+__all__ = ["register", "join", "run_join", "end_line", "JoinOptions"]
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,6 @@ def run_join(
     Raises:
         SwarmError: the volunteer committed no round (its steps reached no other peer).
     """
-    from swarmtrain.app.units import human_bytes
     from swarmtrain.core.errors import SwarmError
 
     try:
@@ -221,11 +220,7 @@ def run_join(
         _write_json(json_path, {"exit_code": _exit_code(e), "reason": _reason(e)})
         raise
     how = "stopped by signal" if result.stopped_by_signal else "done"
-    typer.echo(
-        f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
-        f"val loss {_loss_text(result.final_val_loss)}, "
-        f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
-    )
+    typer.echo(end_line(how, result))
     code, reason = 0, how
     if result.committed_rounds == 0 and not result.stopped_by_signal:
         code = 1
@@ -236,6 +231,19 @@ def run_join(
     _write_json(json_path, {**asdict(result), "exit_code": code, "reason": reason})
     if code:
         raise SwarmError(reason)
+
+
+def end_line(how: str, result: Any) -> str:
+    """``join``'s last words, two lines of at most 80 columns: what the volunteer contributed (its
+    tokens in the rounds it committed, and those rounds), then its val loss and traffic."""
+    from swarmtrain.app.units import human_bytes, short_count
+
+    return (
+        f"{how}: {result.steps} steps, {result.committed_rounds} rounds committed, "
+        f"{short_count(result.contributed_tokens)} tokens contributed\n"
+        f"val loss {_loss_text(result.final_val_loss)}, "
+        f"sent {human_bytes(result.bytes_sent)}, received {human_bytes(result.bytes_received)}"
+    )
 
 
 def _volunteer(config: Path | None, overrides: dict[str, Any], *, log_every: float, by_manifest: bool) -> Any:

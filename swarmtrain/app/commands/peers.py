@@ -21,7 +21,7 @@ from swarmtrain.app.commands.flags import command, config_overrides, flag
 if TYPE_CHECKING:  # imported for real inside the commands, so --help stays fast
     from peers.dht.records import PeerRecord
 
-from swarmtrain.app.units import human_bytes
+from swarmtrain.app.units import human_bytes, short_count
 
 __all__ = [
     "register",
@@ -192,7 +192,8 @@ class StatusOptions:
 @command(StatusOptions)
 def status(opts: StatusOptions) -> None:
     """Print a table of the run's live peers and exit: ID, role, step, round, tokens/s, loss, bytes
-    sent and received, committed/late/failed rounds, version (fits the terminal; 80 columns piped).
+    sent and received, committed/late/failed rounds, the tokens each contributed to committed rounds,
+    version (fits the terminal; 80 columns piped).
 
     Without --config and --run-id the run is the one whose manifest the initial peer serves.
 
@@ -237,10 +238,12 @@ _COLUMNS = (
     ("sent", True),
     ("recv", True),
     ("ok/late/fail", True),
+    ("tokens", True),
     ("version", False),
     ("seen", True),
 )
-_OPTIONAL = ("region", "seen", "role", "version")
+#: (sent and received go last: a volunteer's contribution, ok/tokens, is what the table is read for)
+_OPTIONAL = ("region", "seen", "role", "version", "recv", "sent")
 
 
 def peer_rows(records: list[PeerRecord], now: float) -> list[dict[str, str]]:
@@ -262,6 +265,8 @@ def peer_rows(records: list[PeerRecord], now: float) -> list[dict[str, str]]:
                 "ok/late/fail": "-"
                 if "committed" not in x
                 else f"{x.get('committed', 0)}/{x.get('late', 0)}/{x.get('failed', 0)}",
+                # a volunteer's contribution: tokens of its own steps in the rounds it committed
+                "tokens": "-" if "committed" not in x else short_count(r.contributed_tokens),
                 "version": r.version,
                 "seen": f"{max(now - r.time, 0):.0f}s" if r.time else "-",
             }
@@ -271,9 +276,9 @@ def peer_rows(records: list[PeerRecord], now: float) -> list[dict[str, str]]:
 
 def peer_table(run_id: str, records: list[PeerRecord], width: int = 80) -> list[str]:
     """``status``'s table as plain lines no wider than ``width``: the optional columns go (region,
-    then seen, role, version) until the rest fits; nothing is cut. A version shared by every peer is
-    said once below the table instead of in a column, and differing ones below it when their column
-    went."""
+    then seen, role, version, recv, sent) until the rest fits; nothing is cut. A version shared by
+    every peer is said once below the table instead of in a column, and differing ones below it when
+    their column went."""
     import textwrap
 
     from peers.dht.node import dht_time

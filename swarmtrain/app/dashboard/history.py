@@ -11,7 +11,10 @@ Each :meth:`History.update` takes one poll (the live peer records and the curren
 * a timeline of round outcomes: when a peer's ``committed``/``late``/``failed`` count grows, one
   event per outcome with how many rounds it covers (counts a peer had before the dashboard first
   saw it are shown in the table, not replayed);
-* the total throughput of the live peers at each poll, and the bans with when they were first seen.
+* the total throughput of the live peers at each poll, and the bans with when they were first seen;
+* per volunteer, its contribution (:meth:`History.contributions`): the tokens of its own steps in
+  the rounds it committed, and those rounds, as its record claims them, kept after it left and
+  summed over its restarts (a restarted peer's counters start again at 0: what it had is banked).
 
 Everything is bounded (``max_points`` per series and overall for the lists), so a dashboard left
 running for days uses constant memory. Thread-safe: the poller writes, the web server reads.
@@ -46,6 +49,8 @@ class _Peer:
     points: deque[tuple[float, int, int, float, int, int, float]]
     last: PeerRecord | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    banked_tokens: int = 0  # contributed before its counters last restarted (a restart)
+    banked_rounds: int = 0
     first_seen: float = 0.0
     last_seen: float = 0.0
 
@@ -103,6 +108,11 @@ class History:
         if p is None:
             p = self._peers[rec.peer_id] = _Peer(points=deque(maxlen=self.max_points), first_seen=now)
         prev = p.last
+        if prev is not None and (
+            rec.contributed_tokens < prev.contributed_tokens or rec.committed_rounds < prev.committed_rounds
+        ):  # its counters went back: the peer restarted (same identity), what it had still counts
+            p.banked_tokens += prev.contributed_tokens
+            p.banked_rounds += prev.committed_rounds
         p.last, p.last_seen = rec, now
         moved = (
             prev is None or (rec.step, rec.round) != (prev.step, prev.round) or not _same(rec.loss, prev.loss)
@@ -174,9 +184,39 @@ class History:
                     for pid, (why, since) in sorted(self._bans.items())
                 ],
                 "totals": totals,
+                "contributions": self._contributions(),
                 # the loss curve's x axis: whole steps (the page draws these ticks)
                 "step_ticks": step_ticks(min(steps), max(steps)) if steps else [],
             }
+
+    def _contributions(self) -> list[dict[str, Any]]:
+        """One row per peer that trains (live or gone): its tokens in committed rounds and those
+        rounds over all the polls (restarts summed), its share of the tokens, biggest first."""
+        rows: list[dict[str, Any]] = []
+        for pid, p in self._peers.items():
+            if p.last is None or p.last.role in _NOT_WORKERS:
+                continue
+            tokens = p.banked_tokens + p.last.contributed_tokens
+            rounds = p.banked_rounds + p.last.committed_rounds
+            rows.append(
+                {
+                    "peer": pid,
+                    "live": any(r.peer_id == pid for r in self._live),
+                    "tokens": tokens,
+                    "rounds": rounds,
+                    "first_seen": p.first_seen,
+                    "last_seen": p.last_seen,
+                }
+            )
+        total = sum(r["tokens"] for r in rows)
+        for r in rows:
+            r["share"] = r["tokens"] / total if total else 0.0
+        return sorted(rows, key=lambda r: (-r["tokens"], r["peer"]))
+
+    def contributions(self) -> list[dict[str, Any]]:
+        """Each volunteer's contribution so far (see the module docstring), biggest first."""
+        with self._lock:
+            return self._contributions()
 
     def _row(self, r: PeerRecord, now: float) -> dict[str, Any]:
         ban = self._bans.get(r.peer_id)
@@ -191,6 +231,8 @@ class History:
             "throughput": r.throughput,
             "bytes_sent": r.bytes_sent,
             "bytes_received": r.bytes_received,
+            "contributed_tokens": r.contributed_tokens,
+            "committed_rounds": r.committed_rounds,
             "version": r.version,
             **{k: _count(r, k) for k in OUTCOMES},
             "outcome": outcome if outcome in OUTCOMES else "",

@@ -7,7 +7,8 @@ versions, ban reasons) is written with ``textContent``, never parsed as HTML.
 Stable element IDs for tests and scripts: ``#status``, ``#peers`` (a table; each row has
 ``data-peer`` = the full peer ID), ``#loss-curve`` (an SVG with ``data-points`` = the number of loss
 points drawn), ``#loss-points`` (``data-count``, the same number), ``#throughput``,
-``#bytes-per-round``, ``#timeline``, ``#bans``, ``#cards``.
+``#bytes-per-round``, ``#timeline``, ``#bans``, ``#cards``, ``#contributions`` (a table, one row per
+volunteer seen, gone ones too, each with ``data-peer``, ``data-tokens`` and ``data-rounds``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ _BODY = r"""
 <th>round</th><th>loss</th><th>tok/s</th><th>up</th><th>down</th><th class="l">version</th><th>committed</th>
 <th>late</th><th>failed</th><th class="l">last round</th><th class="l">banned</th><th>seen</th></tr></thead>
 <tbody><tr><td class="l muted" colspan="16">waiting for the first poll…</td></tr></tbody></table></div>
+<div class="panel" style="margin-bottom:12px"><h2>contributions<span class="aside">tokens of each
+volunteer's own steps in the rounds it committed, as its record claims them; restarts summed</span></h2>
+<table id="contributions"><thead><tr><th class="l">volunteer</th><th class="l">state</th><th>tokens</th>
+<th>share</th><th>rounds committed</th><th>first seen</th><th>last seen</th></tr></thead>
+<tbody><tr><td class="l muted" colspan="7">waiting for the first poll…</td></tr></tbody></table></div>
 <div class="panel"><h2>bans</h2><div id="bans"><p class="muted">none</p></div></div>
 </main>
 """
@@ -310,6 +316,28 @@ function drawPeers(st) {
     tb.appendChild(tr);
   }
 }
+function drawContributions(st) {
+  const tb = $("contributions").tBodies[0]; tb.textContent = "";
+  const rows = st.contributions || [];
+  if (!rows.length) {
+    const tr = h("tr");
+    cell(tr, st.polls ? "no volunteer seen yet" : "waiting for the first poll…", "l muted")
+      .setAttribute("colspan", 7);
+    tb.appendChild(tr);
+    return;
+  }
+  for (const c of rows) {
+    const tr = h("tr", {"data-peer":c.peer, "data-tokens":c.tokens, "data-rounds":c.rounds});
+    const id = cell(tr, "", "l id", c.peer);
+    id.appendChild(h("i", {style:"background:" + color(c.peer)}));
+    id.appendChild(document.createTextNode(short(c.peer)));
+    cell(tr, c.live ? "live" : "left", c.live ? "l" : "l muted");
+    cell(tr, num(c.tokens), "", c.tokens.toLocaleString());
+    cell(tr, (100 * c.share).toFixed(1) + " %"); cell(tr, c.rounds);
+    cell(tr, ago(st.now - c.first_seen)); cell(tr, c.live ? "now" : ago(st.now - c.last_seen));
+    tb.appendChild(tr);
+  }
+}
 function drawBans(st) {
   const box = $("bans"); box.textContent = "";
   if (!st.bans.length) {
@@ -349,7 +377,8 @@ function render(st) {
   status.className = st.error ? "err" : "";
   status.append(st.error ? "DHT poll failed: " + st.error
     : `updated ${new Date(st.updated * 1000).toLocaleTimeString()} · ${st.polls} polls`);
-  for (const f of [drawCards, drawPeers, drawLoss, drawThroughput, drawBytes, drawTimeline, drawBans]) {
+  for (const f of [drawCards, drawPeers, drawLoss, drawThroughput, drawBytes, drawTimeline,
+                   drawContributions, drawBans]) {
     try { f(st); } catch (e) { console.error(f.name, e); }
   }
 }

@@ -121,6 +121,10 @@ class PeerRun:
     # states adopted: round, step, digest, donor
     downloads: list[dict[str, Any]] = field(default_factory=list)
     committed_rounds: int = 0
+    # tokens of its own steps that went into rounds it committed (steps thrown away by a download
+    # of the others' state do not count); ``pending_tokens``: its steps since its last commit
+    contributed_tokens: int = 0
+    pending_tokens: int = 0
     late_rounds: int = 0  # rounds formed without this peer
     late_caught_up: int = 0  # late rounds after which it adopted the state the others committed
     failed_rounds: int = 0  # rounds that failed for other reasons

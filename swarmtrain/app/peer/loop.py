@@ -127,6 +127,8 @@ class _Peer:
         self._sync_s = cfg.peers.join_window + 5.0  # a sync step's seconds (first guess, then measured)
         self._step_t, self._steps_per_s, self._state_age = time.monotonic(), 0.0, 0.0
         self._vouch: str | None = None  # the digest of the last state downloaded, when it may vouch for it
+        #: tokens of its own steps since its last committed round (a downloaded state drops them)
+        self._pending_tokens = 0
         #: where a volunteer keeps its last committed state, to resume from on restart (no identity
         #: file: a restart is a new peer, nothing kept)
         self.saved_path = saved_state_path(cfg.peers.identity_path) if membership.catch_up_on_join else None
@@ -223,6 +225,7 @@ class _Peer:
             res.steps = trainer.step
         res.wall_s = time.perf_counter() - t0
         res.tokens = trainer.tokens
+        res.pending_tokens = self._pending_tokens
         res.final_digest = shared_digest(trainer)
         res.device = str(next(trainer.model.parameters()).device)
         ledger = self.node.ledger
@@ -311,6 +314,7 @@ class _Peer:
             return False
         (donor, self._state_age, self._vouch), step, rnd = got, self.trainer.step, self.p2p.round_id
         digest = shared_digest(self.trainer)
+        self._pending_tokens = 0  # its steps since its last commit are gone with its parameters
         self.result.downloads.append({"round": rnd, "step": step, "digest": digest, "donor": donor})
         logger.info("adopted the swarm's state: step %d, round %d", step, rnd)
         return True
@@ -320,6 +324,7 @@ class _Peer:
         r = info.report
         self.result.comm_wait_s += float(r.extra.get("comm_wait_s", 0.0))
         now = time.monotonic()
+        self._pending_tokens += self.trainer.tokens_per_step  # this step's (a sync's counts in its round)
         if r.synced:
             self._sync_s = now - self._step_t
         if self.watch is not None:
@@ -335,6 +340,8 @@ class _Peer:
                 round=self.p2p.round_id,
                 throughput=info.tokens_per_s,
                 loss=info.loss,
+                contributed_tokens=res.contributed_tokens,  # what a volunteer gave (status, dashboard)
+                committed_rounds=res.committed_rounds,
                 # round outcomes for `status` and the dashboard: counts and the last one
                 committed=res.committed_rounds,
                 late=res.late_rounds,
@@ -425,6 +432,8 @@ class _Peer:
         if r.committed:
             self.streak.committed()
             res.committed_rounds += 1
+            res.contributed_tokens += self._pending_tokens  # its steps since the last commit counted
+            self._pending_tokens = 0
             res.sync_digests[r.round_id] = shared_digest(self.trainer)
             # a state it committed itself: vouched for, and signed as the round's commit certificate
             self.server.refresh(vouch=res.sync_digests[r.round_id], committed_by=r.participants)

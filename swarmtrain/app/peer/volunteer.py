@@ -36,6 +36,7 @@ class VolunteerResult:
     sync_digests: dict[int, str] = field(default_factory=dict)
     downloads: list[dict[str, Any]] = field(default_factory=list)
     committed_rounds: int = 0
+    contributed_tokens: int = 0  # tokens of its own steps in rounds it committed
     late_rounds: int = 0
     failed_rounds: int = 0
     bytes_sent: int = 0
@@ -54,6 +55,7 @@ class VolunteerResult:
             sync_digests=run.sync_digests,
             downloads=run.downloads,
             committed_rounds=run.committed_rounds,
+            contributed_tokens=run.contributed_tokens,
             late_rounds=run.late_rounds,
             failed_rounds=run.failed_rounds,
             bytes_sent=run.bytes_sent,
