@@ -16,6 +16,7 @@ than half of the established live peers (issue 30.1).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -261,7 +262,10 @@ def certified_states(
     if not certs:
         return None
     admitted = getattr(node, "admitted", None)
-    check = admitted.check if admitted is not None and run == node.run_id else None
+    check = None
+    if admitted is not None and run == node.run_id:
+        asked = time.monotonic()  # one read of the run's records answers every signer unknown so far
+        check = functools.partial(admitted.check, asked=asked)
     try:
         live: frozenset[str] | None = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
     except SwarmError:
