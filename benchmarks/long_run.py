@@ -18,6 +18,9 @@ Usage::
 
     python benchmarks/long_run.py                 # 600 steps, 2 real-peer re-runs (~35 min, 2 cores)
     python benchmarks/long_run.py --quick         # smoke test: 2 workers, 8 steps, H=4, no real peers
+    python benchmarks/long_run.py --seeds 3 --steps 150 --real-peers 0   # 3 seeds, 5 outer steps
+
+Outside ``--quick`` every evaluation uses 32 validation batches.
 
 Writes ``benchmarks/results/long_run.json`` (+ ``.csv``, ``.png``), or ``--json PATH``.
 """
@@ -29,6 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from swarmtrain.app.bench.link import parse_link
 from swarmtrain.app.bench.stats import goal_verdict
 from swarmtrain.app.bench.strategies import (
     Grid,
@@ -46,6 +50,8 @@ __all__ = ["points", "goals", "goal_lines", "main"]
 RESULTS = Path(__file__).resolve().parent / "results"
 DILOCO_CODECS = ("int8", "ternary", "int4")
 STREAMING_CODEC = "int4"
+#: validation batches per evaluation outside ``--quick`` (a benchmark's, as ``bench strategies``)
+EVAL_BATCHES = 32
 
 
 def points(inner_steps: int | None = None) -> list[GridPoint]:
@@ -141,13 +147,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 workers, 8 steps, H=4: a smoke test")
     ap.add_argument("--real-peers", type=int, default=None, help="best points re-run with real peers [2]")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per point (mean and 95 %% interval) [1]")
+    ap.add_argument("--steps", type=int, default=None, help="local steps per worker [600; --quick: 8]")
+    ap.add_argument("--curve-points", type=int, default=0, help="syncs recorded on each run's curve [0]")
+    ap.add_argument("--link", default=None, help="modelled wall-clock over a link, e.g. 100mbit,50ms")
     ap.add_argument("--json", type=Path, default=None, help="JSON path (CSV and PNG beside it)")
     args = ap.parse_args(argv)
+    link = parse_link(args.link) if args.link else None
     workers, steps = (2, 8) if args.quick else (4, 600)
+    if args.steps is not None:
+        if args.steps < 1:
+            ap.error("--steps must be >= 1")
+        steps = args.steps
     real = args.real_peers if args.real_peers is not None else (0 if args.quick else 2)
     base: dict[str, Any] = {"train.steps": steps, "train.eval_interval": 10_000_000}
+    if not args.quick:
+        base["train.eval_batches"] = EVAL_BATCHES
     path = args.json or RESULTS / ("long_run_quick.json" if args.quick else "long_run.json")
-    meta = settings(base, workers, None)
+    meta = {**settings(base, workers, None), "seeds": args.seeds or 1, "quick": args.quick}
+    if link is not None:
+        meta["link"] = link.as_json()
     pts = points(4 if args.quick else None)
 
     def on_row(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -158,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     from swarmtrain.simulation.runner import run_simulation
 
     rows = run_grid(
-        base, pts, workers, real_peers=real, real_run=run_simulation, on_row=on_row, seeds=args.seeds
+        base,
+        pts,
+        workers,
+        real_peers=real,
+        real_run=run_simulation,
+        on_row=on_row,
+        seeds=args.seeds,
+        curve_points=args.curve_points,
     )
     streaming = next(p for p in pts if p.strategy == "streaming_diloco")
     fragments = getattr(load_point(None, {**base, **streaming.overrides}).strategy, "fragments", 1)

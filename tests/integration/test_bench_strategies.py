@@ -96,6 +96,7 @@ def test_bad_grid_input_is_one_line_before_any_training(tmp_path: Path) -> None:
         (["--sweep", "strategy.mixng=0.3"], "applies to none"),
         (["--sweep", "mixing"], "--sweep"),
         (["--seeds", "0"], "--seeds"),
+        (["--link", "100mbit"], "--link"),
     ):
         proc = _bench(*args, "--json", str(tmp_path / "x.json"), timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)

@@ -1,6 +1,8 @@
 """What ``swarmtrain bench strategies`` writes: the table, strict JSON, a CSV, the Pareto plot (final
 validation loss against bytes per token, 95 % error bars over seeds) and the curves (validation loss
-against cumulative bytes one worker sent, log x, one line per point, a band for the interval).
+against cumulative bytes one worker sent, log x, one line per point, a band for the interval); with
+``meta["link"]`` also the curves against a modelled wall-clock over that link
+(``swarmtrain.app.bench.link``: modelled, not measured).
 
 The first row is the reference (fp32 DataParallel). Rows of one seed have no interval
 (``val_loss_ci95`` is ``None``, ``null`` in JSON) and render as before seeds existed.
@@ -16,7 +18,7 @@ from typing import Any
 
 from swarmtrain.core.jsonsafe import dumps, finite
 
-__all__ = ["write_outputs", "curves_path", "table_lines", "markdown_table"]
+__all__ = ["write_outputs", "curves_path", "wallclock_path", "table_lines", "markdown_table"]
 
 
 def curves_path(json_path: Path) -> Path:
@@ -32,6 +34,9 @@ def _cell(v: Any) -> Any:
 def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], json_path: Path) -> list[Path]:
     """JSON (``json_path``), a CSV (the rows without their curves), the Pareto PNG and the curves' PNG
     beside it. Returns what was written (the curves only when some row has a curve)."""
+    link = _link(meta)
+    if link is not None:
+        _add_times(rows, int(meta["steps"]), link)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(dumps({"settings": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
     csv_path = json_path.with_suffix(".csv")
@@ -48,7 +53,59 @@ def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], json_path: P
     if any(r.get("curve") for r in rows):
         written.append(curves_path(json_path))
         _plot_curves(rows, meta, written[-1])
+        if link is not None:
+            written.append(wallclock_path(json_path))
+            _plot_wallclock(rows, meta, link, written[-1])
     return written
+
+
+def wallclock_path(json_path: Path) -> Path:
+    """Where the modelled wall-clock curves' PNG goes: beside the JSON, ``<stem>_wallclock.png``."""
+    return json_path.with_name(f"{json_path.stem}_wallclock.png")
+
+
+def _link(meta: dict[str, Any]) -> Any:
+    """The emulated link ``meta["link"]`` describes (``Link.as_json``), or ``None``."""
+    from swarmtrain.app.bench.link import Link
+
+    given = meta.get("link")
+    return Link(float(given["bandwidth_bit_s"]), float(given["rtt_s"])) if given else None
+
+
+def _add_times(rows: list[dict[str, Any]], steps: int, link: Any) -> None:
+    """Each curve point's modelled wall-clock seconds over ``link`` (``modelled_wall_s``)."""
+    from swarmtrain.app.bench.link import modelled_times
+
+    for r in rows:
+        for c, t in zip(r.get("curve") or (), modelled_times(r, steps, link), strict=True):
+            c["modelled_wall_s"] = t
+
+
+def _plot_wallclock(rows: list[dict[str, Any]], meta: dict[str, Any], link: Any, path: Path) -> None:
+    """Validation loss against the modelled wall-clock over ``link``, per point (beside the bytes')."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, r in enumerate(rows):
+        curve = [c for c in r.get("curve") or () if c.get("modelled_wall_s") and c["val_loss"] is not None]
+        if not curve:
+            continue
+        style = {"color": "black", "lw": 2} if i == 0 else {"lw": 1.2}
+        xs, ys = [c["modelled_wall_s"] for c in curve], [c["val_loss"] for c in curve]
+        (line,) = ax.plot(xs, ys, marker=".", label=r["label"], **style)
+        cis = [c.get("val_loss_ci95") for c in curve]
+        if all(ci is not None for ci in cis):
+            lo = [y - ci for y, ci in zip(ys, cis, strict=True)]
+            hi = [y + ci for y, ci in zip(ys, cis, strict=True)]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"modelled wall-clock over {link.label()}, s (log; not measured)")
+    ax.set_ylabel("validation loss")
+    ax.set_title(_title(meta), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _pyplot() -> Any:

@@ -301,7 +301,8 @@ class StrategiesOptions:
         1,
         "--seeds",
         min=1,
-        help="Seeds per point (data order and codec draws): mean and 95 % t-interval per point.",
+        help="Seeds per point (data order and codec draws, each worker its own): mean and 95 % "
+        "t-interval per point.",
     )
     controls: bool = flag(
         True,
@@ -321,6 +322,12 @@ class StrategiesOptions:
         help="Re-run the K best points and the reference with real peer processes.",
     )
     json_path: Path = flag(Path("bench-strategies.json"), "--json", help="JSON; CSV and PNGs beside it.")
+    link: str | None = flag(
+        None,
+        "--link",
+        help="Also plot loss against a modelled (not measured) wall-clock over a link, e.g. "
+        "100mbit,50ms: measured compute per step + RTT per sync + bytes / bandwidth.",
+    )
 
     def n_workers(self) -> int:
         return self.workers or (2 if self.quick else 4)
@@ -341,15 +348,18 @@ def strategies(opts: StrategiesOptions) -> None:
     Every point trains the same run as `swarmtrain simulate` (model, data, seed, steps, per-worker
     batch) with N workers in this process; the table gives each point's validation-loss gap to
     DataParallel and how many fewer bytes per token it sends, and marks the Pareto front. With
-    --seeds K each point runs K times (seed k: data order train.seed + k, codec draws seeded k) and
+    --seeds K each point runs K times (seed k: data order train.seed + k, codec draws from it, each
+    worker its own) and
     reports the mean and a 95 % t-interval; every codec point gets a fp32 control, so its gap splits
     into the strategy's part and the codec's. Each run records (step, tokens, bytes, val loss) at
     its syncs: the curves, plotted against bytes beside the JSON.
     """
     from rich.console import Console
 
+    from swarmtrain.app.bench.link import parse_link
     from swarmtrain.app.bench.strategies import grid_points, load_point, run_grid, settings, write_outputs
 
+    link = parse_link(opts.link) if opts.link else None  # a bad --link is one line before training
     grid = _grid_from_flags(opts)
     base = opts.base_overrides()
     config, workers, real_peers, json_path = opts.config, opts.n_workers(), opts.real_peers, opts.json_path
@@ -362,6 +372,7 @@ def strategies(opts: StrategiesOptions) -> None:
         "quick": opts.quick,
         "curve": "validation loss after each committed sync (at most "
         f"{CURVE_POINTS} a run, worker 0's synced model) and at the end",
+        **({"link": link.as_json()} if link else {}),
     }
     if meta["eval_batches"] < BENCH_EVAL_BATCHES:
         few = meta["eval_batches"]
