@@ -35,7 +35,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +49,13 @@ from peers.swarm.protocol import (
     FORWARD,
     GRADIENTS,
     HOLDS,
+    PARAMS,
     STEPS,
     StageLimits,
     decode_count,
     decode_hidden,
     decode_loss,
+    decode_tokens,
     encode_step_note,
     encode_tokens,
 )
@@ -61,7 +63,7 @@ from peers.swarm.routing import ServerInfo, pick_server, server_from_record, ser
 from peers.swarm.stage_call import Refused, failure_reason, gather_steps, request
 from peers.swarm.steps import MAX_SHORT
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
-from peers.swarm.verify import VERIFY, ReplicaCheck, agree, agree_loss, judge
+from peers.swarm.verify import VERIFY, ReplicaCheck, agree, agree_loss, judge, params_from_frames
 from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
@@ -127,9 +129,19 @@ class SwarmPipeline:
         node: this trainer's started node.
         config: routing settings.
         seed: seed of the routing draws.
+        stage_factory: builds stage ``k``'s module (any parameters): the trainer's own copy, loaded
+            with the disputed servers' parameters to settle a disagreement of two replicas when the
+            stage has no third one (``None``: such a disagreement stays open).
     """
 
-    def __init__(self, node: PeerNode, config: PipelineConfig, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        node: PeerNode,
+        config: PipelineConfig,
+        *,
+        seed: int = 0,
+        stage_factory: Callable[[int], torch.nn.Module] | None = None,
+    ) -> None:
         if config.stages < 2:
             raise ConfigError("a SWARM pipeline needs >= 2 stages")
         self.node = node
@@ -145,6 +157,8 @@ class SwarmPipeline:
         self._held: dict[int, tuple[list[str], torch.Tensor, torch.Tensor]] = {}
         self.fed_again = 0  # micro-batches fed again (see :meth:`close_step`)
         self.check = ReplicaCheck(config.verify_rate)  # replies checked on another replica
+        self.stage_factory = stage_factory
+        self._local: dict[int, torch.nn.Module] = {}  # stage -> this trainer's copy (built on need)
 
     # --- directory ----------------------------------------------------------------------------------
 
@@ -371,10 +385,15 @@ class SwarmPipeline:
             return reply
         self.check.mismatches += 1
         third = self._verify_on(stage, typ, frames, mb_id, bt, {peer, other[2]})
-        if third is None:
+        ref: tuple[float | None, torch.Tensor] | None
+        if third is not None:
+            ref, by = self._value(stage, typ, third), "two other replicas"
+        else:  # no third replica: this trainer's own copy of the stage, if both send the same parameters
+            ref, by = self._recompute(stage, typ, frames, peer, other[2]), "the stage's own parameters"
+        if ref is None:
             self.check.disputes.append((stage, peer, other[2]))
             logger.warning(
-                "stage %d: %s and %s disagree on micro-batch %d and no third replica can tell; "
+                "stage %d: %s and %s disagree on micro-batch %d and nothing can tell which is right; "
                 "neither is excluded",
                 stage,
                 peer[:16],
@@ -382,13 +401,14 @@ class SwarmPipeline:
                 mb_id,
             )
             return reply
-        odd = judge(False, self._same(stage, typ, reply, third), self._same(stage, typ, other, third))
-        liar = {"a": peer, "b": other[2], "c": third[2]}.get(odd or "all")
-        if liar is None:
+        va, vb = self._value(stage, typ, reply), self._value(stage, typ, other)
+        odd = judge(False, _agrees(va, ref), _agrees(vb, ref))
+        liar = {"a": peer, "b": other[2]}.get(odd or "all")
+        if liar is None:  # the referee agrees with neither (or is itself the odd one)
             self.check.disputes.append((stage, peer, other[2]))
-            logger.warning("stage %d: three replicas disagree on micro-batch %d", stage, mb_id)
+            logger.warning("stage %d: no majority on micro-batch %d", stage, mb_id)
             return reply
-        why = f"stage {stage}: its {typ} of micro-batch {mb_id} disagreed with two other replicas"
+        why = f"stage {stage}: its {typ} of micro-batch {mb_id} disagreed with {by}"
         self.check.convict(liar, why)
         logger.warning("excluded server %s: %s", liar[:16], why)
         if liar != peer:
@@ -446,11 +466,59 @@ class SwarmPipeline:
         b: tuple[Envelope, list[bytes], str],
     ) -> bool:
         """Whether two replicas' replies to one request agree (``peers.swarm.verify``)."""
+        return _agrees(self._value(stage, typ, a), self._value(stage, typ, b))
+
+    def _value(
+        self, stage: int, typ: str, reply: tuple[Envelope, list[bytes], str]
+    ) -> tuple[float | None, torch.Tensor]:
+        """What a reply says: the last stage's loss (else ``None``) and its tensor."""
+        loss = decode_loss(reply[0].note) if typ == FORWARD and stage == self.config.stages - 1 else None
+        return loss, decode_hidden(reply[1][0], self.config.limits(stage))
+
+    def _recompute(
+        self, stage: int, typ: str, frames: Sequence[bytes], a: str, b: str
+    ) -> tuple[float | None, torch.Tensor] | None:
+        """The reply this trainer computes itself on its own copy of ``stage`` loaded with the
+        parameters ``a`` and ``b`` both send (replicas hold the same bits); ``None`` when there is
+        no copy, either does not answer, or their parameters differ."""
+        if self.stage_factory is None:
+            return None
+        if stage not in self._local:
+            self._local[stage] = self.stage_factory(stage).train()
+        module = self._local[stage]
+        numel = sum(p.numel() for p in module.parameters())
+        got = [self._params(stage, peer, numel) for peer in (a, b)]
+        if got[0] is None or got[1] is None or not torch.equal(got[0], got[1]):
+            logger.warning("stage %d: the two replicas' parameters differ or did not come", stage)
+            return None
+        torch.nn.utils.vector_to_parameters(got[0], module.parameters())
         lim = self.config.limits(stage)
-        if typ == FORWARD and stage == self.config.stages - 1:
-            if not agree_loss(decode_loss(a[0].note), decode_loss(b[0].note)):
-                return False
-        return agree(decode_hidden(a[1][0], lim), decode_hidden(b[1][0], lim))
+        x = decode_tokens(frames[0], lim) if stage == 0 else decode_hidden(frames[0], lim)
+        if typ == FORWARD and stage < self.config.stages - 1:
+            with torch.no_grad():
+                return None, module(x).float()
+        x.requires_grad_(True)
+        if typ == FORWARD:  # the last stage: the loss and the gradient of its input
+            loss = module(x, decode_tokens(frames[1], lim))
+            (grad,) = torch.autograd.grad(loss, [x])
+            return float(loss), grad
+        (grad,) = torch.autograd.grad(module(x), [x], decode_hidden(frames[1], lim))
+        return None, grad
+
+    def _params(self, stage: int, peer: str, numel: int) -> torch.Tensor | None:
+        """``peer``'s parameters of ``stage`` (``numel`` floats), or ``None`` when it did not send them."""
+        env = Envelope(
+            type=FORWARD, run=self.node.run_id, kind=PARAMS, round=0, index=stage, frames=0, nbytes=0
+        )
+        cap = 4 * numel + 4096 * (numel // (1 << 20) + 2)
+        try:
+            _, got = self.node.loop.run(
+                self._request(peer, env, [], self.config.first_contact, cap), self.config.first_contact + 1.0
+            )
+            return params_from_frames(got, numel)
+        except (SwarmError, TimeoutError) as e:
+            logger.info("stage %d server %s sent no parameters: %s", stage, peer[:16], e)
+            return None
 
     def _call(
         self,
@@ -543,8 +611,21 @@ class SwarmPipeline:
         return peer if again else None
 
     async def _request(
-        self, peer_id: str, env: Envelope, frames: Sequence[bytes], timeout: float
+        self,
+        peer_id: str,
+        env: Envelope,
+        frames: Sequence[bytes],
+        timeout: float,
+        max_reply: int | None = None,
     ) -> tuple[Envelope, list[bytes]]:
-        """One request to a server of stage ``env.index`` (``peers.swarm.stage_call.request``)."""
-        max_packet = self.config.limits(env.index).max_packet
+        """One request to a server of stage ``env.index`` (``peers.swarm.stage_call.request``); the
+        reply is bounded by the stage's packet cap, or ``max_reply`` bytes."""
+        max_packet = self.config.limits(env.index).max_packet if max_reply is None else max_reply
         return await request(self.node, peer_id, env, frames, timeout, max_packet)
+
+
+def _agrees(a: tuple[float | None, torch.Tensor], b: tuple[float | None, torch.Tensor]) -> bool:
+    """Whether two replies' values (loss or ``None``, tensor) agree (``peers.swarm.verify``)."""
+    if a[0] is not None and b[0] is not None and not agree_loss(a[0], b[0]):
+        return False
+    return agree(a[1], b[1])

@@ -64,6 +64,8 @@ __all__ = [
     "GRADIENTS",
     "is_step",
     "is_holds",
+    "PARAMS",
+    "is_params",
     "check_request",
     "step_of",
     "encode_count",
@@ -88,6 +90,10 @@ STEPS = "steps"
 #: kind of the requests "do you hold micro-batch ``round``'s gradients?" (``sw_fwd`` without
 #: frames), asked by a trainer before it closes a step; answered with a count (1: yes, 0: no)
 HOLDS = "holds"
+#: kind of the requests "send me your stage's parameters" (``sw_fwd`` without frames), asked by a
+#: trainer to settle a disagreement of two replicas no third one can settle (``peers.swarm.verify``);
+#: answered with the parameters as flat float32 packets
+PARAMS = "params"
 #: ledger kinds of the forward and backward requests' frames
 ACTIVATIONS = "activations"
 GRADIENTS = "gradients"
@@ -245,6 +251,11 @@ def is_holds(env: Envelope) -> bool:
     return env.type == FORWARD and env.kind == HOLDS
 
 
+def is_params(env: Envelope) -> bool:
+    """Whether a request header asks for the server's stage parameters (a trainer's referee check)."""
+    return env.type == FORWARD and env.kind == PARAMS
+
+
 def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
     """Refuse a request header that is not for this run and stage, not a known request type, carries
     the wrong number or kind of frames, or announces more bytes than the stage accepts (checked
@@ -262,9 +273,9 @@ def check_request(env: Envelope, lim: StageLimits, run_id: str) -> None:
             raise ProtocolError("a step request carries no frames")
         decode_step_note(env.note)
         return
-    if is_holds(env):
+    if is_holds(env) or is_params(env):
         if env.frames or env.nbytes:
-            raise ProtocolError("a holds request carries no frames")
+            raise ProtocolError(f"a {env.kind} request carries no frames")
         return
     if env.type == BACKWARD and lim.last:
         raise ProtocolError("the last stage runs backward within its forward request")

@@ -60,6 +60,7 @@ from peers.swarm.protocol import (
     ACTIVATIONS,
     GRADIENTS,
     HOLDS,
+    PARAMS,
     REPLY,
     STEPS,
     check_request,
@@ -67,6 +68,7 @@ from peers.swarm.protocol import (
     encode_count,
     handler_name,
     is_holds,
+    is_params,
     is_step,
 )
 from peers.swarm.server_config import StageServerConfig, Stopper
@@ -258,6 +260,9 @@ class StageServer:
             raise ProtocolError("busy: leaving")
         if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
             return env, Reply(HOLDS, [], encode_count(int(self.steps.holds(env.round))))
+        if is_params(env):  # a trainer settling two replicas' disagreement (peers.swarm.verify)
+            frames = await asyncio.get_running_loop().run_in_executor(None, self._params_frames)
+            return env, Reply(PARAMS, frames)
         x.counted, x.step_counted = self._count_in(env)
         frames, n = await read_data_frames(
             reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
@@ -285,6 +290,14 @@ class StageServer:
         for f in reply.frames:
             x.sent += await write_frame_drained(writer, f)
         await writer.drain()
+
+    def _params_frames(self) -> list[bytes]:
+        """The stage's parameters as a trainer's referee check reads them (taken between requests)."""
+        from peers.swarm.verify import params_frames
+
+        with self._lock:
+            flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in self.module.parameters()])
+        return params_frames(flat)
 
     def _count_in(self, env: Envelope) -> tuple[bool, bool]:
         """Count a request in (``busy`` when too many of its kind are open): (a micro-batch, a step)."""

@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["VERIFY", "RTOL", "LOSS_RTOL", "agree", "agree_loss", "judge", "ReplicaCheck"]
+__all__ = [
+    "VERIFY",
+    "RTOL",
+    "LOSS_RTOL",
+    "agree",
+    "agree_loss",
+    "judge",
+    "ReplicaCheck",
+    "params_frames",
+    "params_from_frames",
+]
 
 #: the ``note`` of a request that is a check: computed without accumulating gradients
 VERIFY = "verify"
@@ -106,3 +116,46 @@ class ReplicaCheck:
     def convict(self, peer: str, why: str) -> None:
         """Leave ``peer`` out of routing for the rest of the run."""
         self.convicted.setdefault(peer, why)
+
+
+#: floats per frame of a stage's parameters (:func:`params_frames`; 8 MiB, below the frame cap)
+PARAMS_CHUNK = 1 << 21
+
+
+def params_frames(flat: torch.Tensor) -> list[bytes]:
+    """A stage's parameters (one flat float32 vector, in ``module.parameters()`` order) as packets of
+    at most :data:`PARAMS_CHUNK` floats: a server's answer to a ``params`` request."""
+    from swarmtrain.core.packet import Packet
+    from swarmtrain.core.wire import encode_packet
+
+    flat = flat.detach().to(torch.float32).contiguous().cpu()
+    out = []
+    for i in range(0, max(1, flat.numel()), PARAMS_CHUNK):
+        part = flat[i : i + PARAMS_CHUNK]
+        out.append(encode_packet(Packet("none", (part.numel(),), "float32", (part.numpy().tobytes(),))))
+    return out
+
+
+def params_from_frames(frames: list[bytes], numel: int) -> torch.Tensor:
+    """The flat parameters a server sent (:func:`params_frames`), checked to hold exactly ``numel``
+    finite float32 values.
+
+    Raises:
+        ProtocolError: another count, codec or dtype, or a non-finite value.
+    """
+    from compression import decompress_any
+    from swarmtrain.core.errors import ProtocolError
+    from swarmtrain.core.wire import decode_packet
+
+    if len(frames) != max(1, -(-numel // PARAMS_CHUNK)):
+        raise ProtocolError(f"{len(frames)} parameter frames for {numel} parameters")
+    parts = []
+    for f in frames:
+        p = decode_packet(f, max_numel=PARAMS_CHUNK, max_bytes=4 * PARAMS_CHUNK + 4096)
+        if p.codec != "none" or p.dtype != "float32" or len(p.shape) != 1:
+            raise ProtocolError("parameters must travel as flat float32 packets of codec none")
+        parts.append(decompress_any(p).float().reshape(-1))
+    flat = torch.cat(parts) if parts else torch.zeros(0)
+    if flat.numel() != numel or not bool(torch.isfinite(flat).all()):
+        raise ProtocolError(f"expected {numel} finite parameters, got {flat.numel()}")
+    return flat

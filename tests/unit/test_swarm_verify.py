@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from compression import build_compressor
@@ -101,3 +102,22 @@ def test_a_check_request_answers_the_same_and_adds_no_gradient() -> None:
     real, _ = compute(last, env(FORWARD, ACTIVATIONS, 2), h)
     assert _grads(last) > 0 and last.steps.applied == {0}
     assert decode_loss(checked.note) == decode_loss(real.note)
+
+
+def test_parameters_travel_whole_and_checked() -> None:
+    from peers.swarm import verify
+    from swarmtrain.core.errors import ProtocolError
+
+    flat = torch.arange(5000, dtype=torch.float32)
+    old, verify.PARAMS_CHUNK = verify.PARAMS_CHUNK, 2048  # three frames
+    try:
+        frames = verify.params_frames(flat)
+        assert len(frames) == 3
+        assert torch.equal(verify.params_from_frames(frames, 5000), flat)
+        for bad in (frames[:2], frames + frames[:1]):
+            with pytest.raises(ProtocolError):
+                verify.params_from_frames(bad, 5000)
+        with pytest.raises(ProtocolError):
+            verify.params_from_frames(verify.params_frames(flat * float("inf")), 5000)
+    finally:
+        verify.PARAMS_CHUNK = old
