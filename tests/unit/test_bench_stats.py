@@ -84,3 +84,35 @@ def test_the_long_runs_goals_are_met_only_inside_the_interval() -> None:
     assert goal_lines(out)[0].startswith("- **unclear**: DiLoCo within 2 %")
     rows[0]["gap_vs_dp_ci95"] = None  # one seed: judged on the mean, and said so
     assert goals(rows, fragments=4)[0]["verdict"] == "met (1 seed)"
+
+
+def test_streaming_goal_is_judged_on_the_paired_per_seed_interval() -> None:
+    """``benchmarks/long_run.py``: Streaming DiLoCo within 1 % of DiLoCo, seed against seed."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from long_run import goals
+
+    def row(label: str, strategy: str, losses: list[float], peak: int) -> dict:  # type: ignore[type-arg]
+        return {
+            "label": label,
+            "strategy": strategy,
+            "gap_vs_dp": 0.01,
+            "gap_vs_dp_ci95": 0.001,
+            "reduction_vs_dp": 500.0,
+            "final_val_loss": sum(losses) / len(losses),
+            "val_losses": losses,
+            "data_seeds": [0, 1, 2],
+            "peak_sync_bytes": peak,
+        }
+
+    diloco = row("diloco int4", "diloco", [2.0, 2.4, 1.8], 100)
+    # each seed 0.5 % above its DiLoCo seed: met, although the means' spread is wide
+    stream = row("streaming_diloco int4", "streaming_diloco", [2.01, 2.412, 1.809], 20)
+    demo = row("demo", "demo", [2.1, 2.1, 2.1], 100)
+    out = goals([diloco, stream, demo], fragments=4)[2]
+    assert out["verdict"] == "met" and out["met"] and "±" in out["measured"]
+    stream["val_losses"] = [2.01, 2.5, 1.7]  # the same mean gap, but not each seed: unclear
+    out = goals([diloco, stream, demo], fragments=4)[2]
+    assert out["verdict"] == "unclear" and not out["met"]
