@@ -16,7 +16,6 @@ than half of the established live peers (issue 30.1).
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -258,19 +257,19 @@ def certified_states(
     """The run's certified states by round (``peers.state.certificates.certified``: a quorum of each
     round's group, admitted signers, bounded by the established live peers); ``None`` when the run
     has no valid certificate yet (no round committed: the vouching rules alone apply then)."""
+    # Every signer is admitted: its commit record is a signed DHT record, whose writer's join token
+    # (expiry included) the record validator checks when another node stores it and when another
+    # node returns it (``peers.dht.dht_records``), and ``exclude`` holds the peers this node refuses
+    # (revoked, expired). A signer's own peer record is not needed: one that left since it signed
+    # still counts (under ``token`` its record's token is checked instead).
     certs = [c for c in read_certificates(node, run, 15.0) if c.signer not in exclude]
     if not certs:
         return None
-    admitted = getattr(node, "admitted", None)
-    check = None
-    if admitted is not None and run == node.run_id:
-        asked = time.monotonic()  # one read of the run's records answers every signer unknown so far
-        check = functools.partial(admitted.check, asked=asked)
     try:
         live: frozenset[str] | None = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
     except SwarmError:
         live = None
-    return certified(certs, admitted=check, live=live, errors=errors)
+    return certified(certs, live=live, errors=errors)
 
 
 def by_certificate(
