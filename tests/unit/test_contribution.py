@@ -139,3 +139,85 @@ def test_the_dashboard_page_draws_the_contribution_table(tmp_path: Path) -> None
     cells = [re.findall(r"<td[^>]*>(?:<i[^>]*></i>)?([^<]*)</td>", r[3]) for r in rows]
     assert cells[0][1:5] == ["left", "82k", "57.1 %", "4"], cells
     assert cells[1][1:5] == ["live", "61k", "42.9 %", "3"], cells
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+        self.ledger = SimpleNamespace(sent=0, received=0)
+
+    def publish(self, **fields: Any) -> None:
+        self.published.append(fields)
+
+
+def _peer(monkeypatch: pytest.MonkeyPatch, node: _Node) -> Any:
+    """A volunteer's ``_Peer`` with stubs for what ``on_step`` touches at a sync (no network, no model):
+    its rounds commit or go on without it, and a catch-up adopts a donor's state."""
+    from swarmtrain.app.peer import loop as loop_mod
+    from swarmtrain.app.peer.contract import PeerHooks, PeerRun, SyncClock
+    from swarmtrain.app.peer.realign import Realign
+
+    monkeypatch.setattr(loop_mod, "shared_digest", lambda trainer: "ab" * 32)
+    monkeypatch.setattr(loop_mod, "fast_forward", lambda trainer, steps: 0)
+    monkeypatch.setattr(loop_mod, "steps_behind", lambda *a, **k: 0)
+    adopted = (("donor", 0.0, None), 0, 0)
+    monkeypatch.setattr(loop_mod, "adopt_swarm_state", lambda *a, **k: adopted)
+    peer = object.__new__(loop_mod._Peer)
+    peer.node, peer.result, peer.watch, peer.hooks = node, PeerRun(peer_id="me"), None, PeerHooks()
+    peer.trainer = SimpleNamespace(step=0, tokens_per_step=100)
+    peer.p2p = SimpleNamespace(round_id=0, deadlines=SimpleNamespace(join_window=lambda: 1.0))
+    peer.cfg = SimpleNamespace(
+        train=SimpleNamespace(log_interval=1000), peers=SimpleNamespace(round_timeout=5.0)
+    )
+    peer.membership = SimpleNamespace(catch_up_timeout=5.0, catch_up_after_failure=True)
+    peer.stop = SimpleNamespace(requested=False)
+    peer.own_admission = SimpleNamespace(check=lambda: None)
+    peer.streak = SimpleNamespace(committed=lambda: None, failed=lambda reason: None)
+    peer.server = SimpleNamespace(refresh=lambda vouch=None, committed_by=0: None)
+    peer.saved_path, peer._realign, peer._vouch = None, Realign(5), None
+    peer._clock, peer._published, peer._last_status, peer._step_t, peer._sync_s = (
+        SyncClock(5),
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    )
+    peer._steps_per_s, peer._state_age, peer._in_step, peer._peers_seen = 0.0, 0.0, False, 1
+    peer._pending_tokens = 0
+    return peer
+
+
+def _sync(peer: Any, outcome: str, round_id: int) -> None:
+    """Five steps of 100 tokens, the fifth a sync that ends with ``outcome``."""
+    for _ in range(5):
+        peer.trainer.step += 1
+        last = peer.trainer.step % 5 == 0
+        report = SimpleNamespace(
+            synced=last,
+            committed=last and outcome == "committed",
+            late=last and outcome == "late",
+            round_id=round_id if outcome == "committed" else -1,
+            participants=2,
+            bytes_sent=0,
+            reason="",
+            extra={},
+        )
+        peer.on_step(SimpleNamespace(step=peer.trainer.step, report=report, tokens_per_s=200.0, loss=3.0))
+        if last and outcome == "committed":
+            peer.p2p.round_id = round_id + 1
+
+
+def test_a_commit_counts_the_steps_since_the_last_one_and_a_download_drops_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = _Node()
+    peer = _peer(monkeypatch, node)
+    _sync(peer, "committed", 0)
+    assert (peer.result.contributed_tokens, peer.result.committed_rounds) == (500, 1)
+    assert node.published[-1]["contributed_tokens"] == 500 and node.published[-1]["committed_rounds"] == 1
+    _sync(peer, "late", -1)  # the round went on without it: it adopts the others' state, its 5 steps go
+    assert peer.result.contributed_tokens == 500 and peer._pending_tokens == 0
+    assert peer.result.downloads, "the late round's catch-up did not run"
+    _sync(peer, "committed", 2)
+    assert (peer.result.contributed_tokens, peer.result.committed_rounds) == (1000, 2)
+    assert node.published[-1]["contributed_tokens"] == 1000

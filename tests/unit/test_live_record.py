@@ -31,6 +31,7 @@ def _peer(node: _Node) -> Any:
     peer.cfg = SimpleNamespace(train=SimpleNamespace(log_interval=10))
     peer.stop = SimpleNamespace(requested=False)
     peer.own_admission = SimpleNamespace(check=lambda: None)
+    peer._pending_tokens = 0  # tokens of its steps since its last commit (issue 31.6)
     peer._clock, peer._published, peer._last_status, peer._step_t, peer._sync_s = (
         SyncClock(50),
         0.0,
