@@ -280,8 +280,8 @@ def run_swarm_simulation(
     stage_of = _placement(servers, settings.stages, layout, kill_servers)
     if byzantine_servers > servers - settings.stages:
         raise ConfigError(
-            f"--byzantine-servers {byzantine_servers}: {servers} servers over {settings.stages} stages "
-            f"leave at most {servers - settings.stages} that can lie beside an honest one per stage"
+            f"--byzantine-servers {byzantine_servers}: at most {servers - settings.stages}, "
+            "to keep an honest server per stage"
         )
     cfg = loopback_copy(cfg)
     quiet_resource_tracker()

@@ -60,10 +60,7 @@ class SwarmFlags(Protocol):
 def _refuse_other_flags(opts: SwarmFlags) -> None:
     """Flags of the data-parallel strategies mean nothing to SWARM: one line naming the first."""
     if opts.strategy != "swarm":
-        raise ConfigError(
-            "--stages, --trainers, --activation-codec, --kill-servers, --byzantine-servers and "
-            "--swarm-verify need --strategy swarm"
-        )
+        raise ConfigError("--stages and the other SWARM flags need --strategy swarm")
     others = opts.given(NOT_SWARM, but=("strategy.name",)) + (["--intruders"] if opts.intruders else [])
     if others:
         flag = others[0]
@@ -96,6 +93,11 @@ def swarm_settings(opts: SwarmFlags, load_config: Callable[[], Config]) -> tuple
         raise ConfigError(
             f"--kill-servers {opts.kill_servers}: {opts.peers} servers over {settings.stages} stages "
             f"leave at most {opts.peers - settings.stages} that can die without emptying a stage"
+        )
+    if opts.byzantine_servers > opts.peers - settings.stages:
+        raise ConfigError(
+            f"--byzantine-servers {opts.byzantine_servers}: at most "
+            f"{opts.peers - settings.stages}, to keep an honest server per stage"
         )
     return cfg, settings
 
