@@ -10,10 +10,11 @@ and that every signature holds, whatever node stored or returned the record.
 
 A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` only when
 
-* **group quorum**: more than half of the round's group signed ``(r, d)``, the group's size being the
-  largest size any admitted signer of round ``r`` claims (a signer claiming a smaller group than the
-  others cannot shrink the quorum), each signer admitted, each counted once; a signer that signed
-  two different certificates for one round counts for neither;
+* **group quorum**: more than half of the round's group signed ``(r, d)``, each signer admitted,
+  each counted once; a signer that signed two different certificates for one round counts for
+  neither. The group's size is the lower median of the sizes the signers of ``(r, d)`` claim, and
+  at least the number of peers that signed any state of round ``r`` (:func:`group_size`): colluders
+  claiming a small group cannot shrink the quorum, one claiming a huge group cannot stall it;
 * **history bound**: those signers are more than half of the *established* peers: live peers that
   signed any state with a group quorum in the history the newcomer reads. Colluders cannot certify a
   round of their own ahead of the others (a group of two that signs itself is a quorum of its own
@@ -46,6 +47,7 @@ __all__ = [
     "commit_key",
     "decode_record",
     "encode_record",
+    "group_size",
     "sign_certificate",
 ]
 
@@ -152,6 +154,16 @@ def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
     return out
 
 
+def group_size(claims: list[int], signers: int) -> int:
+    """The group size a state's quorum is counted against: the lower median of the sizes its signers
+    claim (one signer claiming a huge group cannot stall the round; while honest signers are most of
+    them, the median is theirs), and at least the number of distinct peers that signed any state of
+    the round (each of them claims to be a member: colluders claiming a group of two for a state of
+    their own cannot shrink the round)."""
+    ordered = sorted(claims)
+    return max(ordered[(len(ordered) - 1) // 2], signers)
+
+
 def certified(
     certs: Iterable[Certificate],
     *,
@@ -183,17 +195,22 @@ def certified(
             errs.append(f"round {rnd}: {len(signed) - len(honest)} signers signed two states")
         if not honest:
             continue
-        size = max(n for _, n in honest.values())  # the largest group a signer of this round claims
-        support: dict[bytes, set[str]] = defaultdict(set)
-        for p, (d, _) in honest.items():
-            support[d].add(p)
-        winners = [(d, who) for d, who in support.items() if 2 * len(who) > size]
-        if len(winners) != 1:  # none, or (sizes claimed inconsistently) two: the round is refused
-            best = max(len(who) for who in support.values())
-            errs.append(f"round {rnd}: {best} of a group of {size} signed its state")
+        claims: dict[bytes, list[int]] = defaultdict(list)
+        for d, n in honest.values():
+            claims[d].append(n)
+        winners = []
+        for d, sizes in claims.items():
+            size = group_size(sizes, len(signed))
+            if 2 * len(sizes) > size:
+                winners.append((d, size))
+        # two states cannot both have one: each quorum is over half of the round's signers
+        if not winners:
+            d, sizes = max(claims.items(), key=lambda kv: len(kv[1]))
+            errs.append(f"round {rnd}: {len(sizes)} of a group of {group_size(sizes, len(signed))} signed")
             continue
-        digest, who = winners[0]
-        quorum[rnd] = Certified(rnd, digest, frozenset(who), size)
+        digest, size = winners[0]
+        who = frozenset(p for p, (d, _) in honest.items() if d == digest)
+        quorum[rnd] = Certified(rnd, digest, who, size)
     established: set[str] = set()
     for q in quorum.values():
         established |= q.signers

@@ -123,6 +123,24 @@ def test_signers_claiming_a_smaller_group_do_not_shrink_the_quorum() -> None:
     assert certified(forged + [_c(p, 5, D, 6) for p in "ab"]) == {}  # nobody has a quorum of six
 
 
+def test_one_signer_claiming_a_huge_group_does_not_stall_the_round() -> None:
+    """A colluder among a round's signers claims a group of 65536: the lower median of the claims is
+    the honest size (with the largest claim counted, no state would ever be certified again)."""
+    certs = [_c(p, 5, D, 4) for p in "abc"] + [_c("x", 5, D, 1 << 16)]
+    assert certified(certs)[5].group_size == 4
+    alone = [_c(p, 5, D, 4) for p in "abc"] + [_c("x", 5, E, 1 << 16)]  # or on a state of its own
+    assert certified(alone)[5].digest == D
+
+
+def test_the_group_is_at_least_everyone_who_signed_the_round() -> None:
+    """Every member of a round, honest or not, says it was in it: four signers of a round, whatever
+    sizes they claim, make a group of at least four."""
+    certs = [_c(p, 5, D, 2) for p in "ab"] + [_c(p, 5, E, 2) for p in "xy"]
+    errors: list[str] = []
+    assert certified(certs, errors=errors) == {}
+    assert "2 of a group of 4" in errors[0]
+
+
 def test_unadmitted_signers_count_for_nothing() -> None:
     certs = [_c(p, 5, D, 3) for p in "axy"]
     assert certified(certs, admitted=lambda p: p == "a") == {}
