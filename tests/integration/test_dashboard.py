@@ -145,6 +145,12 @@ def test_dashboard_shows_a_live_run_in_headless_chromium(tmp_path: Path) -> None
         assert n2 > n1, (n1, n2)
         assert re.search(r'<rect[^>]*data-outcome="committed"', second)  # the round timeline
         assert "<g data-round=" in second  # bytes per round has bars
+        # each volunteer's contribution (issue 31.6): a row per volunteer, tokens only with committed rounds
+        contrib = re.search(r'<table id="contributions">.*?</table>', second, re.S)
+        assert contrib, "no contributions table"
+        rows = re.findall(r'<tr data-peer="(\w+)" data-tokens="(\d+)" data-rounds="(\d+)">', contrib.group(0))
+        assert {r[0] for r in rows} == set(ids.values()), rows
+        assert all((int(t) > 0) == (int(n) > 0) for _, t, n in rows) and any(int(n) for _, _, n in rows), rows
 
         shot = tmp_path / "dashboard.png"
         _chromium(tmp_path, url, f"--screenshot={shot}")
