@@ -15,10 +15,13 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
   neither. The group's size is the lower median of the sizes the signers of ``(r, d)`` claim, and
   at least the number of peers that signed any state of round ``r`` (:func:`group_size`): colluders
   claiming a small group cannot shrink the quorum, one claiming a huge group cannot stall it;
-* **history bound**: those signers are more than half of the *established* peers: live peers that
-  signed any state with a group quorum in the history the newcomer reads. Colluders cannot certify a
-  round of their own ahead of the others (a group of two that signs itself is a quorum of its own
-  group, not of the run's established members).
+* **history bound**: those signers are at least half of the *established* peers: live peers that
+  signed any state with a group quorum in the history the newcomer reads. Colluders fewer than half
+  of them cannot certify a round of their own ahead of the others (a group of two that signs itself
+  is a quorum of its own group, not of the run's established members). Half, not more than half:
+  two peers of four that commit a round while the other two are frozen or late (then preempted, they
+  hand their state to those two: ``swarmtrain.app.peer.preemption``) look exactly like two colluders
+  of four, and their round must be taken.
 
 So colluders fewer than half of a round's group, and fewer than half of the established live peers,
 plant nothing. What a majority can still do is in ``docs/threat-model.md``.
@@ -218,7 +221,7 @@ def certified(
         established &= live
     out = {}
     for rnd, q in quorum.items():
-        if 2 * len(q.signers) <= len(established):
+        if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
             continue
         out[rnd] = q

@@ -15,7 +15,10 @@ from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
 TTL = 60.0
 HONEST, FORGED = torch.full((1000,), 5.0), torch.full((1000,), 0.0123)
-HONEST_DONORS, COLLUDERS = 2, 2  # ranks 0-1 and 2-3; rank 4 is the newcomer
+#: ranks 0-2 and 3-4; rank 5 is the newcomer. Colluders must be fewer than half of the established
+#: peers: two of four look exactly like two peers that committed a round while the others were frozen
+#: (``peers.state.certificates``), whose round is taken
+HONEST_DONORS, COLLUDERS = 3, 2
 
 
 def _digest(t: torch.Tensor) -> str:
@@ -23,7 +26,7 @@ def _digest(t: torch.Tensor) -> str:
 
 
 def worker(rank: int, initial: list[str], q: Any) -> None:
-    """Ranks 0-3 all committed round 5 (a group of four) and sign it. Ranks 2-3 then announce round 6
+    """Ranks 0-4 all committed round 5 (a group of five) and sign it. Ranks 3-4 then announce round 6
     (within the round bound), vouch for each other's forged state and sign it as a group of two.
     Rank 5, the newcomer, downloads with the certificates, then with them off (the control)."""
     from peers import PeerNode, StateServer, download_state
@@ -81,5 +84,5 @@ def test_two_colluders_a_round_ahead_plant_nothing_against_the_certified_history
         res = g.wait_for("result", n, 180)
     print("newcomer:", {k: round(v, 1) for k, v in res.items() if k.endswith("_s")})
     assert g.orphans == []
-    assert res["certified"] == (5, 5.0)  # the state the four members signed
+    assert res["certified"] == (5, 5.0)  # the state the five members signed
     assert res["vouched"] == (6, pytest.approx(0.0123))  # the control: the colluders' round 6

@@ -168,6 +168,15 @@ def test_established_peers_that_left_do_not_hold_the_history_back() -> None:
     assert 6 not in certified(certs, live=frozenset("abcde"))  # had they stayed, two of five
 
 
+def test_half_of_the_established_peers_committing_a_round_ahead_is_taken() -> None:
+    """The preemption hand-off (``tests/integration/test_preemption_handoff.py``): a and b commit
+    round 6 while c and d are frozen, then leave and hand it over; c and d must take it. Two of the
+    four established peers: as many as two colluders of four, which is why half is enough."""
+    certs = [_c(p, 5, D, 4) for p in "abcd"] + [_c(p, 6, E, 2) for p in "ab"]
+    assert certified(certs, live=frozenset("abcd"))[6].digest == E
+    assert 6 not in certified(certs + [_c("e", 5, D, 5)], live=frozenset("abcde"))  # two of five
+
+
 def test_only_announcements_of_a_certified_round_are_taken_with_its_digest() -> None:
     certs = [_c(p, 5, D, 3) for p in "abc"] + [_c(p, 6, E, 2) for p in "xy"]
     states = certified(certs, live=frozenset("abcxy"))
