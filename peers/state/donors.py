@@ -10,8 +10,8 @@ and, with ``vouchers = k``, one whose state fewer than ``min(k, donors)`` distin
 (:func:`vouched`): one admitted donor alone cannot plant a state. Once the run has commit
 certificates (``peers.state.certificates``: each member of a committed round signs its round, digest
 and group size), the vouches give way to them (:func:`certified_states`): a state is taken only when
-more than half of its round's group, each admitted, signed its digest, and those signers are more
-than half of the established live peers (issue 30.1).
+more than half of its round's group, each admitted, signed its digest, and those signers are at least
+half of the established live peers (issue 30.1).
 """
 
 from __future__ import annotations
