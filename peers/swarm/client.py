@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from peers.dht.node import PeerNode
+from peers.swarm.cross_check import CrossCheck
 from peers.swarm.deadlines import ServiceTimes
 from peers.swarm.protocol import (
     ACTIVATIONS,
@@ -49,13 +50,11 @@ from peers.swarm.protocol import (
     FORWARD,
     GRADIENTS,
     HOLDS,
-    PARAMS,
     STEPS,
     StageLimits,
     decode_count,
     decode_hidden,
     decode_loss,
-    decode_tokens,
     encode_step_note,
     encode_tokens,
 )
@@ -63,7 +62,6 @@ from peers.swarm.routing import ServerInfo, pick_server, server_from_record, ser
 from peers.swarm.stage_call import Refused, failure_reason, gather_steps, request
 from peers.swarm.steps import MAX_SHORT
 from peers.swarm.tracker import Exclusions, MicrobatchTracker
-from peers.swarm.verify import VERIFY, ReplicaCheck, agree, agree_loss, judge, params_from_frames
 from peers.wire.messages import Envelope
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
@@ -156,9 +154,8 @@ class SwarmPipeline:
         #: its inputs and targets), to feed again one whose gradients left with a dead server
         self._held: dict[int, tuple[list[str], torch.Tensor, torch.Tensor]] = {}
         self.fed_again = 0  # micro-batches fed again (see :meth:`close_step`)
-        self.check = ReplicaCheck(config.verify_rate)  # replies checked on another replica
-        self.stage_factory = stage_factory
-        self._local: dict[int, torch.nn.Module] = {}  # stage -> this trainer's copy (built on need)
+        self.cross = CrossCheck(self, config.verify_rate, stage_factory)  # replies checked again
+        self.check = self.cross.state
 
     # --- directory ----------------------------------------------------------------------------------
 
@@ -231,11 +228,11 @@ class SwarmPipeline:
         for s in range(last):
             req = [inputs[s]]
             first = self._call(s, FORWARD, req, mb_id, bt, prefer=pref[s])
-            reply = self._checked(s, FORWARD, req, mb_id, bt, first)
+            reply = self.cross.checked(s, FORWARD, req, mb_id, bt, first)
             inputs.append(reply[1][0])
             holders.append(reply[2])  # the honest replica's when the first one was convicted
         req = [inputs[last], encode_tokens(y)]
-        head, frames, peer = self._checked(
+        head, frames, peer = self.cross.checked(
             last, FORWARD, req, mb_id, bt, self._call(last, FORWARD, req, mb_id, bt, prefer=pref[last])
         )
         holders.append(peer)
@@ -243,7 +240,7 @@ class SwarmPipeline:
         grad = frames[0]
         for s in range(last - 1, -1, -1):
             req = [inputs[s], grad]
-            _, frames, holders[s] = self._checked(
+            _, frames, holders[s] = self.cross.checked(
                 s, BACKWARD, req, mb_id, bt, self._call(s, BACKWARD, req, mb_id, bt, prefer=holders[s])
             )
             if s:
@@ -358,168 +355,6 @@ class SwarmPipeline:
         if want:  # a hidden state or a gradient of the request's shape
             decode_hidden(frames[0], self.config.limits(stage), expect=bt)
 
-    # --- replica checks (``peers.swarm.verify``) ----------------------------------------------------
-
-    def _checked(
-        self,
-        stage: int,
-        typ: str,
-        frames: Sequence[bytes],
-        mb_id: int,
-        bt: tuple[int, int],
-        reply: tuple[Envelope, list[bytes], str],
-    ) -> tuple[Envelope, list[bytes], str]:
-        """``reply`` (a server's answer to ``typ`` of ``mb_id`` on ``stage``), checked on another
-        replica of the stage when :attr:`check` wants it; returns the reply to go on with: the
-        majority's when a third replica convicted the first server. Its server is then the one that
-        gave it, unless the request added gradients on the first server (a backward, the last
-        stage's forward): that one holds them for the step."""
-        head, got, peer = reply
-        if (typ == BACKWARD and stage == 0) or not self.check.wants(peer, self.rng):
-            return reply  # stage 0's backward answers nothing to compare
-        other = self._verify_on(stage, typ, frames, mb_id, bt, {peer})
-        if other is None:  # no other replica answered: nothing compared, nothing counted
-            return reply
-        self.check.checked_once(peer)
-        if self._same(stage, typ, reply, other):
-            return reply
-        self.check.mismatches += 1
-        third = self._verify_on(stage, typ, frames, mb_id, bt, {peer, other[2]})
-        ref: tuple[float | None, torch.Tensor] | None
-        if third is not None:
-            ref, by = self._value(stage, typ, third), "two other replicas"
-        else:  # no third replica: this trainer's own copy of the stage, if both send the same parameters
-            ref, by = self._recompute(stage, typ, frames, peer, other[2]), "the stage's own parameters"
-        if ref is None:
-            self.check.disputes.append((stage, peer, other[2]))
-            logger.warning(
-                "stage %d: %s and %s disagree on micro-batch %d and nothing can tell which is right; "
-                "neither is excluded",
-                stage,
-                peer[:16],
-                other[2][:16],
-                mb_id,
-            )
-            return reply
-        va, vb = self._value(stage, typ, reply), self._value(stage, typ, other)
-        odd = judge(False, _agrees(va, ref), _agrees(vb, ref))
-        liar = {"a": peer, "b": other[2]}.get(odd or "all")
-        if liar is None:  # the referee agrees with neither (or is itself the odd one)
-            self.check.disputes.append((stage, peer, other[2]))
-            logger.warning("stage %d: no majority on micro-batch %d", stage, mb_id)
-            return reply
-        why = f"stage {stage}: its {typ} of micro-batch {mb_id} disagreed with {by}"
-        self.check.convict(liar, why)
-        logger.warning("excluded server %s: %s", liar[:16], why)
-        if liar != peer:
-            return reply
-        keeps = typ == BACKWARD or stage == self.config.stages - 1  # gradients added on ``peer``
-        return (other[0], other[1], peer if keeps else other[2])
-
-    def _verify_on(
-        self,
-        stage: int,
-        typ: str,
-        frames: Sequence[bytes],
-        mb_id: int,
-        bt: tuple[int, int],
-        skip: set[str],
-    ) -> tuple[Envelope, list[bytes], str] | None:
-        """The same request as a check (nothing accumulated) on another replica of ``stage``, not
-        one of ``skip``; ``None`` when none answered (two tries)."""
-        kind = GRADIENTS if typ == BACKWARD else ACTIVATIONS
-        env = Envelope(
-            type=typ,
-            run=self.node.run_id,
-            kind=kind,
-            round=mb_id,
-            index=stage,
-            frames=len(frames),
-            nbytes=sum(len(f) for f in frames),
-            note=VERIFY,
-        )
-        for _ in range(2):
-            excluded = self.exclusions.active(time.monotonic()) | frozenset(self.check.convicted) | skip
-            srv = pick_server(self.refresh()[stage], excluded, self.rng)
-            if srv is None:
-                return None
-            timeout = self.times.deadline(stage, typ, srv.queue)
-            try:
-                head, got = self.node.loop.run(
-                    self._request(srv.peer_id, env, frames, timeout), timeout + 1.0
-                )
-                self._check_reply(stage, typ, head, got, bt)
-            except (SwarmError, TimeoutError) as e:
-                logger.info(
-                    "stage %d: check of micro-batch %d on %s failed: %s", stage, mb_id, srv.peer_id[:16], e
-                )
-                skip = skip | {srv.peer_id}
-                continue
-            return head, got, srv.peer_id
-        return None
-
-    def _same(
-        self,
-        stage: int,
-        typ: str,
-        a: tuple[Envelope, list[bytes], str],
-        b: tuple[Envelope, list[bytes], str],
-    ) -> bool:
-        """Whether two replicas' replies to one request agree (``peers.swarm.verify``)."""
-        return _agrees(self._value(stage, typ, a), self._value(stage, typ, b))
-
-    def _value(
-        self, stage: int, typ: str, reply: tuple[Envelope, list[bytes], str]
-    ) -> tuple[float | None, torch.Tensor]:
-        """What a reply says: the last stage's loss (else ``None``) and its tensor."""
-        loss = decode_loss(reply[0].note) if typ == FORWARD and stage == self.config.stages - 1 else None
-        return loss, decode_hidden(reply[1][0], self.config.limits(stage))
-
-    def _recompute(
-        self, stage: int, typ: str, frames: Sequence[bytes], a: str, b: str
-    ) -> tuple[float | None, torch.Tensor] | None:
-        """The reply this trainer computes itself on its own copy of ``stage`` loaded with the
-        parameters ``a`` and ``b`` both send (replicas hold the same bits); ``None`` when there is
-        no copy, either does not answer, or their parameters differ."""
-        if self.stage_factory is None:
-            return None
-        if stage not in self._local:
-            self._local[stage] = self.stage_factory(stage).train()
-        module = self._local[stage]
-        numel = sum(p.numel() for p in module.parameters())
-        got = [self._params(stage, peer, numel) for peer in (a, b)]
-        if got[0] is None or got[1] is None or not torch.equal(got[0], got[1]):
-            logger.warning("stage %d: the two replicas' parameters differ or did not come", stage)
-            return None
-        torch.nn.utils.vector_to_parameters(got[0], module.parameters())
-        lim = self.config.limits(stage)
-        x = decode_tokens(frames[0], lim) if stage == 0 else decode_hidden(frames[0], lim)
-        if typ == FORWARD and stage < self.config.stages - 1:
-            with torch.no_grad():
-                return None, module(x).float()
-        x.requires_grad_(True)
-        if typ == FORWARD:  # the last stage: the loss and the gradient of its input
-            loss = module(x, decode_tokens(frames[1], lim))
-            (grad,) = torch.autograd.grad(loss, [x])
-            return float(loss), grad
-        (grad,) = torch.autograd.grad(module(x), [x], decode_hidden(frames[1], lim))
-        return None, grad
-
-    def _params(self, stage: int, peer: str, numel: int) -> torch.Tensor | None:
-        """``peer``'s parameters of ``stage`` (``numel`` floats), or ``None`` when it did not send them."""
-        env = Envelope(
-            type=FORWARD, run=self.node.run_id, kind=PARAMS, round=0, index=stage, frames=0, nbytes=0
-        )
-        cap = 4 * numel + 4096 * (numel // (1 << 20) + 2)
-        try:
-            _, got = self.node.loop.run(
-                self._request(peer, env, [], self.config.first_contact, cap), self.config.first_contact + 1.0
-            )
-            return params_from_frames(got, numel)
-        except (SwarmError, TimeoutError) as e:
-            logger.info("stage %d server %s sent no parameters: %s", stage, peer[:16], e)
-            return None
-
     def _call(
         self,
         stage: int,
@@ -622,10 +457,3 @@ class SwarmPipeline:
         reply is bounded by the stage's packet cap, or ``max_reply`` bytes."""
         max_packet = self.config.limits(env.index).max_packet if max_reply is None else max_reply
         return await request(self.node, peer_id, env, frames, timeout, max_packet)
-
-
-def _agrees(a: tuple[float | None, torch.Tensor], b: tuple[float | None, torch.Tensor]) -> bool:
-    """Whether two replies' values (loss or ``None``, tensor) agree (``peers.swarm.verify``)."""
-    if a[0] is not None and b[0] is not None and not agree_loss(a[0], b[0]):
-        return False
-    return agree(a[1], b[1])

@@ -74,6 +74,7 @@ from peers.swarm.protocol import (
 from peers.swarm.server_config import StageServerConfig, Stopper
 from peers.swarm.stage_compute import Reply, ServiceRate, Stage, compute
 from peers.swarm.steps import StageSteps, StepSync
+from peers.swarm.verify import module_frames
 from peers.wire.messages import Envelope, decode_envelope, encode_ack, encode_envelope
 from peers.wire.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
 from swarmtrain.core.errors import ProtocolError, SwarmError
@@ -261,7 +262,8 @@ class StageServer:
         if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
             return env, Reply(HOLDS, [], encode_count(int(self.steps.holds(env.round))))
         if is_params(env):  # a trainer settling two replicas' disagreement (peers.swarm.verify)
-            frames = await asyncio.get_running_loop().run_in_executor(None, self._params_frames)
+            loop = asyncio.get_running_loop()
+            frames = await loop.run_in_executor(None, module_frames, self.module, self._lock)
             return env, Reply(PARAMS, frames)
         x.counted, x.step_counted = self._count_in(env)
         frames, n = await read_data_frames(
@@ -290,14 +292,6 @@ class StageServer:
         for f in reply.frames:
             x.sent += await write_frame_drained(writer, f)
         await writer.drain()
-
-    def _params_frames(self) -> list[bytes]:
-        """The stage's parameters as a trainer's referee check reads them (taken between requests)."""
-        from peers.swarm.verify import params_frames
-
-        with self._lock:
-            flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in self.module.parameters()])
-        return params_frames(flat)
 
     def _count_in(self, env: Envelope) -> tuple[bool, bool]:
         """Count a request in (``busy`` when too many of its kind are open): (a micro-batch, a step)."""

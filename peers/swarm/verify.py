@@ -24,6 +24,7 @@ Pure apart from the caller's requests: :class:`ReplicaCheck` takes the random so
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,7 @@ __all__ = [
     "judge",
     "ReplicaCheck",
     "params_frames",
+    "module_frames",
     "params_from_frames",
 ]
 
@@ -134,6 +136,13 @@ def params_frames(flat: torch.Tensor) -> list[bytes]:
         part = flat[i : i + PARAMS_CHUNK]
         out.append(encode_packet(Packet("none", (part.numel(),), "float32", (part.numpy().tobytes(),))))
     return out
+
+
+def module_frames(module: torch.nn.Module, lock: threading.Lock) -> list[bytes]:
+    """``module``'s parameters as :func:`params_frames`, read under ``lock`` (between requests)."""
+    with lock:
+        flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in module.parameters()])
+    return params_frames(flat)
 
 
 def params_from_frames(frames: list[bytes], numel: int) -> torch.Tensor:

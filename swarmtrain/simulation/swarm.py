@@ -195,12 +195,20 @@ def _wait(children: list[_Child], until: Any, deadline: float, what: str) -> Non
         time.sleep(0.05)
 
 
-def _placement(servers: int, stages: int, layout: list[int] | None, kill_servers: int) -> list[int]:
-    """The stage of each server (``layout`` or round-robin), checked against the kills asked for.
+def _placement(
+    servers: int, stages: int, layout: list[int] | None, kill_servers: int, liars: int = 0
+) -> list[int]:
+    """The stage of each server (``layout`` or round-robin), checked against the kills and the lying
+    servers asked for.
 
     Raises:
-        ConfigError: a layout that does not fit, or more kills than servers beyond one per stage.
+        ConfigError: a layout that does not fit, or more kills (or liars) than servers beyond one
+            per stage.
     """
+    if liars > servers - stages:
+        raise ConfigError(
+            f"--byzantine-servers {liars}: at most {servers - stages}, to keep an honest server per stage"
+        )
     stage_of = spread_servers(servers, stages)
     if layout is not None:
         if len(layout) != stages or sum(layout) != servers or min(layout) < 1:
@@ -266,23 +274,16 @@ def run_swarm_simulation(
 ) -> SwarmResult:
     """Run SWARM with ``servers`` stage servers and ``settings.trainers`` trainers on loopback
     (``layout``: servers per stage, summing to ``servers``; default round-robin; ``chaos``: servers
-    killed, preempted and restarted while the trainers train; ``byzantine_servers=K``: the servers
-    of ranks ``0..K-1``, the first ones of each stage in turn, scale their replies by -10,
-    ``swarmtrain.simulation.attacks.stage_server``).
+    killed, preempted and restarted while the trainers train; ``byzantine_servers=K``: ranks
+    ``0..K-1`` send their replies x(-10), ``swarmtrain.simulation.attacks.stage_server``).
 
     Raises:
-        ConfigError: too few servers for the stages, a layout that does not fit, or more kills than
-            servers beyond one per stage.
+        ConfigError: too few servers for the stages, a layout that does not fit (``_placement``).
         SwarmError: a child reported an error, died before its report, or the run timed out.
     """
     from swarmtrain.app.swarm.roles import train_baseline
 
-    stage_of = _placement(servers, settings.stages, layout, kill_servers)
-    if byzantine_servers > servers - settings.stages:
-        raise ConfigError(
-            f"--byzantine-servers {byzantine_servers}: at most {servers - settings.stages}, "
-            "to keep an honest server per stage"
-        )
+    stage_of = _placement(servers, settings.stages, layout, kill_servers, byzantine_servers)
     cfg = loopback_copy(cfg)
     quiet_resource_tracker()
     ctx = mp.get_context("spawn")
@@ -297,8 +298,7 @@ def run_swarm_simulation(
         try:
             initial = start_bootstrap(boot_cfg, bq, level, None, procs, deadline)
             spawner = _Spawner(ctx, _child_configs(cfgs, initial), settings.model_dump(), level, procs)
-            spawner.liars = frozenset(range(byzantine_servers))
-            srv = spawner.start_servers(stage_of)
+            srv = spawner.start_servers(stage_of, liars=byzantine_servers)
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
             phases["start"] = time.perf_counter() - t0
             trn = [spawner.trainer(t, servers + t) for t in range(settings.trainers)]
@@ -318,8 +318,7 @@ def run_swarm_simulation(
         add_chaos(res, sc, srv, servers)
     add_moves(res, settings, alive, trn, t_train)
     res.byzantine = [f"server{r}.stage{stage_of[r]}" for r in range(byzantine_servers)]
-    if baseline:
-        res.baseline_val_loss, _ = train_baseline(cfg, settings)
+    res.baseline_val_loss = train_baseline(cfg, settings)[0] if baseline else None
     return res
 
 
@@ -372,8 +371,9 @@ class _Spawner:
     def __post_init__(self) -> None:
         self.run_over = self.ctx.Event()
 
-    def start_servers(self, stage_of: list[int]) -> list[_Child]:
-        """A server of each rank on its stage (``stage_of[rank]``)."""
+    def start_servers(self, stage_of: list[int], liars: int = 0) -> list[_Child]:
+        """A server of each rank on its stage (``stage_of[rank]``); ranks below ``liars`` lie."""
+        self.liars = frozenset(range(liars))
         for rank, stage in enumerate(stage_of):
             self.server(rank, stage)
         return self.servers

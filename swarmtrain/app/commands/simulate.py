@@ -158,12 +158,7 @@ class SimulateOptions:
         0, "--byzantine-servers", min=0, help="swarm: this many servers send their replies x(-10)."
     )
     swarm_verify: float | None = flag(
-        None,
-        "--swarm-verify",
-        key="swarm.verify_rate",
-        min=0.0,
-        max=1.0,
-        help="swarm: share of replies checked on a 2nd replica [0.1; 0: off].",
+        None, "--swarm-verify", key="swarm.verify_rate", min=0.0, max=1.0, help="swarm: checked share [0.1]."
     )
     topology: Path | None = flag(
         None, "--topology", help="Place the peers in emulated regions (TOML: RTTs, Mbit/s; root only)."

@@ -203,7 +203,7 @@ def run_trainer(
     lost and the trainer goes on with the next one.
     """
     from peers.dht.node import PeerNode
-    from peers.swarm.client import PipelineConfig, SwarmPipeline
+    from peers.swarm.client import SwarmPipeline
     from swarmtrain.app.data import BatchSampler, build_corpus
 
     if cfg.train.threads:
@@ -218,21 +218,10 @@ def run_trainer(
         peer_index=index,
         num_peers=settings.trainers,
     )
-    pcfg = PipelineConfig(
-        settings.stages,
-        spec.n_embd,
-        spec.vocab_size,
-        spec.block_size,
-        cfg.train.batch_size,
-        # dropout makes two replicas' replies differ by design: a check would convict honest servers
-        verify_rate=settings.verify_rate if spec.dropout == 0 else 0.0,
-    )
-    if settings.verify_rate and spec.dropout:
-        logger.warning("model.dropout %g: replicas' replies differ, no replica check", spec.dropout)
     with PeerNode(cfg.peers, role="trainer", heartbeat_ttl=6.0) as node:
         pipe = SwarmPipeline(
             node,
-            pcfg,
+            _pipeline_config(cfg, settings, spec),
             seed=cfg.train.seed * 1000 + index,
             # its own copy of a stage settles two replicas' disagreement (``peers.swarm.verify``)
             stage_factory=lambda k: build_stages(spec, settings.stages, seed=cfg.train.seed)[k],
@@ -259,6 +248,23 @@ def run_trainer(
             excluded=dict(pipe.check.convicted),
             disputes=len(pipe.check.disputes),
         )
+
+
+def _pipeline_config(cfg: Config, settings: SwarmConfig, spec: GPTSpec) -> Any:
+    """A trainer's routing settings (``peers.swarm.client.PipelineConfig``)."""
+    from peers.swarm.client import PipelineConfig
+
+    if settings.verify_rate and spec.dropout:
+        logger.warning("model.dropout %g: replicas' replies differ, no replica check", spec.dropout)
+    return PipelineConfig(
+        settings.stages,
+        spec.n_embd,
+        spec.vocab_size,
+        spec.block_size,
+        cfg.train.batch_size,
+        # dropout makes two replicas' replies differ by design: a check would convict honest servers
+        verify_rate=settings.verify_rate if spec.dropout == 0 else 0.0,
+    )
 
 
 def _feed(
