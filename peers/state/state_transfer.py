@@ -214,6 +214,17 @@ class StateServer:
         digest, nbytes, rnd, manifest = latest
         value = encode_announcement(digest, nbytes, rnd, vouches, manifest, leaving=self.leaving)
         try:
+            # the certificates first: a newcomer that reads this announcement finds this peer's
+            # certificate of its round too, rather than a certified older round to fall back to
+            if certs and not self.node.dht.store(
+                commit_key(self.run_id),
+                encode_record(self.node.signer, certs),
+                dht_time() + max(self.announce_ttl, CERTIFICATE_TTL),
+                subkey=self.node.peer_id,
+                return_future=True,
+            ).result(15.0):
+                logger.warning("storing the commit certificates failed: the state is announced next time")
+                return
             self.node.dht.store(
                 state_key(self.run_id),
                 value,
@@ -221,14 +232,6 @@ class StateServer:
                 subkey=self.node.peer_id,
                 return_future=True,
             ).result(15.0)
-            if certs:
-                self.node.dht.store(
-                    commit_key(self.run_id),
-                    encode_record(self.node.signer, certs),
-                    dht_time() + max(self.announce_ttl, CERTIFICATE_TTL),
-                    subkey=self.node.peer_id,
-                    return_future=True,
-                ).result(15.0)
         except Exception as e:
             logger.warning("announcing the state failed: %s", e)
 
