@@ -91,7 +91,7 @@ class CrossCheck:
         reply: tuple[Envelope, list[bytes], str],
     ) -> tuple[Envelope, list[bytes], str]:
         """``reply`` (a server's answer to ``typ`` of ``mb_id`` on ``stage``), checked on another
-        replica of the stage when :attr:`check` wants it; returns the reply to go on with: the
+        replica of the stage when :attr:`state` wants it; returns the reply to go on with: the
         majority's when a third replica convicted the first server. Its server is then the one that
         gave it, unless the request added gradients on the first server (a backward, the last
         stage's forward): that one holds them for the step."""
@@ -170,6 +170,8 @@ class CrossCheck:
                     self.pipe._request(srv.peer_id, env, frames, timeout), timeout + 1.0
                 )
                 self.pipe._check_reply(stage, typ, head, got, bt)
+                if typ == FORWARD and stage == self.pipe.config.stages - 1:
+                    decode_loss(head.note)  # a bad loss note is this server's failure, not the trainer's
             except (SwarmError, TimeoutError) as e:
                 logger.info(
                     "stage %d: check of micro-batch %d on %s failed: %s", stage, mb_id, srv.peer_id[:16], e
