@@ -88,8 +88,8 @@ def strategies_table(name: str) -> str:
     return "\n".join(markdown_table(load(name)["rows"]))
 
 
-def long_run_goals() -> str:
-    return "\n".join(bench_module("long_run").goal_lines(load("long_run.json")["goals"]))
+def long_run_goals(name: str = "long_run.json") -> str:
+    return "\n".join(bench_module("long_run").goal_lines(load(name)["goals"]))
 
 
 # ------------------------------------------------------------------------------------ codecs
@@ -450,6 +450,8 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "bench_sweeps_demo": (("bench_sweeps_demo.json",), lambda: strategies_table("bench_sweeps_demo.json")),
     "long_run": (("long_run.json",), lambda: strategies_table("long_run.json")),
     "long_run_goals": (("long_run.json",), long_run_goals),
+    "long_run_seeds": (("long_run_seeds.json",), lambda: strategies_table("long_run_seeds.json")),
+    "long_run_seeds_goals": (("long_run_seeds.json",), lambda: long_run_goals("long_run_seeds.json")),
     "allreduce": (("allreduce_runs.json",), allreduce_table),
     "allreduce_phases": (
         ("allreduce.json",),
