@@ -196,19 +196,19 @@ class _Peer:
         if self.watch is not None:
             self.watch.start()
         if self.membership.catch_up_on_join:
-            self.check_settings()
+            check_settings(self.node, self.cfg)  # the run's live trainers' settings
             # an open run's newcomers may arrive at any time: serve from the start (nobody there: we
             # start the run)
             window = self.cfg.peers.join_window
             resumed = self.resume_saved_state()
-            if not resumed and not self.catch_up(wait_for_donor=window) and self._run_started():
+            if not resumed and not self.catch_up(wait_for_donor=window) and run_started(self.node):
                 self._wait_for_the_runs_state()
             if self.result.downloads or resumed:  # behind its donors: start its first period ahead
                 behind = steps_behind(self.node, self._state_age, None, self.trainer.tokens_per_step)
                 fast_forward(self.trainer, self._realign.joined(behind))
             # its own saved state is one it committed itself; a downloaded one, when enough vouched
             self.server.refresh(vouch=resumed or self._vouch)
-            self.check_breakdown_point()
+            check_breakdown_point(self.node, self.cfg, self.round_needs)
         if self.watch is not None:  # the others may have moved on by rounds that failed without it
             self._align_round(self.watch.read())
         logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
@@ -239,17 +239,6 @@ class _Peer:
             self.stop.wait(self.membership.linger_s)
         return res
 
-    def check_settings(self) -> None:
-        """Refuse to join when the run's live trainers use other settings (``run_checks``)."""
-        check_settings(self.node, self.cfg)
-
-    def check_breakdown_point(self) -> None:
-        """Warn when the run has fewer trainers than a round of the reducer needs (``run_checks``)."""
-        check_breakdown_point(self.node, self.cfg, self.round_needs)
-
-    def _run_started(self) -> int:
-        return run_started(self.node)
-
     def _wait_for_the_runs_state(self) -> None:
         """The run is past its first round but no donor served a state yet (donors busy, a restarted
         peer slow to start, not yet two donors vouching): training from this peer's own initial
@@ -258,7 +247,7 @@ class _Peer:
         Raises:
             SwarmError: no donor served the run's state within ``catch_up_timeout``.
         """
-        rnd = self._run_started()
+        rnd = run_started(self.node)
         timeout = self.membership.catch_up_timeout
         logger.warning("the run is at round %d: waiting up to %.0f s for a donor's state", rnd, timeout)
         if not self.catch_up(wait_for_donor=timeout):
