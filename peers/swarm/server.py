@@ -71,10 +71,11 @@ from peers.swarm.protocol import (
     is_params,
     is_step,
 )
-from peers.swarm.server_config import StageServerConfig, Stopper
+from peers.swarm.server_config import PARAMS_IN_ALL, PARAMS_PER_REQUESTER, StageServerConfig, Stopper
 from peers.swarm.stage_compute import Reply, ServiceRate, Stage, compute
 from peers.swarm.steps import StageSteps, StepSync
 from peers.swarm.verify import module_frames
+from peers.wire.budgets import RequesterBudget
 from peers.wire.messages import Envelope, decode_envelope, encode_ack, encode_envelope
 from peers.wire.transport import read_data_frames, read_envelope, write_frame, write_frame_drained
 from swarmtrain.core.errors import ProtocolError, SwarmError
@@ -153,6 +154,7 @@ class StageServer:
         )
         self.served = 0  # requests answered
         self.refused = 0
+        self.params_budget = RequesterBudget(PARAMS_PER_REQUESTER, PARAMS_IN_ALL)
         self._held = HeldCloses()  # step requests, answered once the step is taken (worker only)
         self._steps_open = 0  # step requests held (event loop only)
         self._rate = ServiceRate(self.limits.last)  # worker only
@@ -257,12 +259,14 @@ class StageServer:
         env = decode_envelope(body)
         check_request(env, self.limits, self.node.run_id)
         x.kind_in = env.kind
+        loop = asyncio.get_running_loop()
         if self._finishing and not (is_step(env) or is_holds(env)):
             raise ProtocolError("busy: leaving")
         if is_holds(env):  # answered at once: only the worker changes ``applied``, atomically
             return env, Reply(HOLDS, [], encode_count(int(self.steps.holds(env.round))))
         if is_params(env):  # a trainer settling two replicas' disagreement (peers.swarm.verify)
-            loop = asyncio.get_running_loop()
+            if not self.params_budget.take(sender, 1):
+                raise ProtocolError("busy: too many parameter requests this minute")
             frames = await loop.run_in_executor(None, module_frames, self.module, self._lock)
             return env, Reply(PARAMS, frames)
         x.counted, x.step_counted = self._count_in(env)
@@ -270,7 +274,6 @@ class StageServer:
             reader, env, max_total=self.limits.max_request, timeout=_FRAME_TIMEOUT
         )
         x.received += n
-        loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._jobs.put(Job(env, frames, fut, loop, sender))
         return env, await asyncio.wait_for(fut, _JOB_TIMEOUT)

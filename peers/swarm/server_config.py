@@ -9,7 +9,14 @@ from typing import Protocol
 from peers.swarm.protocol import StageLimits
 from swarmtrain.core.errors import ConfigError
 
-__all__ = ["StageServerConfig", "Stopper"]
+__all__ = ["PARAMS_IN_ALL", "PARAMS_PER_REQUESTER", "StageServerConfig", "Stopper"]
+
+
+#: parameter downloads a stage server serves per minute: to one requester (a trainer settles a
+#: dispute with one) and to all together; each is the stage's whole weights, so a stranger cannot
+#: turn the request into an upload pump
+PARAMS_PER_REQUESTER = 4
+PARAMS_IN_ALL = 16
 
 
 class Stopper(Protocol):

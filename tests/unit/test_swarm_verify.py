@@ -121,3 +121,52 @@ def test_parameters_travel_whole_and_checked() -> None:
             verify.params_from_frames(verify.params_frames(flat * float("inf")), 5000)
     finally:
         verify.PARAMS_CHUNK = old
+
+
+def test_a_requesters_parameter_downloads_are_budgeted() -> None:
+    """A ``params`` request sends a stage's whole weights: one identity asking again and again is
+    refused after its share per minute, others still served (``peers.swarm.server``)."""
+    import asyncio
+    import struct
+    import threading
+
+    from peers.swarm.protocol import PARAMS
+    from peers.swarm.server import StageServer
+    from peers.swarm.server_config import PARAMS_IN_ALL, PARAMS_PER_REQUESTER
+    from peers.wire.budgets import RequesterBudget
+    from peers.wire.messages import encode_envelope
+    from swarmtrain.core.errors import ProtocolError
+
+    class _Admitted:
+        async def acheck(self, peer: str) -> bool:
+            return True
+
+    class _Node:
+        run_id, admitted = "r", _Admitted()
+
+    spec = GPTSpec(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32)
+    server = object.__new__(StageServer)  # the request path only: no DHT node, no worker thread
+    server.node, server.module, server._lock = _Node(), build_stages(spec, 2, seed=0)[0], threading.Lock()
+    server.limits, server._draining, server._finishing = StageLimits(0, 2, 16, 32, 8, 4), False, False
+    server.params_budget = RequesterBudget(PARAMS_PER_REQUESTER, PARAMS_IN_ALL)
+    env = Envelope(type=FORWARD, run="r", kind=PARAMS, round=0, index=0, frames=0, nbytes=0)
+    body = encode_envelope(env)
+
+    async def ask(sender: str) -> bool:
+        reader = asyncio.StreamReader()
+        reader.feed_data(struct.pack(">I", len(body)) + body)
+        reader.feed_eof()
+        try:
+            await server._answer(sender, reader, type("X", (), {"received": 0, "kind_in": ""})())
+        except ProtocolError as e:
+            assert "too many parameter requests" in str(e)
+            return False
+        return True
+
+    async def go() -> tuple[list[bool], bool]:
+        mine = [await ask("greedy") for _ in range(PARAMS_PER_REQUESTER + 3)]
+        return mine, await ask("honest")
+
+    mine, other = asyncio.run(go())
+    assert mine == [True] * PARAMS_PER_REQUESTER + [False] * 3
+    assert other  # another requester keeps its share
