@@ -132,8 +132,9 @@ def _open_stage(
     module: GPTStage = build_stages(spec, settings.stages, seed=cfg.train.seed)[k]
     module.to(resolve_device(cfg.train.device)).train()  # built on the host with the run's seed, then moved
     optimizer = optimizer_for(module, cfg)
-    codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.codec}))
-    sync_codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.sync_codec}))
+    own = {"seed": cfg.train.seed, "peer": node.peer_id}  # its own random draws (compression.peer_seed)
+    codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.codec}), **own)
+    sync_codec = build_compressor(cfg.compression.model_copy(update={"codec": settings.sync_codec}), **own)
     params = dict(module.named_parameters())
     sync = ReplicaSync(node, k, params, sync_codec, period=settings.sync_period, optimizer=optimizer)
     scfg = StageServerConfig(
