@@ -3,7 +3,10 @@ leave trains on to its next sync, and when its committed state is safe with the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +68,25 @@ def test_the_grace_clock_keeps_a_reserve_for_leaving() -> None:
     assert short.reserve == pytest.approx(1.0)
     with pytest.raises(ValueError):
         Preemption(0.0)
+
+
+def test_the_watchdog_says_its_last_words_before_it_ends_the_process(tmp_path: Path) -> None:
+    """``os._exit`` skips every ``finally``: ``join`` writes its ``--json`` summary in ``last_words``,
+    or a volunteer whose leaving outlived the grace leaves no summary at all."""
+    out = tmp_path / "last.txt"
+    script = f"""
+import subprocess
+import sys
+import time
+from pathlib import Path
+from swarmtrain.app.peer.preemption import Preemption
+p = Preemption(1.0)
+p.last_words = lambda: open({str(out)!r}, "w").write("said")
+p.arm()
+p.on_signal(15)
+time.sleep(30)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "grace is over" in proc.stderr
+    assert out.read_text() == "said"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -214,8 +215,12 @@ def run_join(
     """
     from swarmtrain.core.errors import SwarmError
 
+    def grace_over(result: Any) -> None:  # the preemption watchdog's exit skips everything below
+        reason = "the preemption grace ran out while leaving (peers.preempt_grace)"
+        _write_json(json_path, {**asdict(result), "exit_code": 1, "reason": reason})
+
     try:
-        result = _volunteer(config, overrides, log_every=log_every, by_manifest=by_manifest)
+        result = _volunteer(config, overrides, grace_over, log_every=log_every, by_manifest=by_manifest)
     except BaseException as e:
         _write_json(json_path, {"exit_code": _exit_code(e), "reason": _reason(e)})
         raise
@@ -246,7 +251,14 @@ def end_line(how: str, result: Any) -> str:
     )
 
 
-def _volunteer(config: Path | None, overrides: dict[str, Any], *, log_every: float, by_manifest: bool) -> Any:
+def _volunteer(
+    config: Path | None,
+    overrides: dict[str, Any],
+    grace_over: Callable[[Any], None],
+    *,
+    log_every: float,
+    by_manifest: bool,
+) -> Any:
     """The config, the budget and data lines, then the volunteer's run under its live line."""
     from swarmtrain.app.data import describe_data
     from swarmtrain.app.peer.volunteer import run_volunteer
@@ -265,7 +277,7 @@ def _volunteer(config: Path | None, overrides: dict[str, Any], *, log_every: flo
     print(budget_report(cfg, resolve_device(cfg.train.device)), file=sys.stderr, flush=True)
     print(describe_data(cfg.data), file=sys.stderr, flush=True)
     with LiveLine(every_s=log_every) as live:
-        return run_volunteer(cfg, on_status=live.update)
+        return run_volunteer(cfg, on_status=live.update, on_grace_over=grace_over)
 
 
 def _exit_code(e: BaseException) -> int:

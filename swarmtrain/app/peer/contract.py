@@ -152,6 +152,8 @@ class PeerHooks:
             interface as ``BatchSampler``).
         on_status: called with the live status (see :class:`PeerStatus` for how often).
         on_finished: called with the result right after the last step, before the peer lingers.
+        on_grace_over: called with the result so far when the preemption grace ends the process
+            (``os._exit``: nothing after it runs, no ``finally`` and no return).
     """
 
     wrap_collective: Callable[[Any, Collective], Collective] | None = None
@@ -159,3 +161,4 @@ class PeerHooks:
     wrap_batches: Callable[[BatchSampler, int], BatchSampler] | None = None
     on_status: Callable[[PeerStatus], None] | None = None
     on_finished: Callable[[PeerRun], None] | None = None
+    on_grace_over: Callable[[PeerRun], None] | None = None

@@ -74,6 +74,8 @@ def run_peer(cfg: Config, membership: Membership, hooks: PeerHooks | None = None
     with GracefulExit(on_signal=preemption.on_signal) as stop, PeerNode(cfg.peers, role="trainer") as node:
         preemption.arm()
         peer = _Peer(cfg, node, membership, hooks, stop, preemption)
+        if (grace_over := hooks.on_grace_over) is not None:
+            preemption.last_words = lambda: grace_over(peer.result)
         try:
             return peer.run()
         finally:

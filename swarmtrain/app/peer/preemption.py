@@ -18,7 +18,8 @@ that time the peer
 4. withdraws its state announcement and its peer record and exits.
 
 A watchdog armed by the signal ends the process (exit code 1, one error line) at the end of the grace
-whatever the steps above are doing: a preempted peer never outlives its notice.
+whatever the steps above are doing: a preempted peer never outlives its notice. Its ``last_words``
+(``join`` writes its ``--json`` summary there) run just before that exit.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import msgpack
@@ -137,12 +138,16 @@ class Preemption:
 
     Args:
         grace: seconds from the signal to the exit (``peers.preempt_grace``).
+
+    Attributes:
+        last_words: called by the watchdog right before it ends the process (a failure is logged).
     """
 
     def __init__(self, grace: float) -> None:
         if grace <= 0:
             raise ValueError("grace must be > 0")
         self.grace = grace
+        self.last_words: Callable[[], None] | None = None
         #: ``time.monotonic()`` of the first signal (set from the signal handler: one assignment)
         self.signalled_at: float | None = None
         self._watchdog: threading.Thread | None = None
@@ -177,6 +182,11 @@ class Preemption:
         while (wait := end - time.monotonic()) > 0:
             time.sleep(min(wait, 1.0))
         logger.error("the %.0f s preemption grace is over: exiting now", self.grace)
+        if self.last_words is not None:
+            try:
+                self.last_words()
+            except Exception as e:
+                logger.error("the last words before the exit failed: %s", e)
         logging.shutdown()
         os._exit(1)
 

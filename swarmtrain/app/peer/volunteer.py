@@ -69,6 +69,7 @@ def run_volunteer(
     cfg: Config,
     *,
     on_status: Callable[[VolunteerStatus], None] | None = None,
+    on_grace_over: Callable[[VolunteerResult], None] | None = None,
     download_timeout: float = 120.0,
 ) -> VolunteerResult:
     """Join the run named by ``cfg.peers`` and train until ``cfg.train.steps`` or a stop signal.
@@ -76,10 +77,14 @@ def run_volunteer(
     Args:
         cfg: the run's configuration (strategy and codec must match the run's).
         on_status: called every ``train.log_interval`` steps and after every sync.
+        on_grace_over: called with the result so far when the preemption grace ends the process
+            (this function does not return then).
         download_timeout: seconds for one state download.
 
     Raises:
         SwarmError: the node could not start, or a configuration problem.
     """
-    run = run_peer(cfg, Membership.open(cfg.peers, download_timeout), PeerHooks(on_status=on_status))
+    last = None if on_grace_over is None else lambda r: on_grace_over(VolunteerResult.from_run(r))
+    hooks = PeerHooks(on_status=on_status, on_grace_over=last)
+    run = run_peer(cfg, Membership.open(cfg.peers, download_timeout), hooks)
     return VolunteerResult.from_run(run)
