@@ -120,28 +120,22 @@ def test_harness_runs_every_synced_strategy_with_identical_workers(strategy: str
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_the_readme_run_against_data_parallel_and_the_papers_outer_step() -> None:
+@pytest.mark.timeout(1200)
+def test_the_readme_run_against_data_parallel() -> None:
     """The run of the README's first command (4 peers x 300 steps x 16 sequences, DiLoCo ternary at
-    simulate's H=30 with the default outer step), in-process (which agrees with real peers, see the first test
-    here), against fp32 DataParallel at equal tokens and per-worker batch, and against the paper's
-    outer step (lr 0.7, Nesterov 0.9) that the defaults replaced.
+    simulate's H=30 with the default outer step), in-process (which agrees with real peers, see the
+    first test here), against fp32 DataParallel at equal tokens and per-worker batch.
 
     Measured on the 2-core machines (benchmarks/results/bench_strategies.json): +2.7 % at 452x
     fewer bytes per token (the goal: 3 % at 100x); the bound here leaves room for another CPU's
-    floating point."""
+    floating point. The paper's outer step (lr 0.7, Nesterov 0.9) that the default replaced is
+    compared in that benchmark's JSON, not here (a third run cost CI 90 s of its 45 minutes)."""
     from swarmtrain.app.bench.strategies import Grid, grid_points, run_grid
 
-    readme = Grid(codecs=("ternary",))
-    papers = Grid(codecs=("ternary",), outer_lrs=(0.7,), outer_momenta=(0.9,))
-    points = [*grid_points(readme), grid_points(papers)[1]]
-    assert [p.label for p in points] == [
-        "data_parallel fp32",
-        "diloco ternary",
-        "diloco ternary outer=0.7/0.9",
-    ]
+    points = grid_points(Grid(codecs=("ternary",)))
+    assert [p.label for p in points] == ["data_parallel fp32", "diloco ternary"]
     rows = run_grid({}, points, 4)
-    dp, default, paper = rows
+    dp, default = rows
     for r in rows:
         gap, per_token = r["gap_vs_dp"], r["bytes_per_token"]
         print(f"{r['label']}: val loss {r['final_val_loss']:.4f}, {gap:+.2%}, {per_token:.2f} B/token")
@@ -149,4 +143,3 @@ def test_the_readme_run_against_data_parallel_and_the_papers_outer_step() -> Non
     assert default["rounds_committed"] == 10 and dp["rounds_committed"] == 300
     assert default["reduction_vs_dp"] >= 400
     assert default["gap_vs_dp"] <= 0.035
-    assert default["final_val_loss"] < paper["final_val_loss"]
