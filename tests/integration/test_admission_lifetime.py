@@ -65,6 +65,7 @@ def _revoke_by_cli(tmp_path: Path, key: RunKey, peer_id: str, initial: list[str]
     assert proc.returncode == 0 and "revoked" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 @pytest.mark.timeout(150)
 def test_an_expired_or_revoked_token_is_refused_mid_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -20,6 +20,7 @@ def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 def test_grid_writes_json_csv_png_and_real_peers_agree_with_the_harness(tmp_path: Path) -> None:
     out = tmp_path / "grid.json"
     proc = _bench(

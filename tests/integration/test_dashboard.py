@@ -90,6 +90,7 @@ def _wait_state(url: str, ok: Any, deadline: float, procs: list[PeerProcess], tm
         time.sleep(1.0)
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 @pytest.mark.timeout(900)
 def test_dashboard_shows_a_live_run_in_headless_chromium(tmp_path: Path) -> None:
     if not CHROMIUM.exists():

@@ -138,6 +138,7 @@ def worker(rank: int, initial: list[str], q: Any, tmp: str) -> None:
     (intruder if rank == N_HONEST else honest)(rank, initial, q, tmp)
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 @pytest.mark.timeout(240)
 def test_an_intruders_floods_cost_the_victim_little_and_the_run_goes_on(tmp_path: Path) -> None:
     with PeerGroup(worker, N_HONEST + 1, args=(str(tmp_path),)) as g:

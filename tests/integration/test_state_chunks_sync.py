@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import torch
 from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
@@ -169,6 +170,7 @@ def test_a_donor_killed_mid_download_the_others_finish_it_without_refetching() -
     assert sum(others.values()) > 0 and sum(res["by_donor"].values()) == res["chunks"]
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 def test_a_lying_donors_chunks_are_rejected_and_fetched_from_honest_donors() -> None:
     g, res, _ = _run("liar")
     want, _ = _expected()

@@ -261,6 +261,7 @@ def vouch_worker(rank: int, initial: list[str], q: Any) -> None:
         )
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 def test_one_admitted_donor_cannot_plant_a_state_that_other_donors_do_not_vouch_for() -> None:
     """Issue 13 point 4: a newcomer takes a state only when two donors vouch for its round and digest
     and the bytes have that digest. An admitted forger a round ahead (within the round bound) wins

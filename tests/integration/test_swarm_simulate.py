@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 
+@pytest.mark.slow  # 20-47 s: out of the quick loop
 @pytest.mark.timeout(300)
 def test_swarm_survives_a_killed_server(tmp_path: Path) -> None:
     out = tmp_path / "swarm.json"
