@@ -327,7 +327,7 @@ class P2PCollective:
         or revoked) into the matchmaker, then form the round's group.
 
         A member that refuses a list holding a banned peer, or a peer this node's own admission check
-        does not admit (issue 30.3: a leader's list admits nobody), tells the list's members to abort.
+        does not admit (a leader's list admits nobody), tells the list's members to abort.
         """
         banned = self.node.admitted.refused()
         if self.guard is not None:

@@ -113,7 +113,7 @@ def config_from_manifest(
             f"run {manifest.run_id!r} sets {key} = {want!r} in its manifest; this peer sets {got!r}{more}: "
             "drop that setting (the manifest carries the run's settings)"
         )
-    check_model_fits(cfg, manifest.run_id)  # before the initial model is built (issue 30.2)
+    check_model_fits(cfg, manifest.run_id)  # before the initial model is built
     if manifest.initial_state_hash is not None:
         mine = initial_state_hash(cfg)
         if mine is not None and mine != manifest.initial_state_hash:

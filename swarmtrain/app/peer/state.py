@@ -81,7 +81,7 @@ def outer_state_tensors(strategy: Strategy) -> dict[str, torch.Tensor]:
 
 def shared_digest(trainer: Trainer) -> str:
     """``param_digest`` of everything ``trainer``'s peers must agree on and a newcomer adopts as
-    shared: the shared parameters and the outer optimizer's state (issue 30.1)."""
+    shared: the shared parameters and the outer optimizer's state."""
     return param_digest(
         {**shared_parameters(trainer.strategy, trainer.model), **outer_state_tensors(trainer.strategy)}
     )

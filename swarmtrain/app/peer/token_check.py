@@ -9,7 +9,7 @@ under the manifest's key means one of three things, each refused with its own li
 * the initial peer is another run's, or an impostor's: its key signed nothing like this token.
 
 The check runs whatever admission policy the manifest states: an impostor's manifest saying
-``open`` must not skip it (issue 30.2).
+``open`` must not skip it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A lying SWARM stage server, for ``simulate --strategy swarm --byzantine-servers K``.
 
 :func:`corrupt_stage_replies` makes the stage server of *this process* scale every hidden state it
-sends back by ``factor`` (issue 30, finding 6: ``x(-10)``): a middle or first stage's activations,
+sends back by ``factor`` (e.g. ``x(-10)``): a middle or first stage's activations,
 and the last stage's gradient of its input (its only tensor reply). It computes, accumulates and
 steps honestly: only what trainers receive is wrong, so its parameters stay identical to its
 replicas' and nothing but a trainer's check of the replies can see it. It is installed in the server
