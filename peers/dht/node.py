@@ -423,7 +423,7 @@ class PeerNode:
             self._hb_thread.join(2.0)  # a daemon thread: one stuck in a store is left behind
         if self._publish_record:
             # A newer expiration wins in hivemind's DHT, so the tombstone outlives the last heartbeat.
-            # Bounded: a node whose DHT peers are gone must still stop within seconds (issue 31.5);
+            # Bounded: a node whose DHT peers are gone must still stop within seconds;
             # the record then expires with its TTL.
             tomb = replace(self._record, left=True, time=dht_time())
             self._store_record(tomb, dht_time() + self.heartbeat_ttl + 1.0, timeout=_LEAVE_S)

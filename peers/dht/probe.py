@@ -108,7 +108,7 @@ class ProbeServer:
         self.name = probe_handler_name(node.run_id)
         self.active = 0
         self.served = 0
-        #: per-requester and total download bytes per minute (issue 30.4)
+        #: per-requester and total download bytes per minute
         self.budget = RequesterBudget(PROBE_BYTES_PER_MINUTE, PROBE_TOTAL_PER_MINUTE)
         node.loop.run(node.p2p.add_binary_stream_handler(self.name, self._handle), 15.0)
 

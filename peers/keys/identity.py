@@ -5,7 +5,7 @@ its owner. :func:`ensure_identity` creates it when missing; :func:`peer_id_of` t
 
 Both are written here with ``cryptography`` and a few bytes of protobuf rather than through
 ``hivemind.p2p``: importing hivemind imports torch (seconds), and ``swarmtrain identity`` must answer
-at once (issue 31.6). The bytes and IDs equal hivemind's (``tests/unit/test_identity_fast.py``).
+at once. The bytes and IDs equal hivemind's (``tests/unit/test_identity_fast.py``).
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ class P2PCollective:
 
     def _check_members(self, group: Group) -> None:
         """Raise ``ListsBannedPeer`` unless this node's own admission check admits every member: a
-        leader's signed list is no evidence that the peers it names are admitted (issue 30.3)."""
+        leader's signed list is no evidence that the peers it names are admitted."""
         admitted = self.node.admitted
         refused = [m for m in group.members if m != self.peer_id and not admitted.check(m)]
         if refused:

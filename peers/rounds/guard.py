@@ -66,7 +66,7 @@ class ByzantineGuard:
 
     def read_tables(self, timeout: float = 10.0) -> dict[str, AccusationTable]:
         """Every verified record of the run (this peer's own local table always included), but those of
-        accusers this node no longer admits (a token expired or revoked: issue 30.3)."""
+        accusers this node no longer admits (a token expired or revoked)."""
         out = read_tables(self.node.dht, self.node.run_id, timeout)
         admitted = getattr(self.node, "admitted", None)
         if admitted is not None:

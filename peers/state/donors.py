@@ -11,7 +11,7 @@ and, with ``vouchers = k``, one whose state fewer than ``min(k, donors)`` distin
 certificates (``peers.state.certificates``: each member of a committed round signs its round, digest
 and group size), the vouches give way to them (:func:`certified_states`): a state is taken only when
 more than half of its round's group, each admitted, signed its digest, and those signers are at least
-half of the established live peers (issue 30.1).
+half of the established live peers.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def vouched(
     distinct donors announced. With one donor (or ``k <= 1``) every announcement stands, with the
     digest it vouches for if any. A lone admitted donor cannot make a newcomer adopt a state the
     others did not commit. When the donors that vouch for round ``r`` disagree on its digest, a state
-    counts only with a strict majority of them (issue 30.1: colluders fewer than the honest donors
+    counts only with a strict majority of them (colluders fewer than the honest donors
     of a round plant nothing in it; a round only they vouch for is bounded by :func:`witnessed`)."""
     donors = {a[1] for a in found}
     need = min(k, len(donors))

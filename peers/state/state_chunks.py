@@ -277,7 +277,7 @@ class ChunkServer:
         self.node, self.run_id, self.ledger, self.keep = node, run_id, ledger, max(1, keep)
         self.chunk_bytes = chunk_bytes
         self.bucket = TokenBucket(upload_rate, max(float(chunk_bytes), upload_rate / 4))
-        self.budget, self._share = RequesterBudget(0.0), 0.0  # per requester (issue 30.4)
+        self.budget, self._share = RequesterBudget(0.0), 0.0  # per requester
         self._snaps: OrderedDict[bytes, tuple[bytes, bytes, Manifest]] = OrderedDict()  # by state hash
         self._index: dict[bytes, tuple[bytes, int, int]] = {}  # chunk hash -> (state hash, off, len)
         self.served_chunks = 0

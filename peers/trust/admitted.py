@@ -1,4 +1,4 @@
-"""``AdmittedPeers``: which peers this node knows to be admitted, and until when (issue 30.3).
+"""``AdmittedPeers``: which peers this node knows to be admitted, and until when.
 
 The policy decides ``open`` and ``allowlist`` at once. Under ``token`` a peer is admitted by this
 node's own check of the join token its peer record carries (``token_fields``: the token's expiry and

@@ -1,5 +1,5 @@
 """Token revocation: a record signed by the run key that withdraws a peer's admission before its
-token expires (issue 30.3).
+token expires.
 
 ``swarmtrain token revoke PEER_ID`` signs ``[run_id, peer_id, until]`` with the run key and stores it
 in the DHT under ``"<run>.revoked"`` (subkey: the writer's peer ID; any admitted writer may carry it,

@@ -1,4 +1,4 @@
-"""Per-requester budgets on what a peer serves (issue 30.4): bytes per requester per window.
+"""Per-requester budgets on what a peer serves: bytes per requester per window.
 
 A donor's upload cap (``peers.state.state_chunks.TokenBucket``) is shared by all requests, so one
 identity asking again and again takes the whole of it and real newcomers starve. A
