@@ -217,7 +217,7 @@ def run_join(
 
     def grace_over(result: Any) -> None:  # the preemption watchdog's exit skips everything below
         reason = "the preemption grace ran out while leaving (peers.preempt_grace)"
-        _write_json(json_path, {**asdict(result), "exit_code": 1, "reason": reason})
+        _write_result(json_path, result, 1, reason)
 
     try:
         result = _volunteer(config, overrides, grace_over, log_every=log_every, by_manifest=by_manifest)
@@ -233,7 +233,7 @@ def run_join(
             f"no round committed in {result.steps} steps: this volunteer's work reached no other peer "
             "(too few peers for a round, or every round failed)"
         )
-    _write_json(json_path, {**asdict(result), "exit_code": code, "reason": reason})
+    _write_result(json_path, result, code, reason)
     if code:
         raise SwarmError(reason)
 
@@ -301,6 +301,11 @@ def _write_json(json_path: Path | None, summary: dict[str, Any]) -> None:
         return
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(dumps(summary, indent=2, default=str) + "\n")
+
+
+def _write_result(json_path: Path | None, result: Any, code: int, reason: str) -> None:
+    """The run's summary with how it ended: what every exit with a result writes to ``--json``."""
+    _write_json(json_path, {**asdict(result), "exit_code": code, "reason": reason})
 
 
 def _loss_text(loss: float | None) -> str:
