@@ -28,6 +28,9 @@ NON_CONFIG_ENV = frozenset(
         "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
         "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
         "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
+        "SWARMTRAIN_NATIVE_CODECS",  # compression.native: 0 disables the C codec kernel
+        "SWARMTRAIN_NATIVE_DIR",  # compression.native: where the C kernel is built
+        "SWARMTRAIN_KEEP_HEAP",  # peers.wire.memory: 0 lets glibc return freed round buffers
     }
 )
 

@@ -152,3 +152,24 @@ def test_data_paths_over_a_lower_source_reinfer(tmp_path: Path) -> None:
     base = Config(data={"paths": ["old.txt"]}).model_dump(mode="json")  # type: ignore[arg-type]
     assert load_config(overrides={"data.paths": ["new.bin"]}, env={}, base=base).data.source == "bin"
     assert load_config(env={}, base=base).data == Config(data={"paths": ["old.txt"]}).data  # type: ignore[arg-type]
+
+
+def _switches_read_by_the_code() -> set[str]:
+    """``SWARMTRAIN_*`` names that are not ``SECTION__FIELD``, as the library and its scripts spell them."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    names: set[str] = set()
+    for top in ("swarmtrain", "peers", "compression", "optimizers", "benchmarks", "examples"):
+        for path in (root / top).rglob("*.py"):
+            names.update(re.findall(r"\bSWARMTRAIN_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    return {n for n in names if "__" not in n and n != "SWARMTRAIN_LR"}  # (SWARMTRAIN_LR: a typo example)
+
+
+def test_every_switch_the_code_reads_is_accepted_by_load_config() -> None:
+    # a documented switch (SWARMTRAIN_KEEP_HEAP=0, SWARMTRAIN_NATIVE_CODECS=0) must not make every
+    # command refuse its environment as an unknown config field
+    switches = _switches_read_by_the_code()
+    assert {"SWARMTRAIN_KEEP_HEAP", "SWARMTRAIN_NATIVE_CODECS", "SWARMTRAIN_PEER_MARKER"} <= switches
+    cfg = load_config(env={name: "0" for name in switches})
+    assert cfg == Config()
