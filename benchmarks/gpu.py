@@ -37,8 +37,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,10 +47,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-SECTIONS = ("strategies", "codecs", "swarm", "local_loop", "memory", "dct")
+from gpu_common import Clock, goal, goals_met, run_bounded  # type: ignore[import-not-found]  # noqa: E402
+from gpu_loop import local_loop  # type: ignore[import-not-found]  # noqa: E402
+from gpu_table import SECTIONS, table  # type: ignore[import-not-found]  # noqa: E402
+
 STRATEGIES = ("data_parallel", "diloco", "streaming_diloco", "demo")
-GiB = 1 << 30
-WIDTH = 80  # the printed table's columns at most
 
 # sizes per device kind: CUDA the goal workloads, CPU the smallest that exercise the code
 SIZES: dict[str, dict[str, Any]] = {
@@ -87,73 +86,6 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory": {"preset": "tiny", "batch": 2, "steps": 2, "keys": ["diloco_fp32", "diloco_8bit_cpu8"]},
     },
 }
-
-
-class Clock:
-    """The run's time: sections start before ``budget_s``; subprocesses end before ``hard_s``."""
-
-    def __init__(self, budget_s: float, hard_s: float) -> None:
-        self.t0 = time.perf_counter()
-        self.budget_s, self.hard_s = budget_s, hard_s
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def spent(self) -> bool:
-        """No new piece of work starts after the budget."""
-        return self.elapsed() > self.budget_s
-
-    def left(self, cap: float | None = None) -> float:
-        """Seconds a subprocess started now may take (at most ``cap``; at least 10)."""
-        left = self.hard_s - self.elapsed()
-        return max(10.0, min(left, cap) if cap is not None else left)
-
-
-def goal(target: float | bool, value: Any, higher: bool = True, applies: bool = True) -> dict[str, Any]:
-    """One goal: ``met`` is ``None`` when it was not measured or does not apply on this device."""
-    if not applies or value is None:
-        met = None
-    elif isinstance(target, bool):
-        met = value is target
-    else:
-        met = value >= target if higher else value <= target
-    return {"target": target, "value": value, "met": met}
-
-
-def goals_met(goals: dict[str, dict[str, Any]]) -> bool | None:
-    """All goals that apply were met (``None``: none applied)."""
-    mets = [g["met"] for g in goals.values() if g["met"] is not None]
-    return all(mets) if mets else None
-
-
-def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``cmd`` in its own session; past ``timeout`` interrupt its process group (SIGINT: the
-    simulator stops its peers on the way out), then kill it 20 s later. Returns (exit code, stderr).
-
-    Raises:
-        subprocess.TimeoutExpired: it ran past ``timeout``.
-    """
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        _, err = proc.communicate(timeout=timeout)
-        return proc.returncode, err
-    except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.communicate(timeout=wait)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
-        raise
 
 
 def _simulate(args: list[str], device: str, timeout: float) -> tuple[dict[str, Any], float]:
@@ -259,128 +191,6 @@ def swarm(device: str, sizes: dict[str, Any], clock: Clock) -> dict[str, Any]:
         "exit_code": rec["exit_code"],
         "goals": goals,
         "goals_met": goals_met(goals),
-    }
-
-
-def loop_batch(lp: dict[str, Any]) -> tuple[int, int | None]:
-    """``(batch, predicted device bytes)``: the fixed batch, or the largest multiple of
-    ``batch_step`` whose memory budget (compiled, bf16, no strategy) fits ``mem_cap_gib``."""
-    if lp.get("batch"):
-        return int(lp["batch"]), None
-    from swarmtrain.app.train.memory_budget import memory_budget
-    from swarmtrain.core.config import load_config
-
-    cap, step = lp["mem_cap_gib"] * GiB, lp["batch_step"]
-    best: tuple[int, int | None] = (step, None)
-    for b in range(step, 1025, step):
-        over = {"model.preset": lp["preset"], "train.batch_size": b, "train.compile": True}
-        cfg = load_config(env={}, overrides={**over, "train.device": "cuda", "strategy.name": "local"})
-        peak = memory_budget(cfg, "cuda").peak_bytes("device")
-        if peak > cap:
-            break
-        best = (b, peak)
-    return best
-
-
-def _run_loop(device: str, lp: dict[str, Any], batch: int, compile_: bool, timeout: float) -> dict[str, Any]:
-    """``benchmarks/local_loop.py`` once; its JSON record.
-
-    Raises:
-        RuntimeError: it failed (``out of memory`` in the message when it ran out of memory).
-    """
-    path = Path(tempfile.mkdtemp(prefix="swarmtrain-gpu-")) / "loop.json"
-    cmd = [
-        sys.executable, str(HERE / "local_loop.py"), "--device", device, "--preset", lp["preset"],
-        "--batch-size", str(batch), "--steps", str(lp["steps"]), "--warmup", str(lp["warmup"]),
-        "--rounds", str(lp["rounds"]), "--out", str(path),
-    ]  # fmt: skip
-    if device == "cpu":
-        cmd += ["--threads", "1"]
-    if lp.get("mem_cap_gib") and device.startswith("cuda"):
-        cmd += ["--mem-cap-gib", str(lp["mem_cap_gib"])]
-    if not lp.get("warm_pass", True):
-        cmd.append("--no-warm-pass")
-    if compile_:
-        cmd.append("--compile")
-    code, err = run_bounded(cmd, timeout)
-    if code != 0 or not path.exists():
-        oom = "out of memory" if "OutOfMemoryError" in err or "out of memory" in err else ""
-        raise RuntimeError(f"local_loop.py exited {code} {oom}: {err.strip()[-400:]}")
-    return json.loads(path.read_text())
-
-
-def _loop_run(rec: dict[str, Any], batch: int, flops_per_token: float, peak: float | None) -> dict[str, Any]:
-    s = rec["summary"]
-    tps, mtps = s["trainer"]["tokens_per_s_median"], s["minimal"]["tokens_per_s_median"]
-    return {
-        "status": "measured",
-        "batch": batch,
-        "ratio_trainer_over_minimal": rec["ratio_trainer_over_minimal"],
-        "cpu_time_ratio": rec["cpu_time_ratio_trainer_over_minimal"],
-        "trainer_tokens_per_s": tps,
-        "minimal_tokens_per_s": mtps,
-        "peak_mem_bytes_trainer": s["trainer"]["peak_mem_bytes_median"],
-        "peak_mem_bytes_minimal": s["minimal"]["peak_mem_bytes_median"],
-        "mfu": flops_per_token * tps / (peak * 1e12) if peak else None,
-        "mfu_minimal": flops_per_token * mtps / (peak * 1e12) if peak else None,
-    }
-
-
-def _loop_with_retry(
-    device: str, lp: dict[str, Any], batch: int, compile_: bool, clock: Clock
-) -> tuple[dict[str, Any], int, list[str]]:
-    """Run at ``batch``; on an out-of-memory error once more at 3/4 of it (rounded to the step)."""
-    errors: list[str] = []
-    for _ in range(2):
-        try:
-            return _run_loop(device, lp, batch, compile_, clock.left()), batch, errors
-        except RuntimeError as e:
-            errors.append(f"batch {batch}: {e}")
-            step = int(lp.get("batch_step", 1))
-            smaller = max(step, (batch * 3 // 4) // step * step)
-            if "out of memory" not in str(e) or smaller >= batch or clock.spent():
-                raise
-            batch = smaller
-    raise RuntimeError("; ".join(errors))
-
-
-def local_loop(device: str, sizes: dict[str, Any], peak_tflops: float, clock: Clock) -> dict[str, Any]:
-    """Trainer / minimal loop per compile setting; on CUDA the MFU at the largest batch that fits."""
-    from swarmtrain.app.models.presets import PRESETS
-
-    lp = sizes["loop"]
-    spec = PRESETS[lp["preset"]]
-    flops_per_token = 6 * spec.num_params() + 12 * spec.n_layer * spec.n_embd * spec.block_size
-    cuda = device.startswith("cuda")
-    batch, predicted = loop_batch(lp)
-    cap = lp.get("mem_cap_gib") if cuda else None
-    out: dict[str, Any] = {"preset": lp["preset"], "bf16": cuda, "batch_chosen": batch, "runs": {}}
-    out.update({"predicted_peak_bytes": predicted, "mem_cap_bytes": int(cap * GiB) if cap else None})
-    for compile_ in (False, True):
-        key = "compile" if compile_ else "eager"
-        if compile_ not in sizes["compile"]:
-            out["runs"][key] = {"status": f"skipped on {device.split(':')[0]}: not in this device's sizes"}
-            continue
-        rec, used, errors = _loop_with_retry(device, lp, batch, compile_, clock)
-        out["runs"][key] = _loop_run(rec, used, flops_per_token, peak_tflops if cuda else None)
-        out["runs"][key]["retries"] = errors
-    out.update({"flops_per_token": flops_per_token, "peak_tflops": peak_tflops if cuda else None})
-    out["goals"] = _loop_goals(out, sizes["mfu_goal"], cuda)
-    out["goals_met"] = goals_met(out["goals"])
-    return out
-
-
-def _loop_goals(out: dict[str, Any], mfu_goal: float, cuda: bool) -> dict[str, dict[str, Any]]:
-    """MFU >= the goal compiled in bf16 (CUDA), the batch within the cap, the Trainer >= 0.95x."""
-    runs = out["runs"]
-    best = runs.get("compile") if runs.get("compile", {}).get("status") == "measured" else runs.get("eager")
-    best = best or {}
-    peak = best.get("peak_mem_bytes_trainer")
-    cap = out.get("mem_cap_bytes")
-    return {
-        "mfu_compiled_bf16": goal(mfu_goal, runs.get("compile", {}).get("mfu"), applies=cuda),
-        "fits_24gb": goal(True, None if peak is None or cap is None else peak <= cap, applies=cuda),
-        "trainer_over_minimal": goal(0.95, best.get("ratio_trainer_over_minimal")),
     }
 
 
@@ -520,93 +330,6 @@ def memory(device: str, sizes: dict[str, Any], clock: Clock) -> dict[str, Any]:
         "goals": goals,
         "goals_met": goals_met(goals),
     }
-
-
-def _fit(text: str) -> str:
-    return text if len(text) <= WIDTH else text[: WIDTH - 3] + "..."
-
-
-def _mib(x: Any) -> str:
-    return f"{x / 2**20:.1f} MiB" if isinstance(x, int | float) else "- MiB"
-
-
-def _num(x: Any, fmt: str) -> str:
-    return format(x, fmt) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
-
-
-def _yes(x: Any) -> str:
-    return {True: "yes", False: "NO"}.get(x, "-")
-
-
-def _strategy_lines(sec: dict[str, Any]) -> list[str]:
-    lines = []
-    for name, r in sec.get("runs", {}).items():
-        if r.get("status") != "measured":
-            lines.append(f"  {name:17s} {r.get('status', '?')} {r.get('error', '')}")
-            continue
-        lines.append(
-            f"  {name:17s} loss {_num(r['final_val_loss'], '.3f')}  identical {_yes(r['params_identical'])}"
-            f"  {_mib(r['bytes_sent_per_peer'])}/peer  {_num(r['wall_s'], '.0f')} s"
-        )
-    return lines
-
-
-def _figures(name: str, sec: dict[str, Any]) -> str:
-    """The section's headline figures (one line)."""
-    if name == "strategies":
-        return f"2 peers on {sec['device']}, {sec['preset']}, {sec['steps']} steps of {sec['batch']}"
-    if name == "codecs" and isinstance(sec.get("codecs"), dict):  # gpu_codecs' figures
-        return ", ".join(
-            f"{k} {_num(v.get('compress', {}).get('gbps'), '.1f')}/"
-            f"{_num(v.get('decompress', {}).get('gbps'), '.1f')} GB/s"
-            for k, v in sec["codecs"].items()
-            if isinstance(v, dict)
-        )
-    if name == "codecs":
-        res = sec.get("results")
-        rows = res.values() if isinstance(res, dict) else []
-        if rows and all(isinstance(v, dict) and "compress_roofline" in v for v in rows):
-            return ", ".join(f"{k} {_num(v['compress_roofline'], '.2f')}" for k, v in res.items())
-        return sec.get("source", "")
-    if name == "swarm":
-        devs = sorted({str(d) for d in sec["server_devices"].values()}) or ["?"]
-        return (
-            f"loss {_num(sec['final_val_loss'], '.3f')} identical {_yes(sec['params_identical'])} "
-            f"on {'/'.join(devs)} {_num(sec['wall_s'], '.0f')} s"
-        )
-    if name == "local_loop":
-        parts = []
-        for k, v in sec["runs"].items():
-            if v.get("status") == "measured":
-                mfu = f" MFU {v['mfu']:.1%}" if v.get("mfu") is not None else ""
-                parts.append(f"{k} B{v['batch']} x{v['ratio_trainer_over_minimal']:.2f}{mfu}")
-        return ", ".join(parts)
-    if name == "memory":
-        return ", ".join(
-            f"{r['key']} x{r['measured_over_predicted']:.2f}" for r in sec["rows"] if "measured_bytes" in r
-        )
-    if name == "dct":
-        return f"extract {sec['extract_gbps']:.2f} GB/s ({sec['extract_over_copy_time']:.3f} of a copy)"
-    return ""
-
-
-def _goal_cell(sec: dict[str, Any]) -> str:
-    goals = [g for g in sec.get("goals", {}).values() if isinstance(g, dict) and g.get("met") is not None]
-    return f"{sum(1 for g in goals if g['met'])}/{len(goals)}" if goals else "-"
-
-
-def table(record: dict[str, Any]) -> str:
-    """Sections, their status, goals met / applicable, headline figures: at most 80 columns."""
-    lines = [f"{'section':11s} {'status':9s} {'goals':5s} figures"]
-    for name in SECTIONS:
-        sec = record["sections"].get(name, {"status": "not run"})
-        status = str(sec.get("status", "?"))
-        measured = status == "measured"
-        fig = _figures(name, sec) if measured else sec.get("error", status)
-        lines.append(f"{name:11s} {status[:9]:9s} {_goal_cell(sec):5s} {fig}")
-        if name == "strategies" and measured:
-            lines += _strategy_lines(sec)
-    return "\n".join(_fit(line) for line in lines)
 
 
 def write(record: dict[str, Any], out: Path) -> None:
