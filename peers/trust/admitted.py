@@ -94,6 +94,8 @@ class AdmittedPeers:
         self._reading = False
         self._rev_next, self._rev_reading = 0.0, False
         self._cond = threading.Condition()
+        #: the check in flight for each undecided peer (:meth:`acheck`): its other streams wait on it
+        self._pending: dict[str, tuple[float, asyncio.Future[bool]]] = {}
 
     def note(self, peers: Iterable[Any]) -> None:
         """Record the writers of validated peer records (records, or bare peer IDs)."""
@@ -235,6 +237,10 @@ class AdmittedPeers:
             self._cond.notify_all()
             return self._admits(peer_id)
 
+    def _forget(self, peer_id: str, done: asyncio.Future[bool]) -> None:
+        if self._pending.get(peer_id, (0.0, None))[1] is done:
+            del self._pending[peer_id]
+
     def _admits(self, peer_id: str) -> bool:
         """(under the lock) ``peer_id`` is known, unexpired and not revoked."""
         return peer_id not in self._revoked and self._known.get(peer_id, -1.0) > self.clock()
@@ -248,7 +254,18 @@ class AdmittedPeers:
             return known
         asked = time.monotonic()
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.check, peer_id, asked)
+            loop = asyncio.get_running_loop()
+            while True:
+                # one check (one worker thread) per undecided peer, whatever its number of streams:
+                # a stranger's flood of streams cannot take the executor the node's other work uses
+                since, pending = self._pending.get(peer_id, (0.0, None))
+                if pending is None or pending.done() or pending.get_loop() is not loop:
+                    since, pending = time.monotonic(), loop.run_in_executor(None, self.check, peer_id, asked)
+                    self._pending[peer_id] = (since, pending)
+                    pending.add_done_callback(lambda f: self._forget(peer_id, f))
+                ok = await asyncio.shield(pending)
+                if ok or since >= asked:  # a "no" from a check asked before this question: ask again
+                    return ok
         except (RuntimeError, asyncio.CancelledError):
             # the node is shutting down (its executor closed, or the stream's handler task cancelled
             # while it waited for a read): refuse quietly, so the handler ends normally instead of

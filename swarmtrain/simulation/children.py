@@ -37,16 +37,29 @@ def bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> Non
 
 
 def peer_main(
-    rank: int, n_peers: int, cfg_json: str, q: Any, log_level: int = logging.ERROR, rejoin: bool = False
+    rank: int,
+    n_peers: int,
+    cfg_json: str,
+    q: Any,
+    log_level: int = logging.ERROR,
+    rejoin: bool = False,
+    old_state_rules: bool = False,
 ) -> None:
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
     final ``PeerOutcome``. ``rejoin``: a restarted peer, which adopts the swarm's state before its
-    first step and after a failed round, as a volunteer does."""
+    first step and after a failed round, as a volunteer does. ``old_state_rules``: it takes states by
+    the rules before commit certificates (vouching donors, witnessed rounds): the control of an
+    intruder run, which must show that the colluders' forged state does get planted without them."""
     from swarmtrain.app.peer.loop import Membership, run_peer
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
     quiet_logs(log_level)
+    if old_state_rules:
+        from peers.state import donors
+
+        # the run's certificates are read as absent: the vouching rules alone apply, as before them
+        donors.certified_states = lambda *args, **kwargs: None  # type: ignore[assignment]
 
     try:
         cfg = Config.model_validate_json(cfg_json)

@@ -17,9 +17,12 @@ __all__ = ["admitted_configs"]
 _TOKEN_HOURS = 24.0
 
 
-def admitted_configs(cfg: Config, n_peers: int, folder: Path) -> tuple[Config, list[Config]]:
+def admitted_configs(
+    cfg: Config, n_peers: int, folder: Path, colluders: int = 0
+) -> tuple[Config, list[Config]]:
     """The bootstrap's config and one per rank, each with its identity file in ``folder`` and what
     ``cfg.peers.admission`` asks for (a run key's public half and a token, or the allowlist).
+    ``colluders``: that many more configs after the ranks', admitted alike (``simulate --colluders``).
 
     Raises:
         ConfigError: a key or identity file cannot be written.
@@ -27,7 +30,7 @@ def admitted_configs(cfg: Config, n_peers: int, folder: Path) -> tuple[Config, l
     from peers.keys.identity import ensure_identity
     from peers.trust.admission import RunKey, encode_token_text
 
-    names = ["bootstrap", *(f"peer{r}" for r in range(n_peers))]
+    names = ["bootstrap", *(f"peer{r}" for r in range(n_peers)), *(f"colluder{i}" for i in range(colluders))]
     paths = {name: folder / f"{name}.key" for name in names}
     ids = {name: ensure_identity(p) for name, p in paths.items()}
     peers = cfg.peers

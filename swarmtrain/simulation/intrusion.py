@@ -4,7 +4,8 @@ The intruders (``swarmtrain.simulation.outsider``) count their attempts per kind
 peers let through; the honest peers' outcomes show the rest. Effects, all zero when the defences hold:
 
 * ``rounds_failed``: rounds the honest peers failed (or were late for) beyond the clean run's count;
-* ``forged_states_accepted``: states an honest peer adopted from an intruder;
+* ``forged_states_accepted``: states an honest peer adopted from an intruder or a colluder (admitted
+  processes planting a forged state, ``swarmtrain.simulation.colluder``);
 * ``honest_peers_banned``: honest peers some honest peer banned;
 * ``messages_accepted``: pushed joins, lists, parts and zero-byte messages an honest peer acknowledged;
 * ``bytes_accepted``: bytes of future-round messages an honest peer stored;
@@ -35,7 +36,7 @@ def intrusion_summary(
     honest = honest_outcomes(run, attackers, malicious_owners)
     clean_honest = honest_outcomes(clean, attackers, malicious_owners)
     honest_ids = {o.peer_id for o in honest}
-    intruder_ids = {str(r.get("peer_id")) for r in run.intruder_reports}
+    intruder_ids = {str(r.get("peer_id")) for r in run.intruder_reports + run.colluder_reports}
     attempts: Counter[str] = Counter()
     accepted: Counter[str] = Counter()
     for r in run.intruder_reports:
@@ -56,6 +57,12 @@ def intrusion_summary(
         "intruder_attempts": {k: int(attempts[k]) for k in KINDS},
         "intruder_effects": effects,
         "intruder_errors": list(run.intruder_errors),
+        "colluders": run.colluders,
+        # forged announcements the colluders made, and downloads of their state they served
+        "colluder_announcements": sum(int(r.get("announced", 0)) for r in run.colluder_reports),
+        "colluder_states_served": sum(int(r.get("served", 0)) for r in run.colluder_reports),
+        # honest downloads during the run (the newcomer's): where a forged state could act
+        "honest_downloads": sum(len(o.donors) for o in honest),
         "honest_identical": params_identical(honest),
         "honest_rss_growth_mib": max((o.rss_growth_mib for o in honest), default=0.0),
         "clean_rss_growth_mib": max((o.rss_growth_mib for o in clean_honest), default=0.0),

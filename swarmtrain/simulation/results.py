@@ -65,6 +65,10 @@ class SimulationResult:
     # each intruder's last report (peer_id, attempts and accepted per kind) and any intruder failure
     intruder_reports: list[dict[str, Any]] = field(default_factory=list)
     intruder_errors: list[str] = field(default_factory=list)
+    colluders: int = 0  # admitted processes planting a forged state (``swarmtrain.simulation.colluder``)
+    colluder_reports: list[dict[str, Any]] = field(default_factory=list)  # each one's last report
+    old_state_rules: bool = False  # the peers took states without commit certificates (a control)
+    control: SimulationResult | None = None  # the same attacks run as a control (``simulate``)
     # faults: peers SIGKILLed and SIGTERMed by the chaos, restarts, deaths nobody caused
     kills: int = 0
     preemptions: int = 0
@@ -130,7 +134,8 @@ class SimulationResult:
     def summary(self) -> dict[str, Any]:
         """Plain-data summary (no per-peer details)."""
         d = asdict(self)
-        for detail in ("outcomes", "intruder_reports", "intruder_errors", "committed_seen", "network"):
+        details = ("outcomes", "intruder_reports", "intruder_errors", "colluder_reports", "committed_seen")
+        for detail in (*details, "network", "control"):
             d.pop(detail)
         d["bytes_per_token"] = self.bytes_per_token
         d["comm_wait_s_per_peer"] = self.comm_wait_s_per_peer

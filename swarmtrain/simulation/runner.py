@@ -73,6 +73,9 @@ def run_simulation(
     intruders: int = 0,
     chaos: ChaosSpec | None = None,
     regions: EmulatedRegions | None = None,
+    colluders: int = 0,
+    newcomer: bool = False,
+    old_state_rules: bool = False,
 ) -> SimulationResult:
     """Train ``cfg`` with ``n_peers`` real peer processes on loopback and collect their outcomes.
 
@@ -83,6 +86,10 @@ def run_simulation(
             (``swarmtrain.simulation.outsider``); their reports land in the result.
         chaos: kill, preempt and restart peers while they train (``swarmtrain.simulation.chaos``).
         regions: run each process in its emulated region instead (``swarmtrain.simulation.regions``).
+        colluders: admitted processes that plant a forged state (``swarmtrain.simulation.colluder``).
+        newcomer: preempt the last rank mid-run and restart it, so a state is downloaded during the
+            run (``Supervisor``'s newcomer event).
+        old_state_rules: the peers take states by the rules before commit certificates (a control).
         timeout: seconds for the whole run; every process is torn down after it.
         on_progress: called with (rank, the peer's live status) as peers report (several times a
             second each).
@@ -107,22 +114,28 @@ def run_simulation(
     deadline = time.monotonic() + timeout
     level = child_log_level()
     with tempfile.TemporaryDirectory(prefix="swarmtrain-sim-") as folder:
-        boot_cfg, rank_cfgs = admitted_configs(cfg, n_peers, Path(folder))
+        boot_cfg, rank_cfgs = admitted_configs(cfg, n_peers, Path(folder), colluders)
+        rank_cfgs, colluder_cfgs = rank_cfgs[:n_peers], rank_cfgs[n_peers:]
         if regions is not None:
             regions.place(boot_cfg, rank_cfgs)
         try:
             initial = start_bootstrap(boot_cfg, q, level, regions, procs, deadline)
-            for rc in rank_cfgs:
+            for rc in rank_cfgs + colluder_cfgs:
                 rc.peers.initial_peers = initial
-            sup = Supervisor(cfg, [rc.model_dump_json() for rc in rank_cfgs], q, procs, level, chaos)
+            jsons = [rc.model_dump_json() for rc in rank_cfgs]
+            sup = Supervisor(cfg, jsons, q, procs, level, chaos, newcomer=newcomer, control=old_state_rules)
             sup.on_progress, sup.regions = on_progress, regions
             for rank in range(n_peers):
                 sup.spawn(rank)
             _start_intruders(intruders, cfg, initial, q, level, procs)
+            _start_colluders(colluder_cfgs, q, level, procs)
             outcomes = sup.collect(deadline)
         finally:
             tear_down(procs, q)
-    return _summarise(cfg, outcomes, time.perf_counter() - t0, sup, intruders)
+    res = _summarise(cfg, outcomes, time.perf_counter() - t0, sup, intruders)
+    res.colluders, res.old_state_rules = colluders, old_state_rules
+    res.colluder_reports = [sup.intrusion.colluders[i] for i in sorted(sup.intrusion.colluders)]
+    return res
 
 
 def child_log_level() -> int:
@@ -154,6 +167,18 @@ def _start_intruders(n: int, cfg: Config, initial: list[str], q: Any, level: int
         procs.append(
             spawn_function(intruder_main, (i, cfg.model_dump_json(), initial, q, level), name=f"intruder{i}")
         )
+
+
+def _start_colluders(cfgs: list[Config], q: Any, level: int, procs: list[Any]) -> None:
+    """Start one admitted colluder per config (``swarmtrain.simulation.colluder``)."""
+    if not cfgs:
+        return
+    from peers import spawn_function
+    from swarmtrain.simulation.colluder import colluder_main
+
+    for i, c in enumerate(cfgs):
+        args = (i, len(cfgs), c.model_dump_json(), q, level)
+        procs.append(spawn_function(colluder_main, args, name=f"colluder{i}"))
 
 
 def tear_down(procs: list[Any], q: Any = None) -> None:

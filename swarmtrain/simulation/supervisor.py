@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from swarmtrain.simulation.chaos import ChaosSpec
     from swarmtrain.simulation.regions import EmulatedRegions
 
-__all__ = ["Slot", "Supervisor", "Intrusion", "SLACK_S"]
+__all__ = ["Slot", "Supervisor", "Intrusion", "SLACK_S", "NEWCOMER_AT", "NEWCOMER_RESTART_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ class Slot:
 
 #: seconds past its ``peers.preempt_grace`` a preempted peer has before its group is killed
 SLACK_S = 5.0
+#: the newcomer event (``newcomer=True``): the last rank is preempted once every peer passed this
+#: fraction of the steps, and restarted :data:`NEWCOMER_RESTART_S` seconds after it left
+NEWCOMER_AT = 0.3
+NEWCOMER_RESTART_S = 1.0
 
 
 class Supervisor:
@@ -72,6 +76,9 @@ class Supervisor:
         procs: list[Any],
         level: int,
         chaos: ChaosSpec | None,
+        *,
+        newcomer: bool = False,
+        control: bool = False,
     ) -> None:
         from swarmtrain.simulation.chaos import ChaosSchedule
 
@@ -84,7 +91,11 @@ class Supervisor:
         self.min_running = min(self.n, max(cfg.peers.min_peers, 2))
         self.on_progress: Callable[[int, PeerStatus], None] | None = None
         self.regions: EmulatedRegions | None = None
-        self.intrusion = Intrusion({}, [])
+        self.intrusion = Intrusion({}, [], {})
+        #: preempt the last rank mid-run and restart it (a download during the run), once
+        self.newcomer = newcomer
+        #: the peers run the old state rules (no commit certificates): an intruder run's control
+        self.control = control
         self.timeline: list[dict[str, Any]] = []
         self.counts = {"kill": 0, "preempt": 0, "restart": 0, "died": 0}
         #: rounds any incarnation of any peer reported committed (a killed one's too)
@@ -101,7 +112,7 @@ class Supervisor:
         slot = self.slots[rank]
         slot.queue = self._ctx.Queue()
         self.errors.forget(rank)
-        args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin)
+        args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin, self.control)
         target = peer_main if self.regions is None else self.regions.entry(rank, peer_main)
         slot.proc = spawn_function(target, args, name=f"peer{rank}")
         self.procs.append(slot.proc)
@@ -169,7 +180,9 @@ class Supervisor:
                 self._event(slot, "rejoined")
         elif kind == "intruder":
             self.intrusion.reports[rank] = payload
-        elif kind == "intruder_error":
+        elif kind == "colluder":
+            self.intrusion.colluders[rank] = payload
+        elif kind in ("intruder_error", "colluder_error"):
             logger.warning("%s", payload)
             self.intrusion.errors.append(str(payload))
 
@@ -191,6 +204,7 @@ class Supervisor:
             self._reap(now)
             self._restart(now)
             self._chaos(now)
+            self._newcomer(now)
         outcomes = [s.outcome for s in self.slots if s.outcome is not None]
         if not outcomes:
             raise SwarmError(f"every peer died ({self._deaths_line()})")
@@ -226,8 +240,11 @@ class Supervisor:
                 self._event(s, "died", exit_code=s.proc.exitcode)
             self._drop_queue(s)
             s.proc.terminate(grace=1.0)  # whatever is left of its group
-            if self.chaos is not None and self.chaos.restart_s is not None and not self._ending():
-                s.restart_at = now + self.chaos.restart_s
+            delay = self.chaos.restart_s if self.chaos is not None else None
+            if self.newcomer and delay is None:
+                delay = NEWCOMER_RESTART_S
+            if delay is not None and not self._ending():
+                s.restart_at = now + delay
             else:
                 s.gone = True
 
@@ -271,6 +288,25 @@ class Supervisor:
             self._drop_queue(slot)  # a SIGKILL mid-write would leave a torn message in it
             slot.proc.signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
 
+    def _newcomer(self, now: float) -> None:
+        """The newcomer event: once every peer passed :data:`NEWCOMER_AT` of the steps, preempt the
+        last rank (SIGTERM: it leaves through the graceful path); ``_reap`` restarts it, and the
+        restarted peer downloads the run's state (or resumes its own saved one) while the others train."""
+        import signal
+
+        if not self.newcomer or self.counts["preempt"] or not all(s.started for s in self.slots):
+            return
+        if min(s.step for s in self.slots) < NEWCOMER_AT * max(self.cfg.train.steps, 1) or self._ending():
+            return
+        slot = self.slots[-1]
+        if not slot.running:
+            return
+        slot.signalled, slot.signalled_at = "preempt", now
+        self.counts["preempt"] += 1
+        self._event(slot, "preempt", pid=slot.proc.pid, why="newcomer")
+        self._drop_queue(slot)
+        slot.proc.signal(signal.SIGTERM)
+
     def fill(self, res: SimulationResult) -> None:
         """Copy the faults into the result."""
         res.kills, res.preemptions = self.counts["kill"], self.counts["preempt"]
@@ -283,7 +319,9 @@ class Supervisor:
 
 @dataclass
 class Intrusion:
-    """What the intruders reported while the peers ran: the last report of each, and failures."""
+    """What the intruders and colluders reported while the peers ran: the last report of each, and
+    failures."""
 
     reports: dict[int, dict[str, Any]]
     errors: list[str]
+    colluders: dict[int, dict[str, Any]]

@@ -34,7 +34,7 @@ from swarmtrain.simulation.attacks import (
 
 @pytest.mark.parametrize("name", sorted(set(ATTACKS.names()) - {"none"}))
 def test_simulate_accepts_every_attack(name: str) -> None:
-    from swarmtrain.app.commands.simulate import _validate_names
+    from swarmtrain.app.commands.simulate_checks import validate_names as _validate_names
 
     cfg = load_config(
         None,
@@ -53,7 +53,7 @@ def test_simulate_accepts_every_attack(name: str) -> None:
 def test_demo_refuses_attacks_that_would_do_nothing(name: str) -> None:
     """DeMo all-gathers sparse components: only the data-level label flip can act on it; every other
     attack would silently be a no-op, so the run is refused in one line instead."""
-    from swarmtrain.app.commands.simulate import _validate_names
+    from swarmtrain.app.commands.simulate_checks import validate_names as _validate_names
     from swarmtrain.simulation.runner import run_simulation
 
     cfg = load_config(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from swarmtrain.app.commands.flags import command, config_overrides, flag, given_flags
+from swarmtrain.app.commands.simulate_checks import validate_names
 from swarmtrain.core.jsonsafe import dumps
 
 if TYPE_CHECKING:
@@ -21,7 +22,10 @@ if TYPE_CHECKING:
 
 from swarmtrain.app.local_run import SIMULATE_DEFAULTS
 
-__all__ = ["register", "simulate", "run_simulate", "SimulateOptions"]
+__all__ = ["register", "simulate", "run_simulate", "SimulateOptions", "ATTACKED_STEPS"]
+
+#: steps per peer by default with --intruders or --colluders (below a config's and --steps)
+ATTACKED_STEPS = 120
 
 
 def _table(rows: list[Any]) -> Any:
@@ -129,7 +133,16 @@ class SimulateOptions:
         "--intruders",
         min=0,
         max=16,
-        help="Non-admitted processes attacking the run throughout (a clean run goes first).",
+        help="Non-admitted processes attacking the run throughout (a clean run goes first, a "
+        "control without commit certificates after).",
+    )
+    colluders: int = flag(
+        0,
+        "--colluders",
+        min=0,
+        max=16,
+        help="Admitted processes planting a forged state one round ahead, certified as their own "
+        "group (clean run first, control after).",
     )
     chaos: str | None = flag(
         None,
@@ -187,7 +200,10 @@ class SimulateOptions:
         """
         from swarmtrain.core.config import load_config
 
-        return load_config(self.config, self.overrides(), base=SIMULATE_DEFAULTS)
+        base = SIMULATE_DEFAULTS
+        if self.intruders or self.colluders:  # three runs (clean, attacked, control): shorter ones
+            base = {**base, "train": {**base["train"], "steps": ATTACKED_STEPS}}
+        return load_config(self.config, self.overrides(), base=base)
 
 
 @command(SimulateOptions)
@@ -198,8 +214,11 @@ def simulate(opts: SimulateOptions) -> None:
     int8 codec. With --baseline, DataParallel with fp32 runs on the same data and tokens. The run
     admits its peers as `swarmtrain run init` would: its own run key and a join token per peer
     (set peers.admission to allowlist or open in --config to simulate those policies). With
-    --intruders K, the same run is made twice: clean, then with K outsiders attacking it; the exit
-    code is 1 when they had any effect. With --chaos SPEC, the same run is made twice: clean, then
+    --intruders K (outsiders) and/or --colluders C (admitted donors planting a forged state), the run
+    is made three times, each with one peer restarted mid-run (a newcomer that downloads the state):
+    clean, attacked, and a control with the same attacks where states are taken without commit
+    certificates (120 steps each by default); the exit code is 1 when the attacks had any effect on
+    the attacked run, and a warning says so when the control showed none. With --chaos SPEC, the same run is made twice: clean, then
     with peers SIGKILLed (kill=RATE), SIGTERMed (preempt=RATE) and restarted with the same identity
     after a delay (restart=DELAY); the survivors must end identical, the loss is compared.
     A peer that dies is absorbed: the others go on and the report says who died when.
@@ -233,7 +252,7 @@ def run_simulate(opts: SimulateOptions) -> None:
         # SWARM is no data-parallel strategy: its own runner, its settings the config's [swarm]
         return run_swarm_simulate(opts, replace(opts, strategy=None).load_config)
     cfg = opts.load_config()
-    _validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
+    validate_names(cfg, opts.peers)  # names and attacks fail here, before any process starts
     chaos = parse_chaos(opts.chaos) if opts.chaos is not None else None
     console = Console(stderr=True)
     _print_start(console, cfg, opts, regions_line)
@@ -293,15 +312,22 @@ def _runs(
     strategy, compressor = cfg.strategy.name, cfg.compression.codec
     clean = None
     runs = []
-    if opts.intruders or chaos is not None:
-        clean = _run_one(console, f"{_label(cfg)} clean", cfg, opts, intruders=0)
+    attacked = bool(opts.intruders or opts.colluders)
+    # attacked: each run has the newcomer event (a restart mid-run), so a state is downloaded
+    event = {"newcomer": True} if attacked else {}
+    if attacked or chaos is not None:
+        clean = _run_one(console, f"{_label(cfg)} clean", cfg, opts, **event)
         runs.append((f"{strategy} {compressor} clean", clean))
     if chaos is not None:
         console.print(f"chaos: {chaos.describe()}", highlight=False, soft_wrap=True)
-    main = _run_one(console, _label(cfg), cfg, opts, intruders=opts.intruders, chaos=chaos)
+    attacks = {"intruders": opts.intruders, "colluders": opts.colluders, **event}
+    main = _run_one(console, _label(cfg), cfg, opts, chaos=chaos, **attacks)
     label = f"{strategy} {compressor}" + (f" +{opts.intruders} intruders" if opts.intruders else "")
+    label += f" +{opts.colluders} colluders" if opts.colluders else ""
     label += " chaos" if chaos is not None else ""
     runs.append((label, main))
+    if attacked:  # the same attacks without the defences: they must act there
+        main.control = _run_one(console, f"{_label(cfg)} control", cfg, opts, old_state_rules=True, **attacks)
     base = None
     if opts.baseline:
         base = _run_one(console, "data_parallel+fp32", _baseline_config(cfg), opts)
@@ -334,18 +360,14 @@ def _report_faults(
     from swarmtrain.app.commands.chaos_report import chaos_fields, chaos_line, events_text
 
     harmed = False
-    if clean is not None and opts.intruders:
-        from swarmtrain.simulation.intrusion import intrusion_summary
+    if clean is not None and (opts.intruders or opts.colluders):
+        from swarmtrain.app.commands.intruder_report import intruder_fields
 
-        intr = intrusion_summary(main, clean, cfg.simulation.attackers, cfg.simulation.malicious_owners)
+        sim = cfg.simulation
+        intr, harmed, lines = intruder_fields(main, clean, main.control, sim.attackers, sim.malicious_owners)
         out.update(intr)
-        harmed = any(intr["intruder_effects"].values()) or bool(intr["intruder_errors"])
-        effects = ", ".join(f"{k} {v}" for k, v in intr["intruder_effects"].items() if v) or "none"
-        typer.echo(
-            f"{opts.intruders} intruders, {sum(intr['intruder_attempts'].values()):,} attempts; "
-            f"effects: {effects}; honest RSS growth {intr['honest_rss_growth_mib']:.0f} MiB "
-            f"(clean {intr['clean_rss_growth_mib']:.0f} MiB)"
-        )
+        for line in lines:
+            typer.echo(line, err=line.startswith("warning"))
     if chaos is not None and clean is not None:
         out.update(chaos_fields(main, clean, chaos))
         typer.echo(chaos_line(out), err=False)
@@ -405,9 +427,7 @@ def _exit_on_failure(
 PLAIN_EVERY_S = 15.0
 
 
-def _run_one(
-    console: Any, label: str, cfg: Config, opts: SimulateOptions, intruders: int = 0, chaos: Any = None
-) -> Any:
+def _run_one(console: Any, label: str, cfg: Config, opts: SimulateOptions, **kw: Any) -> Any:
     """One simulated run with a live line (on a terminal): the slowest peer's step, the newest round
     and its peers, the mean loss, the peers' summed tokens/s and bytes, the nearest next sync; piped
     or redirected, that line with a timestamp every :data:`PLAIN_EVERY_S` seconds."""
@@ -435,15 +455,7 @@ def _run_one(
                 last[0] = time.monotonic()
                 console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False, soft_wrap=True)
 
-        res = run_simulation(
-            cfg,
-            opts.peers,
-            timeout=opts.timeout,
-            on_progress=progress,
-            intruders=intruders,
-            chaos=chaos,
-            regions=net,
-        )
+        res = run_simulation(cfg, opts.peers, timeout=opts.timeout, on_progress=progress, regions=net, **kw)
         if net is not None:
             res.network = net.report()  # the JSON's "topology" (run_simulate)
         return res
@@ -463,34 +475,3 @@ def _baseline_config(cfg: Config) -> Config:
 def register(app: typer.Typer) -> None:
     """Add ``simulate`` to the CLI."""
     app.command("simulate")(simulate)
-
-
-def _validate_names(cfg: Any, n_peers: int) -> None:
-    """Resolve registry names early, so a typo fails in one line before any process starts."""
-    import optimizers
-    from compression import build_compressor
-    from peers.reducers import REDUCERS
-
-    optimizers.STRATEGIES.get(cfg.strategy.name)
-    build_compressor(cfg.compression)
-    REDUCERS.get(cfg.peers.reducer)
-    from peers.reducers import build_reducer
-    from swarmtrain.core.errors import ConfigError
-
-    for raw in cfg.data.paths:  # every peer would fail on it, after starting
-        if not Path(raw).expanduser().exists():
-            raise ConfigError(f"data.paths: {raw} does not exist")
-
-    # with fewer peers than the reducer's breakdown point needs, no round could ever commit
-    build_reducer(cfg.peers.reducer, cfg.peers.byzantine_f, **cfg.peers.reducer_options).check(n_peers)
-    if cfg.simulation.attackers and cfg.simulation.attack != "none":
-        from swarmtrain.simulation.attacks import build_attack
-        from swarmtrain.simulation.wiring import attack_options
-
-        if cfg.simulation.attackers >= n_peers:
-            raise ConfigError(f"--byzantine {cfg.simulation.attackers} leaves no honest peer among {n_peers}")
-        # every registered attack runs with real peers; this rejects an unknown name or bad options
-        build_attack(cfg.simulation.attack, **attack_options(cfg, n_peers))
-    from swarmtrain.simulation.wiring import check_attack_fits_strategy
-
-    check_attack_fits_strategy(cfg)
