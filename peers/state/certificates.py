@@ -38,13 +38,14 @@ from typing import Any
 import msgpack
 
 from peers.keys.signing import MAX_PUBLIC_DER, Signer, verify_signed_by
-from swarmtrain.core.errors import ProtocolError
+from swarmtrain.core.errors import ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
 __all__ = [
     "MAX_CERTIFICATES",
     "MAX_GROUP",
     "Certificate",
+    "CertificatesUnread",
     "Certified",
     "certified",
     "commit_key",
@@ -60,6 +61,10 @@ MAX_GROUP = 1 << 16  # the largest group size a certificate may claim
 _MAX_ROUND = 1 << 40  # as peers.state.donors.MAX_ROUND
 _MAX_RECORD = 8 * 1024
 _DOMAIN = b"swarmtrain-commit-v1\0"
+
+
+class CertificatesUnread(SwarmError):
+    """The run's commit certificates could not be read (a DHT read failed or timed out)."""
 
 
 def commit_key(run_id: str) -> str:
@@ -228,14 +233,21 @@ def certified(
     return out
 
 
-def read_certificates(node: Any, run_id: str, timeout: float) -> list[Certificate]:
-    """The run's certificates whose signatures verify; a bad record is skipped (logged)."""
+def read_certificates(node: Any, run_id: str, timeout: float, *, strict: bool = False) -> list[Certificate]:
+    """The run's certificates whose signatures verify; a bad record is skipped (logged).
+
+    Raises:
+        CertificatesUnread: ``strict`` and the read failed or timed out (else: logged, ``[]``), so
+            that a caller can tell "no certificates" from "could not read them".
+    """
     from peers.dht.node import dht_time
 
     try:
         found = node.dht.get(commit_key(run_id), latest=True, return_future=True).result(timeout)
     except Exception as e:
         logger.info("reading commit certificates failed: %s", e)
+        if strict:
+            raise CertificatesUnread(f"reading the commit certificates failed: {type(e).__name__}") from e
         return []
     if found is None or not isinstance(found.value, dict):
         return []

@@ -16,6 +16,7 @@ half of the established live peers.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import msgpack
 
 from peers.dht.node import PeerNode
-from peers.state.certificates import Certified, certified, read_certificates
+from peers.state.certificates import CertificatesUnread, Certified, certified, read_certificates
 from swarmtrain.core.errors import ProtocolError, SwarmError
 from swarmtrain.core.safe_msgpack import unpack
 
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_ROUND",
 ]
 
+logger = logging.getLogger(__name__)
 _MAX_ANNOUNCEMENT = 1024  # bytes of one donor's DHT announcement
 #: the largest round number a state or an announcement may name (a round a second for 34,000 years):
 #: a donor's round 2^62 would be picked first and push the newcomer's round counter out of range
@@ -247,6 +249,11 @@ def candidates(
     found = witnessed(node, run, found, errors)
     states = certified_states(node, run, exclude, errors)
     if states is not None:  # the run has commit certificates: only a certified state is taken
+        logger.info(
+            "certified rounds %s; announced %s",
+            {r: (len(c.signers), c.group_size) for r, c in sorted(states.items())[-3:]},
+            [(a[0], a[1][-6:]) for a in found[:6]],
+        )
         return by_certificate(found, states, errors)
     return vouched(found, vouches, vouchers, errors)
 
@@ -262,8 +269,17 @@ def certified_states(
     # node returns it (``peers.dht.dht_records``), and ``exclude`` holds the peers this node refuses
     # (revoked, expired). A signer's own peer record is not needed: one that left since it signed
     # still counts (under ``token`` its record's token is checked instead).
-    certs = [c for c in read_certificates(node, run, 15.0) if c.signer not in exclude]
+    try:
+        read = read_certificates(node, run, 15.0, strict=True)
+    except CertificatesUnread as e:
+        # fail closed: a read that failed is not a run without certificates (whose weaker vouching
+        # rules colluders pass); nothing is certified this time, the newcomer looks again
+        errors.append(str(e))
+        logger.warning("%s: no state taken this time", e)
+        return {}
+    certs = [c for c in read if c.signer not in exclude]
     if not certs:
+        logger.info("no commit certificate read: the vouching rules apply")
         return None
     try:
         live: frozenset[str] | None = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))

@@ -47,6 +47,7 @@ def test_intruders_and_colluders_change_nothing_and_their_control_shows_they_can
         load.wait()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
+    print("effects:", data["intruder_effects"], "control:", data["control_effects"])
     assert data["intruders"] == 2 and data["colluders"] == 2 and data["admission"] == "token"
     assert data["intruder_errors"] == [] and data["control_errors"] == []
     for kind in KINDS:
