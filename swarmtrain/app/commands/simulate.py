@@ -218,9 +218,10 @@ def simulate(opts: SimulateOptions) -> None:
     is made three times, each with one peer restarted mid-run (a newcomer that downloads the state):
     clean, attacked, and a control with the same attacks where states are taken without commit
     certificates (120 steps each by default); the exit code is 1 when the attacks had any effect on
-    the attacked run, and a warning says so when the control showed none. With --chaos SPEC, the same run is made twice: clean, then
-    with peers SIGKILLed (kill=RATE), SIGTERMed (preempt=RATE) and restarted with the same identity
-    after a delay (restart=DELAY); the survivors must end identical, the loss is compared.
+    the attacked run, and a warning says so when the control showed none. With --chaos SPEC, the
+    same run is made twice: clean, then with peers SIGKILLed (kill=RATE), SIGTERMed (preempt=RATE)
+    and restarted with the same identity after a delay (restart=DELAY); the survivors must end
+    identical, the loss is compared.
     A peer that dies is absorbed: the others go on and the report says who died when.
     With --strategy swarm (SWARM pipeline parallelism): --peers stage servers spread over --stages,
     --trainers peers feeding --steps micro-batches each, --activation-codec the codec between stages
