@@ -48,6 +48,7 @@ from peers.rounds.owner_check import GuardedReduce, OwnerCheck
 from peers.rounds.round_errors import QUIET, ListsBannedPeer, RoundLate
 from peers.rounds.round_io import PhaseClock, RoundIO, RoundLink
 from peers.rounds.rounds import Matchmaker, Pushes
+from peers.rounds.seats import Seats
 from peers.wire.channels import ChannelPool
 from peers.wire.ledger import ByteLedger
 from peers.wire.mailbox import (
@@ -122,6 +123,7 @@ class P2PCollective:
             per round from the model and the group size, bound them).
         max_streams_per_peer: concurrent incoming streams one peer may hold open.
         guard: owner checks, suspicion records and bans (``peers.rounds.guard``), or ``None``.
+        seats: the seat rule for strangers under ``open`` (``peers.rounds.seats``), or ``None``.
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class P2PCollective:
         max_buffer_bytes: int | None = None,
         max_streams_per_peer: int = MAX_STREAMS_PER_PEER,
         guard: ByzantineGuard | None = None,
+        seats: Seats | None = None,
     ) -> None:
         _check_settings(min_peers, expected_peers, chunk_elems, join_window)
         self.node = node
@@ -149,7 +152,7 @@ class P2PCollective:
         self.max_message_bytes = max_message_bytes
         self.max_gather_bytes = max_gather_bytes
         self.max_streams_per_peer = max_streams_per_peer
-        self.guard, self._timeout, self._deadline = guard, 0.0, 0.0
+        self.guard, self.seats, self._timeout, self._deadline = guard, seats, 0.0, 0.0
         self.deadlines = Deadlines(join_window)  # measured join windows and timeouts (peers.rounds.deadlines)
         self._mailbox = Mailbox(max_buffer_bytes)
         self._inbound = Inbound(
@@ -171,6 +174,7 @@ class P2PCollective:
             expected_peers=expected_peers,
             join_window=join_window,
             deadlines=self.deadlines,
+            seats=seats,
         )
         # what every round's RoundIO uses; ``self._send`` is looked up here, so a subclass's wins
         self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
@@ -365,6 +369,8 @@ class P2PCollective:
         elif time.monotonic() >= self._deadline:  # ran out of time: a sample of its whole timeout
             self.deadlines.observe_round(self._timeout)
         self._mailbox.set_floor(r + 1)
+        if self.seats is not None:  # the certified history for the next round, out of its join window
+            self.seats.refresh(2.0)
         self.heap.maybe_trim()
         if self.guard is not None:
             self.guard.publish()
@@ -444,6 +450,8 @@ class P2PCollective:
             except (SwarmError, TimeoutError) as e:
                 self._failed(io, kind, r, e)
                 members = io.group.members if io is not None else ()
+                if self.seats is not None and members:  # its newcomers back off (a seated round)
+                    self.seats.failed(members, r)
                 bytes_ = self.ledger.round_bytes(kind, r)
                 return _Outcome(r, members, *bytes_, reason=str(e), late=isinstance(e, RoundLate)), None
             finally:

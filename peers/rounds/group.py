@@ -21,7 +21,8 @@ class Group:
         kind: the collective kind (``"reduce"``, ``"gather"``...).
         round_id: the round number.
         members: sorted peer IDs; partition ``i`` belongs to ``members[i]``.
-        leader: the peer that fixed the list (``min(members)``).
+        leader: the peer that fixed the list (``min(members)``, or under the seat rule of
+            ``peers.rounds.seats`` an established member: the smallest established joiner it saw).
         digest: 16-byte hash of (run, kind, round, members); every message of the round carries it.
         index: this peer's position in ``members``.
     """

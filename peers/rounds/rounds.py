@@ -42,6 +42,12 @@ Scheme (one DHT key pair per round and kind):
    the hand-set ceiling), the survivors moved on round after round without it, and one survivor
    ended the run alone on a stale state (``simulate --chaos``: peers not identical).
 
+Under ``open``, once the run has a certified history, a ``peers.rounds.seats.Seats`` rule (given as
+``seats``) changes steps 2, 3 and 5: only an *established* peer leads (the smallest established
+joiner, so a list's leader is no longer always its smallest member), a leader seats a bounded share
+of newcomers and does not close early without the established members of its last group, and a
+member refuses a list that seats too many (``TooManyNewcomers``).
+
 Consistency: the member list is never inferred locally from a partial view, it is always one leader's
 published list, and every data message of the round carries the group digest (a hash of run, kind,
 round and members). If two leaders ever published competing lists (they could not see each other),
@@ -65,6 +71,7 @@ import msgpack
 from peers.rounds.deadlines import Deadlines
 from peers.rounds.group import Group, group_digest
 from peers.rounds.round_errors import ListsBannedPeer, MemberGone, RoundLate, RoundTimeout
+from peers.rounds.seats import Seats, TooManyNewcomers
 from swarmtrain.core.errors import ProtocolError
 from swarmtrain.core.safe_msgpack import unpack
 
@@ -133,6 +140,7 @@ class Matchmaker:
             the first guess and the ceiling of the measured window (``peers.rounds.deadlines``).
         poll: seconds between DHT polls.
         deadlines: measured join windows (``None``: always ``join_window``).
+        seats: the seat rule for strangers under ``open`` (``peers.rounds.seats``), or ``None``.
     """
 
     def __init__(
@@ -147,6 +155,7 @@ class Matchmaker:
         join_window: float = 3.0,
         poll: float = 0.05,
         deadlines: Deadlines | None = None,
+        seats: Seats | None = None,
     ) -> None:
         self.dht = dht
         self.peer_id = peer_id
@@ -159,6 +168,7 @@ class Matchmaker:
         self.window_used = join_window
         self.poll = poll
         self.pushes = pushes
+        self.seats = seats
         #: peers excluded from rounds (the guard's bans, ``peers.rounds.guard``): a leader leaves them out of
         #: its list and a member refuses a published list that holds one
         self.banned: frozenset[str] = frozenset()
@@ -201,27 +211,54 @@ class Matchmaker:
             except ProtocolError as e:
                 logger.warning("ignoring a bad group record from %s: %s", leader[:16], e)
                 continue
-            if members[0] != leader:
-                logger.warning("ignoring group record of %s: leader is not its smallest member", leader[:16])
+            if not self._leads(leader, members, round_id):
+                logger.info("ignoring group record of %s: not a leader of this list", leader[:16])
                 continue
             if leader in self.banned - {self.peer_id}:  # a banned leader cannot capture the round
                 logger.info("ignoring group record of banned %s", leader[:16])
                 continue
             if self.peer_id not in members:
                 raise RoundLate(f"late: round {round_id} was formed without this peer")
-            group = self._group_of(kind, round_id, members)
+            group = self._group_of(kind, round_id, members, leader)
             bad = sorted(set(members) & (self.banned - {self.peer_id}))
             if bad:
                 raise ListsBannedPeer(f"round {round_id} lists banned peers {[b[:12] for b in bad]}", group)
+            why = self._breaks_seats(members, round_id)
+            if why:
+                raise TooManyNewcomers(f"round {round_id}: {why}", group)
             return group
         return None
 
-    def _group_of(self, kind: str, round_id: int, members: tuple[str, ...]) -> Group:
+    def _leads(self, leader: str, members: tuple[str, ...], round_id: int) -> bool:
+        """Whether ``leader`` may have published ``members``: its smallest member, or under the seat
+        rule an established member (the history read again once before a list naming this peer is
+        ignored: this peer's view may lag the leader's)."""
+        if self.seats is None:
+            return members[0] == leader
+        ok = self.seats.may_lead(leader, members, round_id)
+        if not ok and self.peer_id in members and self.seats.recheck():
+            ok = self.seats.may_lead(leader, members, round_id)
+        return ok
+
+    def _breaks_seats(self, members: tuple[str, ...], round_id: int) -> str | None:
+        """Why a list breaks the seat rule in this peer's view, read again once before it refuses."""
+        if self.seats is None:
+            return None
+        why = self.seats.breaks(members, round_id)
+        if why and self.seats.recheck():
+            why = self.seats.breaks(members, round_id)
+        return why
+
+    def _leader(self, joined: list[str], round_id: int) -> str | None:
+        """Who leads a round these (sorted) joiners joined: the smallest, or the seat rule's pick."""
+        return joined[0] if self.seats is None else self.seats.leader(joined, round_id)
+
+    def _group_of(self, kind: str, round_id: int, members: tuple[str, ...], leader: str) -> Group:
         return Group(
             kind=kind,
             round_id=round_id,
             members=members,
-            leader=members[0],
+            leader=leader,
             digest=group_digest(self.run_id, kind, round_id, members),
             index=members.index(self.peer_id),
         )
@@ -246,13 +283,16 @@ class Matchmaker:
         close_at = arrived + self.window_used
         ttl = max(deadline - arrived, 0.0) + 60.0
         self._departed = self._gone_since_last_group()
-        likely = min(set(self.last_members) - self._departed - self.banned, default=self.peer_id)
-        if likely < self.peer_id:
+        others = sorted(set(self.last_members) - self._departed - self.banned)
+        likely = (self._leader(others, round_id) if others else None) or self.peer_id
+        if likely != self.peer_id:  # (under the seat rule the likely leader may have a larger ID)
             self.pushes.join(kind, round_id, likely)  # step 5; the record below is the fallback
         self._store(join_key, self.peer_id, b"1", dht_time() + ttl)
         # both first reads start beside the store: a round formed before we arrived shows in its group
         # record, which a newcomer (no last group, so no pushed list) must not miss
         first = (self._start_get(join_key), self._start_get(group_key))
+        if self.seats is not None and not self.seats.was_read:  # a first round: the history now
+            self.seats.refresh(min(2.0, max(deadline - arrived, 0.5) / 4))  # (then after each round)
         group = self._gather(kind, round_id, deadline, close_at, join_key, group_key, first)
         self.last_members = group.members
         return group
@@ -304,15 +344,16 @@ class Matchmaker:
                 if g.group is not None:
                     return g.group
             joined = self._joiners(g.recorded | g.pushed)
-            g.may_lead = joined[0] == self.peer_id
+            g.may_lead = self._leader(joined, round_id) == self.peer_id
             now = time.monotonic()
             for p in joined:
                 seen_at.setdefault(p, now)
-            if g.may_lead and self._may_close(joined, close_at):
+            seated = self._seat(joined, round_id) if g.may_lead else ()
+            if seated and self._may_close(joined, seated, close_at, round_id):
                 if self.deadlines is not None:  # when each member it takes in (itself too) arrived
                     arrived = close_at - self.window_used
-                    self.deadlines.observe_arrivals(seen_at[p] - arrived for p in joined[:_MAX_MEMBERS])
-                return self._publish(kind, round_id, tuple(joined[:_MAX_MEMBERS]), group_key)
+                    self.deadlines.observe_arrivals(seen_at[p] - arrived for p in seated)
+                return self._publish(kind, round_id, seated, group_key)
             # sleep until a pushed list or join arrives or the next poll is due; a pushed join alone
             # needs no new DHT read (the records were read at least once; they are re-read each poll)
             n_before = len(g.pushed)
@@ -339,8 +380,10 @@ class Matchmaker:
         if g.group is None and watch.due():  # step 6, on a fresh view of the joiners
             g.recorded |= set(self._get(join_key, min(deadline - time.monotonic(), LEADER_CHECK_S)))
             joined = self._joiners(g.recorded | g.pushed)
-            g.may_lead = joined[0] == self.peer_id
-            watch.check(joined[0], round_id, quorum=len(joined) >= self.min_peers)
+            leader = self._leader(joined, round_id)
+            g.may_lead = leader == self.peer_id
+            if leader is not None:
+                watch.check(leader, round_id, quorum=len(joined) >= self.min_peers)
 
     def _joiners(self, seen: set[str] | frozenset[str]) -> list[str]:
         """The joiners this peer knows of, itself included and the banned left out, sorted (the first
@@ -354,16 +397,24 @@ class Matchmaker:
         live = self.pushes.connected() if others else None
         return frozenset() if live is None else frozenset(others - live)
 
-    def _may_close(self, joined: list[str], close_at: float) -> bool:
-        """Whether a leader with these joiners closes the round now: enough joined, and all that are
-        expected (the banned ones and the members of the last group that have gone aside) or the join
-        window is over."""
-        n = len(joined)
+    def _seat(self, joined: list[str], round_id: int) -> tuple[str, ...]:
+        """The list a leader publishes from these joiners: all of them, or the seat rule's pick."""
+        seated = tuple(joined) if self.seats is None else self.seats.seat(joined, round_id)
+        return seated[:_MAX_MEMBERS]
+
+    def _may_close(self, joined: list[str], seated: tuple[str, ...], close_at: float, round_id: int) -> bool:
+        """Whether a leader with these joiners (``seated`` of them on its list) closes the round now:
+        enough seated, and all that are expected joined (but the banned ones and the members of the
+        last group that have gone; under the seat rule, every established member of the last group
+        still there among them) or the join window is over."""
         full = False
         if self.expected_peers is not None:
             absent = (self.banned | self._departed) - set(joined)
-            full = n >= self.expected_peers - len(absent)
-        return n >= self.min_peers and (full or time.monotonic() >= close_at)
+            full = len(joined) >= self.expected_peers - len(absent)
+            if full and self.seats is not None:
+                there = set(self.last_members) - self._departed - self.banned
+                full = not self.seats.waiting(there, joined, round_id)
+        return len(seated) >= self.min_peers and (full or time.monotonic() >= close_at)
 
     def _publish(self, kind: str, round_id: int, members: tuple[str, ...], group_key: str) -> Group:
         """Leader: push the list to the members (they start at once), store the record (their
@@ -373,7 +424,7 @@ class Matchmaker:
         value = bytes(msgpack.packb(list(members), use_bin_type=True))
         self.pushes.group(kind, round_id, members, value)
         self._store(group_key, self.peer_id, value, dht_time() + _GROUP_TTL)
-        return self._group_of(kind, round_id, members)
+        return self._group_of(kind, round_id, members, self.peer_id)
 
 
 @dataclass
