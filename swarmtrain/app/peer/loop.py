@@ -140,7 +140,6 @@ class _Peer:
         """The ``P2PCollective`` (it keeps the round number and bans) and what the trainer talks
         through: it, or the hooks' wrapper of it."""
         from peers import P2PCollective
-        from peers.rounds.seats import Seats
 
         cfg, membership = self.cfg, self.membership
         p2p = P2PCollective(
@@ -149,8 +148,6 @@ class _Peer:
             expected_peers=membership.n_peers,
             join_window=cfg.peers.join_window,
             guard=self.guard,
-            # under open, members without a certified commit get a bounded share of each round
-            seats=Seats.for_node(self.node) if cfg.peers.admission == "open" else None,
         )
         collective: Collective = p2p
         if self.hooks.wrap_collective is not None:
