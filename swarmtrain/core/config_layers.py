@@ -27,6 +27,7 @@ NON_CONFIG_ENV = frozenset(
         "SWARMTRAIN_COMPILE_CODECS",  # compression: 0 disables torch.compile of codec kernels
         "SWARMTRAIN_COMPILE_MIN_NUMEL",  # compression: size above which kernels are compiled
         "SWARMTRAIN_WAN",  # tests: opt into the network-namespace tests
+        "SWARMTRAIN_LONG_TESTS",  # tests: opt into the tests too long for CI's budget
         "SWARMTRAIN_WAN_LOG",  # benchmarks: log level of WAN peer workers
         "SWARMTRAIN_NATIVE_CODECS",  # compression.native: 0 disables the C codec kernel
         "SWARMTRAIN_NATIVE_DIR",  # compression.native: where the C kernel is built

@@ -17,6 +17,7 @@ well under (the intruders are seated in every round and stall it).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -121,6 +122,10 @@ def _run(run: str, intruders: int, rule: bool) -> tuple[int, list[dict[str, Any]
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("SWARMTRAIN_LONG_TESTS") != "1",
+    reason="three 3.5-minute runs of real peers, over CI's budget: SWARMTRAIN_LONG_TESTS=1 runs it",
+)
 @pytest.mark.timeout(3 * int(HANG_GUARD))
 def test_two_stalling_intruders_under_open_leave_most_rounds_committed() -> None:
     clean, _, _ = _run("t-seats-clean", 0, rule=True)
