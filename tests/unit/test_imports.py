@@ -31,8 +31,9 @@ PEERS_LAYERS: dict[str, set[str]] = {
     "peers.reducers": set(),  # pure aggregation rules
     "peers.trust": {"peers.keys"},  # admission, manifest, suspicion, the owner check's rules
     "peers.dht": {"peers.keys", "peers.wire", "peers.trust"},  # node, records, probes, processes
-    "peers.rounds": {"peers.keys", "peers.wire", "peers.trust", "peers.dht", "peers.reducers"},
-    "peers.state": {"peers.keys", "peers.wire", "peers.trust", "peers.dht"},  # state transfer
+    "peers.state": {"peers.keys", "peers.wire", "peers.trust", "peers.dht"},  # state transfer, certificates
+    # rounds read the certified history (peers.rounds.seats) from peers.state
+    "peers.rounds": {"peers.keys", "peers.wire", "peers.trust", "peers.dht", "peers.reducers", "peers.state"},
     "peers.swarm": {"peers.keys", "peers.wire", "peers.trust", "peers.dht", "peers.rounds", "peers.state"},
 }
 # swarmtrain/app/ by concern; a top-level app module (cli, logs, units, local_run) is its own unit
@@ -58,6 +59,8 @@ APP_LAYERS: dict[str, set[str]] = {
 SIMULATION_ENTRY = {
     "swarmtrain.app.commands.simulate",
     "swarmtrain.app.commands.simulate_swarm",
+    "swarmtrain.app.commands.simulate_checks",  # simulate's name checks
+    "swarmtrain.app.commands.intruder_report",  # simulate's intruder lines and fields
     "swarmtrain.app.commands.bench",
 }
 
