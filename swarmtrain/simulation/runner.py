@@ -107,10 +107,33 @@ def run_simulation(
         raise SwarmError("need at least one peer")
     check_attack_fits_strategy(cfg)
     cfg = loopback_copy(cfg)
+    t0 = time.perf_counter()
+    outcomes, sup = _run_processes(
+        cfg, n_peers, timeout, on_progress, intruders, chaos, regions, colluders, newcomer, old_state_rules
+    )
+    res = _summarise(cfg, outcomes, time.perf_counter() - t0, sup, intruders)
+    res.colluders, res.old_state_rules = colluders, old_state_rules
+    res.colluder_reports = [sup.intrusion.colluders[i] for i in sorted(sup.intrusion.colluders)]
+    return res
+
+
+def _run_processes(
+    cfg: Config,
+    n_peers: int,
+    timeout: float,
+    on_progress: Callable[[int, PeerStatus], None] | None,
+    intruders: int,
+    chaos: ChaosSpec | None,
+    regions: EmulatedRegions | None,
+    colluders: int,
+    newcomer: bool,
+    old_state_rules: bool,
+) -> tuple[Any, Supervisor]:
+    """Start the bootstrap, the peers, intruders and colluders; collect the peers' outcomes; tear
+    every process down. Returns (outcomes, the supervisor)."""
     quiet_resource_tracker()
     q = mp.get_context("spawn").Queue()
     procs: list[Any] = []
-    t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
     level = child_log_level()
     with tempfile.TemporaryDirectory(prefix="swarmtrain-sim-") as folder:
@@ -132,10 +155,7 @@ def run_simulation(
             outcomes = sup.collect(deadline)
         finally:
             tear_down(procs, q)
-    res = _summarise(cfg, outcomes, time.perf_counter() - t0, sup, intruders)
-    res.colluders, res.old_state_rules = colluders, old_state_rules
-    res.colluder_reports = [sup.intrusion.colluders[i] for i in sorted(sup.intrusion.colluders)]
-    return res
+    return outcomes, sup
 
 
 def child_log_level() -> int:
