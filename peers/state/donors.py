@@ -249,7 +249,7 @@ def candidates(
     found = witnessed(node, run, found, errors)
     states = certified_states(node, run, exclude, errors)
     if states is not None:  # the run has commit certificates: only a certified state is taken
-        logger.info(
+        logger.debug(
             "certified rounds %s; announced %s",
             {r: (len(c.signers), c.group_size) for r, c in sorted(states.items())[-3:]},
             [(a[0], a[1][-6:]) for a in found[:6]],
@@ -279,7 +279,7 @@ def certified_states(
         return {}
     certs = [c for c in read if c.signer not in exclude]
     if not certs:
-        logger.info("no commit certificate read: the vouching rules apply")
+        logger.debug("no commit certificate read: the vouching rules apply")
         return None
     try:
         live: frozenset[str] | None = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
