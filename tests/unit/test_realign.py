@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from optimizers.diloco import DiLoCo
-from swarmtrain.app.peer.realign import DECAY_AFTER, Realign, fast_forward
+from swarmtrain.app.peer.realign import DECAY_AFTER, MAX_SKIP_ROUNDS, Realign, fast_forward, skip_rounds
 
 
 def test_the_skip_grows_with_late_rounds_up_to_half_a_period() -> None:
@@ -47,6 +47,24 @@ def test_fast_forward_moves_the_trainer_step_with_the_strategy() -> None:
     assert fast_forward(trainer, 0) == 0 and trainer.strategy.skipped == [5]
     plain = SimpleNamespace(strategy=object(), step=7)  # a strategy that cannot: nothing happens
     assert fast_forward(plain, 5) == 0 and plain.step == 7
+
+
+class _Periodic(_Strategy):
+    inner_steps = 10
+
+
+def test_a_state_older_than_the_next_round_moves_the_step_count_by_whole_periods() -> None:
+    """A newcomer that adopted a snapshot taken one round before the swarm's latest commit keeps the
+    swarm's step numbers (one period ahead), so its last sync is the run's last round; only for a
+    periodic strategy that can realign, and never for a round gap beyond ``MAX_SKIP_ROUNDS``."""
+    trainer = SimpleNamespace(strategy=_Periodic(), step=40)
+    assert skip_rounds(trainer, 1) == 10 and trainer.step == 50
+    assert trainer.strategy.skipped == []  # the phase inside the period is left as it is
+    assert skip_rounds(trainer, 0) == 0 and skip_rounds(trainer, -3) == 0 and trainer.step == 50
+    assert skip_rounds(trainer, MAX_SKIP_ROUNDS + 1) == 0 and trainer.step == 50  # a round from far ahead
+    for other in (_Strategy(), object()):  # no period, or cannot realign (Streaming DiLoCo, DeMo, DP)
+        plain = SimpleNamespace(strategy=other, step=7)
+        assert skip_rounds(plain, 1) == 0 and plain.step == 7
 
 
 def test_diloco_syncs_after_the_rest_of_a_fast_forwarded_period() -> None:

@@ -26,14 +26,16 @@ import statistics
 from typing import Any
 
 from swarmtrain.core.errors import SwarmError
-from swarmtrain.core.protocols import FastForward
+from swarmtrain.core.protocols import FastForward, PeriodicStrategy
 
-__all__ = ["Realign", "DECAY_AFTER", "fast_forward", "steps_behind", "state_age"]
+__all__ = ["Realign", "DECAY_AFTER", "fast_forward", "skip_rounds", "steps_behind", "state_age"]
 
 logger = logging.getLogger(__name__)
 
 #: committed rounds in a row after which the skip shrinks by one step
 DECAY_AFTER = 4
+#: rounds an adopted state may be behind the next round for the step count to follow (``skip_rounds``)
+MAX_SKIP_ROUNDS = 2
 
 
 class Realign:
@@ -83,6 +85,27 @@ def fast_forward(trainer: Any, steps: int) -> int:
         return 0
     k = int(trainer.strategy.fast_forward(steps))
     trainer.step += k
+    return k
+
+
+def skip_rounds(trainer: Any, rounds: int) -> int:
+    """A state adopted ``rounds`` rounds older than the round this peer joins next (its donor
+    snapshot was taken before the swarm's latest commit): the trainer's step count moves ahead by as
+    many sync periods, so the peer's syncs keep the swarm's step numbers and its last sync is the
+    swarm's last round (one period behind, a newcomer would wait for a round nobody else runs).
+    Only for a strategy with one round per period of ``H`` steps that can realign (DiLoCo), and at
+    most :data:`MAX_SKIP_ROUNDS` rounds (the race it answers costs one; a round number further ahead
+    comes from the others' records, which a few peers could inflate); returns the steps added."""
+    strategy = trainer.strategy
+    if (
+        not 0 < rounds <= MAX_SKIP_ROUNDS
+        or not isinstance(strategy, FastForward)
+        or not isinstance(strategy, PeriodicStrategy)
+    ):
+        return 0
+    k = rounds * int(strategy.inner_steps)
+    trainer.step += k
+    logger.info("the adopted state is %d round(s) old: step count %d ahead", rounds, k)
     return k
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from peers.state.donors import MAX_ROUND
-from swarmtrain.app.peer.realign import state_age
+from swarmtrain.app.peer.realign import skip_rounds, state_age
 from swarmtrain.app.train.checkpoint import CheckpointError, pack_state, unpack_state
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
 from swarmtrain.core.protocols import GlobalParameters, Strategy
@@ -245,6 +245,7 @@ def adopt_swarm_state(
         )
         rnd, digest = adopted[-1]
         same_round = rnd >= collective.round_id
+        skip_rounds(trainer, collective.round_id - rnd)  # its step count in step with the rounds
         collective.round_id = max(rnd, collective.round_id)
     except NoStateAnnounced:  # the run's first peer: nothing to act on
         logger.info("no peer of the run announced a state: this peer starts from its own")
