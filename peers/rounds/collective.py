@@ -451,7 +451,7 @@ class P2PCollective:
                 self._failed(io, kind, r, e)
                 members = io.group.members if io is not None else ()
                 if self.seats is not None and members:  # its newcomers back off (a seated round)
-                    self.seats.failed(members, r)
+                    self.seats.failed(members, r, missing=getattr(e, "missing", ()))
                 bytes_ = self.ledger.round_bytes(kind, r)
                 return _Outcome(r, members, *bytes_, reason=str(e), late=isinstance(e, RoundLate)), None
             finally:

@@ -28,7 +28,16 @@ __all__ = [
 
 
 class RoundFailed(SwarmError):
-    """The round could not be formed or finished; the message says why (returned in ``RoundResult``)."""
+    """The round could not be formed or finished; the message says why (returned in ``RoundResult``).
+
+    Attributes:
+        missing: the members whose messages this peer still waited for (full peer IDs), when the
+            failure says (a timeout or a disconnected member); empty when it does not.
+    """
+
+    def __init__(self, message: str, missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class RoundLate(RoundFailed):

@@ -204,8 +204,8 @@ class RoundIO:
             if slot is None and time.monotonic() - start > poll:
                 self._check_connected(missing(self.snapshot()))
         if slot is None:
-            gone = [m[:12] for m in missing(self.snapshot())]
-            raise RoundTimeout(f"{timeout_text} from {gone}")
+            late = tuple(missing(self.snapshot()))
+            raise RoundTimeout(f"{timeout_text} from {[m[:12] for m in late]}", missing=late)
         self.check_aborts(slot, own_failures=own_failures)
         return slot
 
@@ -266,9 +266,9 @@ class RoundIO:
         connected = self.link.connected()
         if connected is None:
             return
-        gone = [m[:12] for m in missing if m not in connected]
+        gone = tuple(m for m in missing if m not in connected)
         if gone:
-            raise MemberGone(f"members {gone} disconnected")
+            raise MemberGone(f"members {[m[:12] for m in gone]} disconnected", missing=gone)
 
     def decode_chunk(self, compressor: Compressor, frames: Sequence[bytes], length: int) -> torch.Tensor:
         """Decode one chunk into a flat fp32 tensor of ``length`` elements (see :func:`decode_chunk`)."""

@@ -21,11 +21,12 @@ peers seated in every round commit nothing. Once the run has a certified history
   refuses, or ignores a list whose leader it does not know as established, it reads the
   certificates once more (at most once a second: :data:`REREAD_S`), so a view that lags one store
   behind the leader's does not fail a round.
-* **Back-off**: a newcomer seated in a round that failed is not seated again for
-  :data:`BACKOFF_ROUNDS` rounds, then twice as many after each further failure: a staller costs a
-  round now and then, not every round. Each peer keeps its own count from the rounds it was in,
-  and only a leader applies it (members' counts differ: a member refusing a list over its own count
-  would fail rounds the others see as fine).
+* **Back-off**: a newcomer seated in a round that failed (one the failure names as missing, when it
+  names any: a timeout, a disconnect) is not seated again for :data:`BACKOFF_ROUNDS` rounds, then
+  twice as many after each further failure: a staller costs a round now and then, not every round,
+  and an honest newcomer of a round that an established member left is not blamed. Each peer keeps
+  its own count from the rounds it was in, and only a leader applies it (members' counts differ: a
+  member refusing a list over its own count would fail rounds the others see as fine).
 * **No early close without the established**: a leader that may close early (``expected_peers``
   joined) waits while an established member of its last group that is still connected has not
   joined, so newcomers that join first cannot take the places of established members.
@@ -209,13 +210,16 @@ class Seats:
 
     # --- back-off -----------------------------------------------------------------------------------
 
-    def failed(self, members: Sequence[str], round_id: int) -> None:
-        """Round ``round_id`` with ``members`` failed: its newcomers back off."""
+    def failed(self, members: Sequence[str], round_id: int, missing: Iterable[str] = ()) -> None:
+        """Round ``round_id`` with ``members`` failed: its newcomers back off; when the failure names
+        the ``missing`` members (a timeout, a disconnect), only the newcomers among them (an honest
+        newcomer seated in a round an established member left does not)."""
         if not self.active(round_id):
             return
         est = self.established(round_id)
+        suspects = set(missing) & set(members) or set(members)
         for p in members:
-            if p not in est:
+            if p not in est and p in suspects:
                 n = self.backoff.get(p, (0, 0))[0] + 1
                 until = round_id + self.backoff_rounds * 2 ** min(n - 1, _MAX_DOUBLINGS)
                 self.backoff[p] = (n, until)

@@ -105,6 +105,25 @@ def test_a_newcomer_of_a_failed_round_backs_off_longer_each_time() -> None:
     assert not s.barred("0m", 5)
 
 
+def test_only_a_newcomer_the_failure_names_as_missing_backs_off() -> None:
+    """A round that failed waiting for an established member (it was killed) bars no newcomer; one
+    that waited for a newcomer bars that one only; a failure that names nobody bars every newcomer."""
+    s = _seats()
+    s.failed(["0m", "0n", "E1", "E2"], 10, missing=("E2",))
+    assert not s.barred("0m", 11) and not s.barred("0n", 11)
+    s.failed(["0m", "0n", "E1", "E2"], 12, missing=("0n", "E2"))
+    assert s.barred("0n", 13) and not s.barred("0m", 13)
+    s.failed(["0m", "E1", "E2"], 14, missing=())
+    assert s.barred("0m", 15)
+
+
+def test_a_round_failure_names_the_members_it_waited_for() -> None:
+    from peers.rounds.round_errors import MemberAborted, MemberGone, RoundTimeout
+
+    assert RoundTimeout("t", missing=("a", "b")).missing == ("a", "b")
+    assert MemberGone("g").missing == () and MemberAborted("x").missing == ()
+
+
 def test_the_established_members_of_the_last_group_are_waited_for() -> None:
     s = _seats()
     assert s.waiting(["E1", "E2", "0n"], ["E1", "0n", "0m"], 5) == frozenset({"E2"})
