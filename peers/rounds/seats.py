@@ -120,6 +120,13 @@ class Seats:
         run = run_id or node.run_id
         return cls(lambda timeout: read_view(node, run, timeout))
 
+    @classmethod
+    def for_admission(cls, node: Any, admission: str) -> Seats | None:
+        """The rule for a run with this admission policy: under ``open`` (anyone may join a round)
+        :meth:`for_node`; ``None`` under ``allowlist`` and ``token``, where every member is admitted.
+        The peer loop's choice."""
+        return cls.for_node(node) if admission == "open" else None
+
     # --- the view -----------------------------------------------------------------------------------
 
     def note(self, states: Iterable[Certified], live: frozenset[str] | None) -> None:

@@ -117,6 +117,14 @@ def test_only_a_newcomer_the_failure_names_as_missing_backs_off() -> None:
     assert s.barred("0m", 15)
 
 
+def test_the_rule_is_on_under_open_only() -> None:
+    from types import SimpleNamespace
+
+    node = SimpleNamespace(run_id="r")  # for_node keeps a reader of the node's DHT; nothing is read yet
+    assert isinstance(Seats.for_admission(node, "open"), Seats)
+    assert Seats.for_admission(node, "token") is None and Seats.for_admission(node, "allowlist") is None
+
+
 def test_a_round_failure_names_the_members_it_waited_for() -> None:
     from peers.rounds.round_errors import MemberAborted, MemberGone, RoundTimeout
 

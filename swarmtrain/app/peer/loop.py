@@ -140,6 +140,7 @@ class _Peer:
         """The ``P2PCollective`` (it keeps the round number and bans) and what the trainer talks
         through: it, or the hooks' wrapper of it."""
         from peers import P2PCollective
+        from peers.rounds.seats import Seats
 
         cfg, membership = self.cfg, self.membership
         p2p = P2PCollective(
@@ -148,6 +149,7 @@ class _Peer:
             expected_peers=membership.n_peers,
             join_window=cfg.peers.join_window,
             guard=self.guard,
+            seats=Seats.for_admission(self.node, cfg.peers.admission),  # None unless open
         )
         collective: Collective = p2p
         if self.hooks.wrap_collective is not None:
