@@ -66,6 +66,9 @@ META_KEY = "swarmtrain"
 #: seconds a member's commit certificates outlive their last store: a state stays certified a while
 #: after some of the members that signed it left (the established peers count only live ones)
 CERTIFICATE_TTL = 600.0
+#: seconds before an announcement that failed (a loaded DHT) is tried again, instead of a third of
+#: its TTL: until then newcomers see an older certified state and adopt that one
+RETRY_ANNOUNCE_S = 2.0
 
 
 class NoStateAnnounced(PeerTimeoutError):
@@ -153,6 +156,7 @@ class StateServer:
         self.leaving = False  # announced too: a peer about to leave is nobody's holder of the state
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._failed = threading.Event()  # the last announcement failed: retried soon
         self.chunks = ChunkServer(
             node, self.run_id, self.ledger, keep=self.keep, upload_rate=upload_rate, chunk_bytes=chunk_bytes
         )
@@ -204,11 +208,21 @@ class StateServer:
         self.leaving = True
         self._announce()
 
-    def _announce(self) -> None:
+    def _announce(self) -> bool:
+        """Store the certificates, then the announcement; whether both were stored (nothing to
+        announce counts as done). A failure is tried again soon (``_reannounce``)."""
+        ok = self._store_announcement()
+        if ok:
+            self._failed.clear()
+        else:
+            self._failed.set()
+        return ok
+
+    def _store_announcement(self) -> bool:
         with self._lock:
             latest = self._latest
             if latest is None:
-                return
+                return True
             vouches = list(self._vouches)
             certs = list(self._certificates)
         digest, nbytes, rnd, manifest = latest
@@ -223,21 +237,32 @@ class StateServer:
                 subkey=self.node.peer_id,
                 return_future=True,
             ).result(15.0):
-                logger.warning("storing the commit certificates failed: the state is announced next time")
-                return
-            self.node.dht.store(
-                state_key(self.run_id),
-                value,
-                dht_time() + self.announce_ttl,
-                subkey=self.node.peer_id,
-                return_future=True,
-            ).result(15.0)
+                logger.warning(
+                    "storing the commit certificates failed: the state is announced in %.0f s",
+                    RETRY_ANNOUNCE_S,
+                )
+                return False
+            return bool(
+                self.node.dht.store(
+                    state_key(self.run_id),
+                    value,
+                    dht_time() + self.announce_ttl,
+                    subkey=self.node.peer_id,
+                    return_future=True,
+                ).result(15.0)
+            )
         except Exception as e:
             logger.warning("announcing the state failed: %s", e)
+            return False
 
     def _reannounce(self) -> None:
-        while not self._stop.wait(self.announce_ttl / 3.0):
-            self._announce()
+        """Announce again every third of the TTL, and :data:`RETRY_ANNOUNCE_S` after a failed one
+        (its own or ``refresh``'s)."""
+        last = time.monotonic()
+        while not self._stop.wait(RETRY_ANNOUNCE_S):
+            if self._failed.is_set() or time.monotonic() - last >= self.announce_ttl / 3.0:
+                last = time.monotonic()
+                self._announce()
 
     def close(self) -> None:
         """Stop serving and announcing."""
