@@ -399,7 +399,7 @@ class Matchmaker:
 
     def _seat(self, joined: list[str], round_id: int) -> tuple[str, ...]:
         """The list a leader publishes from these joiners: all of them, or the seat rule's pick."""
-        seated = tuple(joined) if self.seats is None else self.seats.seat(joined, round_id)
+        seated = tuple(joined) if self.seats is None else self.seats.seat(joined, round_id, self.min_peers)
         return seated[:_MAX_MEMBERS]
 
     def _may_close(self, joined: list[str], seated: tuple[str, ...], close_at: float, round_id: int) -> bool:

@@ -17,7 +17,9 @@ peers seated in every round commit nothing. Once the run has a certified history
   list published by anyone else is ignored, like a banned leader's.
 * **Seats**: a list seats at most :func:`newcomer_seats` ``= max(1, established // 2)`` newcomers
   (members not established). Every member checks a list against its own view and refuses one that
-  breaks the rule (:class:`TooManyNewcomers`, handled like a list naming a banned peer). Before it
+  breaks the rule (:class:`TooManyNewcomers`, handled like a list naming a banned peer). A leader
+  that would seat fewer than the round's minimum seats newcomers up to it (its view may lack
+  certificates the others hold). Before it
   refuses, or ignores a list whose leader it does not know as established, it reads the
   certificates once more (at most once a second: :data:`REREAD_S`), so a view that lags one store
   behind the leader's does not fail a round.
@@ -185,17 +187,27 @@ class Seats:
             return leader == min(members)
         return leader in self.established(round_id)
 
-    def seat(self, joined: Sequence[str], round_id: int) -> tuple[str, ...]:
+    def seat(self, joined: Sequence[str], round_id: int, needs: int = 0) -> tuple[str, ...]:
         """A leader's list from its joiners: every established one and up to :func:`newcomer_seats`
         newcomers that are not backing off, in an order that changes every round (a hash of the
-        round and the peer ID: no peer ID is seated first every time); sorted."""
+        round and the peer ID: no peer ID is seated first every time); sorted. When that seats fewer
+        than ``needs`` (the round's minimum), newcomers are seated up to it, those backing off too:
+        a round that cannot form without them fails anyway, and this leader's view may lack
+        certificates the others hold (a store or read that failed under load)."""
         if not self.active(round_id):
             return tuple(sorted(joined))
         est = self.established(round_id)
         old = [p for p in joined if p in est]
-        new = [p for p in joined if p not in est and not self.barred(p, round_id)]
-        new.sort(key=lambda p: hashlib.blake2b(f"{round_id}|{p}".encode(), digest_size=8).digest())
-        return tuple(sorted(old + new[: newcomer_seats(len(old))]))
+        new = sorted(
+            (p for p in joined if p not in est),
+            key=lambda p: (
+                self.barred(p, round_id),
+                hashlib.blake2b(f"{round_id}|{p}".encode(), digest_size=8).digest(),
+            ),
+        )
+        free = sum(not self.barred(p, round_id) for p in new)
+        k = max(min(newcomer_seats(len(old)), free), needs - len(old))
+        return tuple(sorted(old + new[: max(k, 0)]))
 
     def breaks(self, members: Sequence[str], round_id: int) -> str | None:
         """Why a published list breaks the rule in this peer's view (``None``: it does not)."""

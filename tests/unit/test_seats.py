@@ -79,6 +79,18 @@ def test_a_leader_seats_a_bounded_share_of_newcomers() -> None:
     assert len(s.seat(["0a", "0b", "0c", "E1", "E2", "E3", "E4"], 5)) == 6  # 4 established: 2 seats
 
 
+def test_a_round_that_needs_more_members_seats_newcomers_up_to_its_minimum() -> None:
+    """A leader whose view lacks the others' certificates (a store or read that failed under load)
+    still closes a round of ``min_peers``: newcomers are seated up to it, those backing off last."""
+    s = _seats()
+    assert s.seat(["0m", "0n", "E1"], 5, needs=3) == ("0m", "0n", "E1")  # 1 seat by the rule alone
+    assert len(s.seat(["0m", "0n", "E1"], 5, needs=2)) == 2
+    s.failed(["0n", "E1"], 10)  # 0n backs off
+    assert s.seat(["0m", "0n", "E1", "E2"], 11, needs=3) == ("0m", "E1", "E2")  # the free one first
+    assert s.seat(["0n", "E1", "E2"], 11, needs=3) == ("0n", "E1", "E2")  # barred, but needed
+    assert s.seat(["0n", "E1", "E2"], 11, needs=2) == ("E1", "E2")
+
+
 def test_which_newcomer_is_seated_changes_with_the_round() -> None:
     s = _seats()
     picks = {s.seat(["0m", "0n", "E1", "E2", "E3"], r)[0] for r in range(5, 25)}
