@@ -237,23 +237,23 @@ class StateServer:
                 subkey=self.node.peer_id,
                 return_future=True,
             ).result(15.0):
-                logger.warning(
-                    "storing the commit certificates failed: the state is announced in %.0f s",
-                    RETRY_ANNOUNCE_S,
-                )
+                self._warn_once("storing the commit certificates failed: tried again every %.0f s")
                 return False
-            return bool(
-                self.node.dht.store(
-                    state_key(self.run_id),
-                    value,
-                    dht_time() + self.announce_ttl,
-                    subkey=self.node.peer_id,
-                    return_future=True,
-                ).result(15.0)
-            )
+            self.node.dht.store(
+                state_key(self.run_id),
+                value,
+                dht_time() + self.announce_ttl,
+                subkey=self.node.peer_id,
+                return_future=True,
+            ).result(15.0)
+            return True
         except Exception as e:
-            logger.warning("announcing the state failed: %s", e)
+            self._warn_once("announcing the state failed (%s): tried again every %.0f s", e)
             return False
+
+    def _warn_once(self, message: str, *args: object) -> None:
+        """A failure's warning the first time in a row; its retries at debug level."""
+        (logger.debug if self._failed.is_set() else logger.warning)(message, *args, RETRY_ANNOUNCE_S)
 
     def _reannounce(self) -> None:
         """Announce again every third of the TTL, and :data:`RETRY_ANNOUNCE_S` after a failed one
