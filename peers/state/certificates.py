@@ -23,8 +23,16 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
   hand their state to those two: ``swarmtrain.app.peer.preemption``) look exactly like two colluders
   of four, and their round must be taken.
 
-So colluders fewer than half of a round's group, and fewer than half of the established live peers,
-plant nothing. What a majority can still do is in ``docs/threat-model.md``.
+* **chain**: at least half of the live signers of the round taken before it (the certified round
+  just below, by these same rules) signed it too. The established peers are read from the DHT, and
+  a loaded DHT returns some members' records late or not at all: two colluders of six that never
+  took part in the run's rounds were half of what such a read left (issue 30). Their round has none
+  of the previous round's signers, whatever was read of the others' records; a group that shrinks
+  by half or less (preemptions, the hand-off above) carries its round on.
+
+So colluders fewer than half of a round's group, fewer than half of the established live peers and
+fewer than half of the previous round's live signers plant nothing. What a majority can still do is
+in ``docs/threat-model.md``.
 """
 
 from __future__ import annotations
@@ -224,12 +232,23 @@ def certified(
         established |= q.signers
     if live is not None:
         established &= live
-    out = {}
-    for rnd, q in quorum.items():
+    out: dict[int, Certified] = {}
+    prev: Certified | None = None  # the round before, as taken
+    for rnd in sorted(quorum):
+        q = quorum[rnd]
         if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
             continue
+        if prev is not None:
+            before = prev.signers if live is None else prev.signers & live
+            carried = len(q.signers & prev.signers)
+            if 2 * carried < len(before):
+                errs.append(
+                    f"round {rnd}: {carried} of the {len(before)} live signers of round {prev.round} signed"
+                )
+                continue
         out[rnd] = q
+        prev = q
     return out
 
 

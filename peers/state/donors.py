@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -247,23 +247,29 @@ def candidates(
         exclude = exclude | admitted.refused()
     found = [a for a in announcements(node, run, 15.0, vouches, manifests) if a[1] not in exclude]
     found = witnessed(node, run, found, errors)
-    states = certified_states(node, run, exclude, errors)
+    states = certified_states(node, run, exclude, errors, found)
     if states is not None:  # the run has commit certificates: only a certified state is taken
-        logger.debug(
-            "certified rounds %s; announced %s",
-            {r: (len(c.signers), c.group_size) for r, c in sorted(states.items())[-3:]},
-            [(a[0], a[1][-6:]) for a in found[:6]],
-        )
         return by_certificate(found, states, errors)
     return vouched(found, vouches, vouchers, errors)
 
 
 def certified_states(
-    node: PeerNode, run: str, exclude: frozenset[str], errors: list[str]
+    node: PeerNode,
+    run: str,
+    exclude: frozenset[str],
+    errors: list[str],
+    found: Sequence[Announcement] = (),
 ) -> dict[int, Certified] | None:
     """The run's certified states by round (``peers.state.certificates.certified``: a quorum of each
     round's group, admitted signers, bounded by the established live peers); ``None`` when the run
-    has no valid certificate yet (no round committed: the vouching rules alone apply then)."""
+    has no valid certificate yet (no round committed: the vouching rules alone apply then).
+
+    ``found``: the announcements just read. A donor announces a state of round 1 or later only once
+    rounds have committed, and every commit is certified; so while such an announcement stands, no
+    certificate read means a read that came back empty (a loaded DHT answers "nothing found" as
+    readily as it times out), not a run without certificates: nothing is certified this time. The
+    donors that announced are live peers too, beside those whose peer record was read: a live read
+    that missed some of them would shrink the history bound."""
     # Every signer is admitted: its commit record is a signed DHT record, whose writer's join token
     # (expiry included) the record validator checks when another node stores it and when another
     # node returns it (``peers.dht.dht_records``), and ``exclude`` holds the peers this node refuses
@@ -274,18 +280,35 @@ def certified_states(
     except CertificatesUnread as e:
         # fail closed: a read that failed is not a run without certificates (whose weaker vouching
         # rules colluders pass); nothing is certified this time, the newcomer looks again
-        errors.append(str(e))
-        logger.warning("%s: no state taken this time", e)
-        return {}
+        return _unread(str(e), errors)
     certs = [c for c in read if c.signer not in exclude]
     if not certs:
+        committed = max((a[0] for a in found), default=0)
+        if committed > 0:
+            return _unread(f"donors announce round {committed}, but no commit certificate was read", errors)
         logger.debug("no commit certificate read: the vouching rules apply")
         return None
     try:
-        live: frozenset[str] | None = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
+        records = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
     except SwarmError:
-        live = None
-    return certified(certs, live=live, errors=errors)
+        records = frozenset()
+    # an empty read says nothing of who is live (None: every established signer counts)
+    live = records | {a[1] for a in found} if records else None
+    states = certified(certs, live=live, errors=errors)
+    logger.debug(
+        "certified rounds %s (signers, group); %s live peers; announced %s",
+        {r: (len(c.signers), c.group_size) for r, c in sorted(states.items())[-3:]},
+        "unknown" if live is None else len(live),
+        [(a[0], a[1][-6:]) for a in found[:6]],
+    )
+    return states
+
+
+def _unread(why: str, errors: list[str]) -> dict[int, Certified]:
+    """Nothing certified this time (logged, appended to ``errors``): the newcomer looks again."""
+    errors.append(why)
+    logger.warning("%s: no state taken this time", why)
+    return {}
 
 
 def by_certificate(

@@ -165,8 +165,8 @@ def test_a_revoked_donor_neither_serves_nor_vouches(run_key: RunKey, monkeypatch
 
     monkeypatch.setattr(donors, "announcements", found)
     monkeypatch.setattr(donors, "witnessed", lambda node, run, got, errors: got)
-    # a run without commit certificates (the node has no DHT: a failed read would now take nothing)
-    monkeypatch.setattr(donors, "read_certificates", lambda *args, **kwargs: [])
+    # the vouching rules (as in a run before commit certificates; the node has no DHT to read them)
+    monkeypatch.setattr(donors, "certified_states", lambda *args, **kwargs: None)
     revoked = [sign_revocation(run_key, RUN, "R", T0 + 1e6)]
     admitted = AdmittedPeers(_policy(run_key), list, revocations=lambda: revoked, clock=Clock())
     node = SimpleNamespace(run_id=RUN, admitted=admitted)

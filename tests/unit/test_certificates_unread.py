@@ -1,13 +1,19 @@
 """A newcomer that cannot read the run's commit certificates takes no state that time: a failed or
 timed-out read is not "a run without certificates", whose weaker vouching rules two colluders pass
-(``peers.state.donors.certified_states``; seen on a loaded machine, issue 30.6)."""
+(``peers.state.donors.certified_states``; seen on a loaded machine, issue 30.6). Nor is a read that
+came back empty while donors announce committed rounds, and an empty read of the peer records does
+not lift the bound the established live peers set."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from peers.state import donors
+from peers.state.certificates import Certificate
 
 
 class _Dht:
@@ -26,11 +32,17 @@ class _Dht:
 
 
 class _Node:
-    def __init__(self, error: BaseException | None) -> None:
+    def __init__(self, error: BaseException | None, live: tuple[str, ...] = ()) -> None:
         self.dht, self.run_id, self.peer_id = _Dht(error), "t-unread", "me"
+        self.live = live
 
     def live_peers(self, run: str, timeout: float) -> list[Any]:
-        return []
+        return [SimpleNamespace(peer_id=p) for p in self.live]
+
+
+D, E = b"d" * 32, b"e" * 32
+HONEST = [Certificate(p, 5, D, 4) for p in "abcd"]  # round 5, committed by a group of four
+AHEAD = [Certificate(p, 6, E, 2) for p in "xy"]  # two colluders sign round 6 as a group of two
 
 
 def test_a_failed_certificate_read_certifies_nothing() -> None:
@@ -44,3 +56,31 @@ def test_a_run_without_certificates_keeps_the_vouching_rules() -> None:
     errors: list[str] = []
     assert donors.certified_states(_Node(None), "t-unread", frozenset(), errors) is None  # type: ignore[arg-type]
     assert errors == []
+
+
+def test_an_empty_read_while_donors_announce_committed_rounds_certifies_nothing() -> None:
+    """A loaded DHT answers "nothing found" as readily as it times out: with donors announcing round
+    6, an empty read is not a run without certificates (before: the vouching rules, the control's)."""
+    errors: list[str] = []
+    found = [(6, "x", b"h" * 32, 10), (5, "a", b"h" * 32, 10)]
+    assert donors.certified_states(_Node(None), "t-unread", frozenset(), errors, found) == {}  # type: ignore[arg-type]
+    assert errors == ["donors announce round 6, but no commit certificate was read"]
+
+
+@pytest.mark.parametrize("live", [(), ("a", "x", "y")])
+def test_a_live_read_that_misses_honest_peers_keeps_them_established(
+    live: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history bound counts the established peers that are live. A read of the peer records
+    that came back empty, or missed honest peers whose announcements were read, must not shrink it:
+    the colluders x and y would be half of what is left (before: an empty read left no bound)."""
+    monkeypatch.setattr(donors, "read_certificates", lambda *a, **k: HONEST + AHEAD)
+    found = [(6, p, b"h" * 32, 10) for p in "xy"] + [(5, p, b"h" * 32, 10) for p in "abcd"]
+    errors: list[str] = []
+    states = donors.certified_states(_Node(None, live), "t-unread", frozenset(), errors, found)  # type: ignore[arg-type]
+    assert states is not None and set(states) == {5}
+    assert any("round 6: 2 of the 6 established peers signed" in e for e in errors), errors
+    # the control: an empty read taken as it is (nobody live) lifts the bound
+    from peers.state.certificates import certified
+
+    assert 6 in certified(HONEST + AHEAD, live=frozenset())

@@ -185,3 +185,29 @@ def test_only_announcements_of_a_certified_round_are_taken_with_its_digest() -> 
     out = by_certificate(found, states, errors)
     assert [(a[1], d) for a, d in out] == [("a", D), ("x", D)]  # x's round-5 bytes face the digest check
     assert "round 6 has no certified state" in errors[0]
+
+
+def test_colluders_that_signed_none_of_the_previous_round_are_refused_whatever_was_read() -> None:
+    """Issue 30, seen under load at 60 steps: round 1 had three members (the fourth restarting), one
+    of their records was not read, so two colluders signing round 2 as a group of two were two of
+    the four established peers read: half, enough for the history bound. None of them signed round
+    1, whose live signers are the chain their round must carry on."""
+    certs = [_c(p, 1, D, 3) for p in "ab"] + [_c(p, 2, E, 2) for p in "xy"]  # c's record was not read
+    errors: list[str] = []
+    got = certified(certs, live=frozenset("abcxy"), errors=errors)
+    assert set(got) == {1}
+    assert any("round 2: 0 of the 2 live signers of round 1 signed" in e for e in errors), errors
+    # the control: had they signed round 1 too (they know its digest), two of its four signers read
+    # carry the chain: c's missing record is what lets it through, the residual the threat model states
+    carry = certs + [_c(p, 1, D, 3) for p in "xy"]
+    assert certified(carry, live=frozenset("abcxy"))[2].digest == E
+    assert 2 not in certified(carry + [_c("c", 1, D, 3)], live=frozenset("abcxy"))  # c read: 2 of 5
+
+def test_a_group_that_shrinks_by_half_carries_its_rounds_on() -> None:
+    """Half of round 5's live signers sign round 6 (the others preempted or late): taken; a group of
+    six that loses four at once waits until the old round's records expire."""
+    certs = [_c(p, 5, D, 4) for p in "abcd"] + [_c(p, 6, E, 2) for p in "ab"] + [_c(p, 7, D, 2) for p in "ab"]
+    assert set(certified(certs, live=frozenset("abcd"))) == {5, 6, 7}
+    six = [_c(p, 5, D, 6) for p in "abcdef"] + [_c(p, 6, E, 2) for p in "ab"]
+    assert 6 not in certified(six, live=frozenset("abcdef"))
+    assert 6 in certified(six, live=frozenset("ab"))  # the four that left no longer count
