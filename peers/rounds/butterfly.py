@@ -77,6 +77,14 @@ def bound_weights(weights: list[float]) -> list[float]:
     return [min(w, cap) for w in weights]
 
 
+def over_cap(weights: list[float]) -> bool:
+    """Whether a weight of ``weights`` (as reduced) is above :data:`WEIGHT_CAP` times the lower median
+    of the positive ones: never after :func:`bound_weights`; counted per round (``weights_over_cap``
+    in the collective's ``counters``) so a run can show the cap held."""
+    positive = sorted(w for w in weights if w > 0)
+    return bool(positive) and positive[-1] > WEIGHT_CAP * positive[(len(positive) - 1) // 2] * (1 + 1e-9)
+
+
 def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
     """Weighted mean of ``rows`` accumulated in place into ``acc`` (``MeanReducer``'s rule and errors)."""
     total = float(sum(weights))
@@ -139,6 +147,7 @@ class ButterflyRound:
         }
         self.agg_frames: dict[tuple[int, int], bytes] = {}  # every aggregate's bytes, mine included
         self.partition_announced = False
+        self.weights_over_cap = False  # a chunk of mine was reduced with a weight above the cap
 
     def run(self) -> dict[str, torch.Tensor]:
         """Send the parts, exchange, settle, finish the check; returns name -> reduced tensor."""
@@ -146,6 +155,8 @@ class ButterflyRound:
         self.io.mark("encode_parts")
         self.exchange()
         self.io.mark("exchange")
+        if self.weights_over_cap:
+            self.io.counters["weights_over_cap"] += 1
         self.io.settle(self.sends)
         self.io.mark("wait_sends")
         self.check.finish(self.agg_frames)
@@ -225,7 +236,9 @@ class ButterflyRound:
             except (ProtocolError, ValueError, RuntimeError) as e:
                 self.excluded.add(p)
                 logger.warning("round %d: contribution of %s left out: %s", self.io.round_id, p[:12], e)
-        return rows, bound_weights(weights), who
+        applied = bound_weights(weights)
+        self.weights_over_cap |= over_cap(applied)
+        return rows, applied, who
 
     def reduce_chunk(self, slot: Slot, c: int) -> None:
         """Reduce my chunk ``c``, send its encoded aggregate to every other member, decode it into my

@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -180,6 +181,9 @@ class P2PCollective:
         self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
         self._call_lock = threading.Lock()
         self.last_timings: dict[str, float] = {}  # seconds per phase of the last round (diagnostics)
+        #: events across rounds (diagnostics): ``weights_over_cap``, rounds in which a chunk this peer
+        #: owned was reduced with a sender's weight above the cap (``peers.rounds.butterfly``)
+        self.counters: Counter[str] = Counter()
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
         self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only
@@ -324,7 +328,7 @@ class P2PCollective:
         n = max(8, 2 * group.size)
         self._mailbox.set_pre_group(Quota(pre, PRE_GROUP.entries), Quota(n * pre, n * PRE_GROUP.entries))
         clock.mark("group")
-        return RoundIO(self._link, group, kind, deadline, clock)
+        return RoundIO(self._link, group, kind, deadline, clock, self.counters)
 
     def _form_group(self, kind: str, round_id: int, deadline: float, clock: PhaseClock) -> Group:
         """Refresh the guard's bans (if any) and the peers this node no longer admits (a token expired

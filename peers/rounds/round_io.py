@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -97,8 +98,18 @@ class RoundIO:
         clock: where phase timings go.
     """
 
-    def __init__(self, link: RoundLink, group: Group, kind: str, deadline: float, clock: PhaseClock) -> None:
+    def __init__(
+        self,
+        link: RoundLink,
+        group: Group,
+        kind: str,
+        deadline: float,
+        clock: PhaseClock,
+        counters: Counter[str] | None = None,
+    ) -> None:
         self.link = link
+        #: the collective's event counts across rounds (diagnostics: ``weights_over_cap``)
+        self.counters: Counter[str] = counters if counters is not None else Counter()
         self.group = group
         self.kind = kind
         self.deadline = deadline

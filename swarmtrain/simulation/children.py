@@ -48,18 +48,22 @@ def peer_main(
     """One training peer: the app's peer loop with this rank's attack hooks; reports progress and a
     final ``PeerOutcome``. ``rejoin``: a restarted peer, which adopts the swarm's state before its
     first step and after a failed round, as a volunteer does. ``old_state_rules``: it takes states by
-    the rules before commit certificates (vouching donors, witnessed rounds): the control of an
-    intruder run, which must show that the colluders' forged state does get planted without them."""
+    the rules before commit certificates (vouching donors, witnessed rounds) and reduces senders'
+    weights as claimed (no cap): the control of an intruder run, which must show that the colluders'
+    forged state and inflated weight do act without them."""
     from swarmtrain.app.peer.loop import Membership, run_peer
     from swarmtrain.simulation.rss import RssWatch
     from swarmtrain.simulation.wiring import RankWiring
 
     quiet_logs(log_level)
     if old_state_rules:
+        from peers.rounds import butterfly
         from peers.state import donors
 
         # the run's certificates are read as absent: the vouching rules alone apply, as before them
         donors.certified_states = lambda *args, **kwargs: None  # type: ignore[assignment]
+        # and a sender's weight counts as claimed, as before the owners' cap (issue 13)
+        butterfly.bound_weights = lambda weights: weights
 
     try:
         cfg = Config.model_validate_json(cfg_json)
@@ -110,6 +114,7 @@ def peer_outcome(rank: int, run: PeerRun, attack_stats: dict[str, int]) -> PeerO
         ledger=run.ledger,
         wall_s=run.wall_s,
         banned=run.banned,
+        weights_over_cap=run.weights_over_cap,
         late_rounds=run.late_caught_up,
         attack_stats=attack_stats,
         donors=[str(d.get("donor", "")) for d in run.downloads],

@@ -10,7 +10,9 @@ peers let through; the honest peers' outcomes show the rest. Effects, all zero w
 * ``messages_accepted``: pushed joins, lists, parts and zero-byte messages an honest peer acknowledged;
 * ``bytes_accepted``: bytes of future-round messages an honest peer stored;
 * ``streams_held``: stalled or trickling streams an honest peer kept open to the intruder's limit;
-* ``states_served``: state downloads an honest donor served to an intruder.
+* ``states_served``: state downloads an honest donor served to an intruder;
+* ``weights_over_cap``: rounds in which an honest owner reduced a sender's weight above the cap (the
+  in-group weight attack: an admitted member claiming 1e30 for its update).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def intrusion_summary(
         "bytes_accepted": accepted["future_flood"],
         "streams_held": accepted["stalled_streams"] + accepted["trickle"],
         "states_served": accepted["state_downloads"],
+        "weights_over_cap": sum(o.weights_over_cap for o in honest),
     }
     return {
         "intruders": run.intruders,

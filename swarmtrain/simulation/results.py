@@ -33,6 +33,7 @@ class PeerOutcome:
     ledger: dict[str, Any]
     wall_s: float
     banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
+    weights_over_cap: int = 0  # rounds it reduced a sender's weight above the owners' cap
     late_rounds: int = 0  # rounds formed without this peer; it then adopted the state they committed
     # attackers only: what the attack did (poisoned batches, collusion exchanges and failures)
     attack_stats: dict[str, int] = field(default_factory=dict)

@@ -129,10 +129,12 @@ def test_registry_and_option_errors() -> None:
         "stale",
         "label_flip",
         "malicious_owner",
+        "inflated_weight",
     }
     for bad in (
         ("sign_flip", {"scale": -1.0}),
         ("ipm", {"epsilon": float("nan")}),
+        ("inflated_weight", {"weight": float("inf")}),
         ("stale", {"delay": 0}),
         ("sign_flip", {"bogus": 1}),
         ("nope", {}),
@@ -307,3 +309,10 @@ def test_each_rank_gets_the_attack_hooks_its_place_calls_for() -> None:
     assert h0.wrap_batches is not None and h0.wrap_collective is None
     owners = load_config(None, {"simulation.attack": "malicious_owner", "simulation.attackers": 2}, env={})
     assert [is_bad_owner(owners, r) for r in range(4)] == [True, True, False, False]
+
+
+def test_inflated_weight_sends_the_honest_update_and_claims_its_weight() -> None:
+    attack = build_attack("inflated_weight")
+    own = torch.randn(5)
+    assert torch.equal(attack.forge(own), own)
+    assert attack.claim_weight(1.0) == 1e30 and build_attack("sign_flip").claim_weight(3.0) == 3.0

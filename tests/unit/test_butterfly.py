@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from peers.reducers import MeanReducer
-from peers.rounds.butterfly import _flat, _mean_into, bound_weights, bounds
+from peers.rounds.butterfly import _flat, _mean_into, bound_weights, bounds, over_cap
 from swarmtrain.core.errors import ConfigError
 
 
@@ -55,3 +55,11 @@ def test_claimed_weights_are_capped_at_twice_the_lower_median() -> None:
     assert bound_weights([4.0, 1.0]) == [2.0, 1.0]  # two members: the lower median, not their mean
     assert bound_weights([0.0, 0.0]) == [0.0, 0.0]  # nothing positive: left to the reducer's check
     assert bound_weights([0.0, 3.0, 1e9]) == [0.0, 3.0, 6.0]
+
+
+def test_a_weight_over_the_cap_is_seen_before_the_cap_and_never_after() -> None:
+    """``over_cap`` is what a run counts (``weights_over_cap``): the intruder control reduces weights
+    as claimed, and must show the in-group weight attack that the cap stops."""
+    for weights in ([1.0, 1.0, 1.0, 1e30], [0.0, 3.0, 1e9], [4.0, 1.0]):
+        assert over_cap(weights) and not over_cap(bound_weights(weights))
+    assert not over_cap([1.0, 2.0, 2.0]) and not over_cap([]) and not over_cap([0.0])

@@ -3,7 +3,9 @@
 Three runs of one configuration, each with the same newcomer event (the last rank preempted and
 restarted mid-run, so a state is downloaded while the attacks go on): ``clean`` (no attack),
 ``main`` (the attacks against every defence) and ``control`` (the same attacks, the peers taking
-states by the rules before commit certificates). ``intruder_effects`` must all be 0; the control's
+states by the rules before commit certificates and reducing senders' weights as claimed). With
+colluders, rank 0 of the attacked runs is an admitted member claiming weight 1e30 (left out of the
+honest peers). ``intruder_effects`` must all be 0; the control's
 ``control_effects`` show that the attacks can act at all, so that zero effects mean something.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 __all__ = ["CONTROL", "intruder_fields"]
 
 #: what the control run turns off (the JSON's ``control``)
-CONTROL = "states taken without commit certificates (the vouching rules before them)"
+CONTROL = "states taken without commit certificates, weights reduced without the cap"
 
 
 def _effects_text(effects: dict[str, int]) -> str:

@@ -142,7 +142,8 @@ class SimulateOptions:
         min=0,
         max=16,
         help="Admitted processes planting a forged state one round ahead, certified as their own "
-        "group (clean run first, control after).",
+        "group; rank 0 then also claims weight 1e30 in every round (clean run first, control "
+        "after).",
     )
     chaos: str | None = flag(
         None,
@@ -322,18 +323,35 @@ def _runs(
     if chaos is not None:
         console.print(f"chaos: {chaos.describe()}", highlight=False, soft_wrap=True)
     attacks = {"intruders": opts.intruders, "colluders": opts.colluders, **event}
-    main = _run_one(console, _label(cfg), cfg, opts, chaos=chaos, **attacks)
+    hit = _attacked(cfg, opts)
+    main = _run_one(console, _label(cfg), hit, opts, chaos=chaos, **attacks)
     label = f"{strategy} {compressor}" + (f" +{opts.intruders} intruders" if opts.intruders else "")
     label += f" +{opts.colluders} colluders" if opts.colluders else ""
     label += " chaos" if chaos is not None else ""
     runs.append((label, main))
     if attacked:  # the same attacks without the defences: they must act there
-        main.control = _run_one(console, f"{_label(cfg)} control", cfg, opts, old_state_rules=True, **attacks)
+        main.control = _run_one(console, f"{_label(cfg)} control", hit, opts, old_state_rules=True, **attacks)
     base = None
     if opts.baseline:
         base = _run_one(console, "data_parallel+fp32", _baseline_config(cfg), opts)
         runs.append(("data_parallel fp32", base))
     return runs, main, clean, base
+
+
+#: strategies whose rounds reduce weighted updates (an in-group weight attack can act on them)
+_WEIGHTED = ("diloco", "streaming_diloco", "data_parallel")
+
+
+def _attacked(cfg: Config, opts: SimulateOptions) -> Config:
+    """The attacked runs' configuration: with colluders, rank 0 is an admitted member that claims
+    weight 1e30 for its honest update in every round (the in-group weight attack, ``inflated_weight``),
+    where the strategy reduces weighted updates and no ``--byzantine`` attack is set; else ``cfg``."""
+    sim = cfg.simulation
+    if not opts.colluders or sim.attackers or sim.malicious_owners or cfg.strategy.name not in _WEIGHTED:
+        return cfg
+    return cfg.model_copy(
+        update={"simulation": sim.model_copy(update={"attackers": 1, "attack": "inflated_weight"})}
+    )
 
 
 def _compare_baseline(
@@ -364,8 +382,9 @@ def _report_faults(
     if clean is not None and (opts.intruders or opts.colluders):
         from swarmtrain.app.commands.intruder_report import intruder_fields
 
-        sim = cfg.simulation
+        sim = _attacked(cfg, opts).simulation
         intr, harmed, lines = intruder_fields(main, clean, main.control, sim.attackers, sim.malicious_owners)
+        intr["weight_attackers"] = sim.attackers if sim.attack == "inflated_weight" else 0
         out.update(intr)
         for line in lines:
             typer.echo(line, err=line.startswith("warning"))

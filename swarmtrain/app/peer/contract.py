@@ -137,6 +137,8 @@ class PeerRun:
     ledger: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0  # wall time of training (the download at start excluded)
     banned: dict[str, str] = field(default_factory=dict)  # peer -> reason, this peer's view at the end
+    # rounds in which this peer, as an owner, reduced a sender's weight above the cap (0 while it holds)
+    weights_over_cap: int = 0
     stopped_by_signal: bool = False
     device: str = ""  # where the model trained (``str(torch.device)``, e.g. ``cuda:0``)
 

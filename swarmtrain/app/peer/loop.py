@@ -207,6 +207,8 @@ class _Peer:
             resumed = self.resume_saved_state()
             if not resumed and not self.catch_up(wait_for_donor=window) and run_started(self.node):
                 self._wait_for_the_runs_state()
+            if self.result.downloads or resumed:
+                self._catch_up_to_the_run()
             if self.result.downloads or resumed:  # behind its donors: start its first period ahead
                 behind = steps_behind(self.node, self._state_age, None, self.trainer.tokens_per_step)
                 fast_forward(self.trainer, self._realign.joined(behind))
@@ -235,6 +237,7 @@ class _Peer:
         ledger = self.node.ledger
         res.bytes_sent, res.bytes_received, res.ledger = ledger.sent, ledger.received, ledger.totals()
         res.banned = dict(self.guard.refresh()) if self.guard is not None else {}
+        res.weights_over_cap = int(getattr(self.p2p, "counters", {}).get("weights_over_cap", 0))
         if self.hooks.on_finished is not None:
             self.hooks.on_finished(res)
         if self.stop.requested:  # preempted: stay a donor until peers that stay hold our state
@@ -387,6 +390,25 @@ class _Peer:
             return
         base = self._shown or PeerStatus(self.trainer.step, self.p2p.round_id, float("nan"), 1, 0, 0, 0.0)
         self.hooks.on_status(replace(base, waiting=text, note="", synced=False))
+
+    def _catch_up_to_the_run(self) -> None:
+        """The state just taken is older than the run when the others committed a round while it
+        downloaded: its shared state (DiLoCo's anchor) is not the one they hold, and moving its round
+        number up over it (``_align_round``) would join their next round with it, each round after
+        committing another digest than theirs. Take the newer state instead (twice at most; a run that
+        outpaces two downloads in a row leaves this peer to be late once, then it catches up)."""
+        for _ in range(2):
+            view = self.watch.read() if self.watch is not None else None
+            to = view.ahead_of(self.p2p.round_id) if view is not None else None
+            if to is None:
+                return
+            logger.info(
+                "the run is at round %d, the state taken of round %d: taking the newer one",
+                to,
+                self.p2p.round_id,
+            )
+            if not self.catch_up(min_round=to):
+                return
 
     def _align_round(self, view: RunView | None) -> None:
         """Not in step with the run (restarted, or its last round failed): move this peer's round number

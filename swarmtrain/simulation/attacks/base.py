@@ -5,7 +5,8 @@ collective at the points where a real attacker could act; each defaults to hones
 
 * ``transform_batch(inputs, targets)``: poison this peer's training data (label flip);
 * ``forge(own, honest)``: replace the update this peer sends (sign flip, ALIE, IPM, ...);
-* ``corrupt_aggregate(aggregate, stack)``: as a partition owner, return a wrong aggregate.
+* ``corrupt_aggregate(aggregate, stack)``: as a partition owner, return a wrong aggregate;
+* ``claim_weight(weight)``: the weight this peer claims for its update (the tokens behind it).
 
 Attacks are never used by honest code paths; they exist so that reducers, owner checks and bans can
 be tested against them. Stateful attacks (``stale``) keep their memory per instance: build one
@@ -85,6 +86,10 @@ class Attack:
     ) -> torch.Tensor:
         """What this peer, as a partition owner, returns instead of ``aggregate``; honest: unchanged."""
         return aggregate
+
+    def claim_weight(self, weight: float) -> float:
+        """The weight this peer claims for its update instead of ``weight``; honest: unchanged."""
+        return weight
 
     def state_dict(self) -> dict[str, Any]:
         """Options, for logs and benchmark JSON."""

@@ -60,6 +60,7 @@ class AttackingCollective:
         if probe.data_level or probe.owner_level:
             raise ConfigError(f"attack {name!r} does not act on the update; wire its own hook instead")
         self._omniscient = bool(probe.omniscient)
+        self._probe = probe
         self._colluders = colluders if colluders is not None else Colluders(None)
         self._attacks: dict[str, Attack] = {}
         self._generator = torch.Generator().manual_seed(int(seed))
@@ -96,8 +97,9 @@ class AttackingCollective:
             rows = estimate.get(key)
             honest = rows.to(device=flat.device, dtype=flat.dtype) if rows is not None else None
             forged[key] = attack.forge(flat, honest, generator=self._generator).reshape(t.shape).to(t.dtype)
+        claimed = self._probe.claim_weight(weight)
         return self._inner.all_reduce(
-            forged, compressor=compressor, reducer=reducer, weight=weight, timeout=timeout, kind=kind
+            forged, compressor=compressor, reducer=reducer, weight=claimed, timeout=timeout, kind=kind
         )
 
     def all_gather(self, payload: bytes, *, timeout: float = 60.0, kind: str = "gather") -> GatherResult:

@@ -10,6 +10,8 @@
 * ``ipm``: inner-product manipulation (Xie, Koyejo, Gupta 2020, "Fall of Empires"):
   ``-epsilon * mean(honest)``.
 * ``stale``: replay this peer's own update from ``delay`` rounds ago (delayed gradients).
+* ``inflated_weight``: the honest update, with a claimed weight of ``weight`` (1e30): uncapped, the
+  weighted mean is this peer's row alone (issue 13; the owners' cap, ``peers.rounds.butterfly``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from swarmtrain.core.errors import ConfigError
 from swarmtrain.simulation.attacks.base import ATTACKS, Attack, check_update
 
-__all__ = ["SignFlip", "RandomDirection", "GaussianNoise", "ALIE", "IPM", "Stale", "alie_z"]
+__all__ = ["SignFlip", "RandomDirection", "GaussianNoise", "ALIE", "IPM", "Stale", "InflatedWeight", "alie_z"]
 
 
 def _positive(label: str, value: float) -> float:
@@ -261,3 +263,24 @@ class Stale(Attack):
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "delay": self.delay}
+
+
+@ATTACKS.register("inflated_weight")
+class InflatedWeight(Attack):
+    """Send the honest update, claiming ``weight`` for it (the tokens behind an update are what a
+    sender says they are).
+
+    Args:
+        weight: the weight claimed in every round (default 1e30).
+    """
+
+    name = "inflated_weight"
+
+    def __init__(self, weight: float = 1e30) -> None:
+        self.weight = _positive("weight", weight)
+
+    def claim_weight(self, weight: float) -> float:
+        return self.weight
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight}
