@@ -181,9 +181,7 @@ class P2PCollective:
         self._link = RoundLink(node.peer_id, self.run_id, self._mailbox, self._send, self._connected)
         self._call_lock = threading.Lock()
         self.last_timings: dict[str, float] = {}  # seconds per phase of the last round (diagnostics)
-        #: events across rounds (diagnostics): ``weights_over_cap``, rounds in which a chunk this peer
-        #: owned was reduced with a sender's weight above the cap (``peers.rounds.butterfly``)
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()  # events across rounds: ``weights_over_cap`` (butterfly)
         self._handler_name = f"swarmtrain.{self.run_id}.collective"
         self._closed = False
         self._channels = ChannelPool(node.p2p, self._handler_name, self.ledger)  # event loop only

@@ -227,6 +227,13 @@ def certified(
         digest, size = winners[0]
         who = frozenset(p for p, (d, _) in honest.items() if d == digest)
         quorum[rnd] = Certified(rnd, digest, who, size)
+    return _bounded(quorum, live, errs)
+
+
+def _bounded(
+    quorum: dict[int, Certified], live: frozenset[str] | None, errs: list[str]
+) -> dict[int, Certified]:
+    """The rounds of ``quorum`` that pass the history bound and the chain (the module docstring)."""
     established: set[str] = set()
     for q in quorum.values():
         established |= q.signers

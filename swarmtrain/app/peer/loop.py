@@ -47,7 +47,14 @@ from swarmtrain.app.peer.run_agreement import run_settings
 from swarmtrain.app.peer.run_checks import check_breakdown_point, check_settings, run_started
 from swarmtrain.app.peer.run_watch import RunView, RunWatch, Waiting, WatchedCollective
 from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_state_path
-from swarmtrain.app.peer.state import adopt_saved_state, adopt_swarm_state, shared_digest, state_snapshot
+from swarmtrain.app.peer.state import (
+    adopt_saved_state,
+    adopt_swarm_state,
+    holds_the_freshest,
+    newer_state_round,
+    shared_digest,
+    state_snapshot,
+)
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import SwarmError
 from swarmtrain.core.protocols import ByzantineTolerant, PeriodicStrategy
@@ -207,8 +214,6 @@ class _Peer:
             resumed = self.resume_saved_state()
             if not resumed and not self.catch_up(wait_for_donor=window) and run_started(self.node):
                 self._wait_for_the_runs_state()
-            if self.result.downloads or resumed:
-                self._catch_up_to_the_run()
             if self.result.downloads or resumed:  # behind its donors: start its first period ahead
                 behind = steps_behind(self.node, self._state_age, None, self.trainer.tokens_per_step)
                 fast_forward(self.trainer, self._realign.joined(behind))
@@ -288,9 +293,9 @@ class _Peer:
         tensors, meta = state_snapshot(self.trainer, self.p2p.round_id)
         save_state(self.saved_path, tensors, meta, run_id=self.cfg.peers.run_id, digest=digest)
 
-    def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0) -> bool:
-        """Adopt the swarm's state (the one of round ``min_round`` or later); record the download."""
-        fresh_wait = self.cfg.peers.round_timeout if min_round else 0.0
+    def catch_up(self, *, wait_for_donor: float = 0.0, min_round: int = 0, fresh_wait: float = -1.0) -> bool:
+        """Adopt the swarm's state (round >= ``min_round``, waited ``fresh_wait`` s for); record it."""
+        fresh_wait = fresh_wait if fresh_wait >= 0 else self.cfg.peers.round_timeout if min_round else 0.0
         if self.watch is not None:
             self.watch.waiting = Waiting("state", self.p2p.round_id, time.monotonic())
         try:
@@ -391,32 +396,19 @@ class _Peer:
         base = self._shown or PeerStatus(self.trainer.step, self.p2p.round_id, float("nan"), 1, 0, 0, 0.0)
         self.hooks.on_status(replace(base, waiting=text, note="", synced=False))
 
-    def _catch_up_to_the_run(self) -> None:
-        """The state just taken is older than the run when the others committed a round while it
-        downloaded: its shared state (DiLoCo's anchor) is not the one they hold, and moving its round
-        number up over it (``_align_round``) would join their next round with it, each round after
-        committing another digest than theirs. Take the newer state instead (twice at most; a run that
-        outpaces two downloads in a row leaves this peer to be late once, then it catches up)."""
-        for _ in range(2):
-            view = self.watch.read() if self.watch is not None else None
-            to = view.ahead_of(self.p2p.round_id) if view is not None else None
-            if to is None:
-                return
-            logger.info(
-                "the run is at round %d, the state taken of round %d: taking the newer one",
-                to,
-                self.p2p.round_id,
-            )
-            if not self.catch_up(min_round=to):
-                return
-
     def _align_round(self, view: RunView | None) -> None:
         """Not in step with the run (restarted, or its last round failed): move this peer's round number
-        up to the run's (``run_watch.run_round``), so that its next round is the one the others join."""
+        up to the run's (``run_watch.run_round``), so that its next round is the one the others join;
+        first, take a state they committed since this peer's (``state.newer_state_round``)."""
         to = view.ahead_of(self.p2p.round_id) if view is not None and not self._in_step else None
-        if to is not None:
-            logger.info("the run is at round %d: this peer moves up from round %d", to, self.p2p.round_id)
-            self.p2p.round_id = to
+        if to is None:
+            return
+        if (newer := newer_state_round(self.node, self.p2p, self.cfg.peers.state_vouchers)) is not None:
+            logger.info("the run is at round %d, a state of round %d is committed: taking it", to, newer)
+            if self.catch_up(min_round=newer, fresh_wait=self.cfg.peers.join_window):
+                return
+        logger.info("the run is at round %d: this peer moves up from round %d", to, self.p2p.round_id)
+        self.p2p.round_id = to
 
     def _leave_now(self, info: StepInfo) -> bool:
         """A stop signal arrived: leave after this step, or (the first time, when the next sync and
@@ -480,26 +472,14 @@ class _Peer:
         res.failed_rounds += 1
         self.streak.failed(r.reason)
         note = f"round failed: {r.reason[:60]}" if r.reason else "round failed"
-        if not self.membership.catch_up_after_failure or self._holds_the_freshest_state():
+        vouchers = self.cfg.peers.state_vouchers
+        if not self.membership.catch_up_after_failure or holds_the_freshest(
+            self.node, self.trainer, self.p2p, vouchers
+        ):
             return note
         if self.catch_up():
             self.server.refresh(vouch=self._vouch)
         return f"{note}; catching up"
-
-    def _holds_the_freshest_state(self) -> bool:
-        """Whether the freshest state the donors vouch for has this peer's own shared parameters: no
-        round committed since it got them, so a download would only throw away its steps since then
-        (and set its step count back: a restarted peer that did so after every failed round ended the
-        run steps behind the others, which finished first while it committed rounds without them)."""
-        from peers.state.state_transfer import freshest_vouched
-
-        try:
-            best = freshest_vouched(
-                self.node, exclude=self.p2p.banned, vouchers=self.cfg.peers.state_vouchers
-            )
-        except SwarmError:
-            return False
-        return best is not None and best[1].hex() == shared_digest(self.trainer)
 
     def close(self) -> None:
         if self.watch is not None:

@@ -22,7 +22,7 @@ import torch
 from peers.state.donors import MAX_ROUND
 from swarmtrain.app.peer.realign import skip_rounds, state_age
 from swarmtrain.app.train.checkpoint import CheckpointError, pack_state, unpack_state
-from swarmtrain.core.errors import PeerTimeoutError, ProtocolError
+from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
 from swarmtrain.core.protocols import GlobalParameters, Strategy
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ __all__ = [
     "apply_state",
     "adopt_swarm_state",
     "adopt_saved_state",
+    "newer_state_round",
+    "holds_the_freshest",
 ]
 
 logger = logging.getLogger(__name__)
@@ -303,3 +305,36 @@ def adopt_saved_state(
         return False
     collective.round_id = max(rnd, collective.round_id)
     return True
+
+
+def newer_state_round(node: Any, collective: Any, vouchers: int) -> int | None:
+    """The round of a state the run's donors committed after the one this peer holds (its
+    collective's round number), or None: checked before the peer moves its round number up to the
+    run's (``PeerLoop._align_round``). Moving up over an older state joins the others' next round with
+    its old shared state (DiLoCo's anchor), and every round after commits another digest than
+    theirs: a newcomer that took round 4's state while the others committed round 4 did so
+    (``test_join``). Rounds that failed change no state: then nothing is newer and moving up is
+    right. A donor stores its certificate before it publishes its new round, so the state is there
+    once its record says so."""
+    from peers.state.state_transfer import freshest_vouched
+
+    try:
+        best = freshest_vouched(node, exclude=collective.banned, vouchers=vouchers)
+    except SwarmError:
+        return None
+    return best[0] if best is not None and best[0] > collective.round_id else None
+
+
+def holds_the_freshest(node: Any, trainer: Trainer, collective: Any, vouchers: int) -> bool:
+    """Whether the freshest state the donors vouch for has this peer's own shared parameters: no
+    round committed since it got them, so a download after a failed round would only throw away its
+    steps since then (and set its step count back: a restarted peer that did so after every failed
+    round ended the run steps behind the others, which finished first while it committed rounds
+    without them)."""
+    from peers.state.state_transfer import freshest_vouched
+
+    try:
+        best = freshest_vouched(node, exclude=collective.banned, vouchers=vouchers)
+    except SwarmError:
+        return False
+    return best is not None and best[1].hex() == shared_digest(trainer)
