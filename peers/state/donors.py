@@ -64,10 +64,18 @@ def state_key(run_id: str) -> str:
 
 
 def encode_announcement(
-    digest: bytes, nbytes: int, rnd: int, vouches: list[tuple[int, bytes]], manifest: bytes, *, leaving: bool
+    digest: bytes,
+    nbytes: int,
+    rnd: int,
+    vouches: list[tuple[int, bytes]],
+    manifest: bytes,
+    *,
+    leaving: bool,
+    certifies: bool = False,
 ) -> bytes:
     """A donor's announcement of its snapshot (read back by :func:`parse_announcement`); ``leaving``:
-    the donor is about to leave (it still serves its state)."""
+    the donor is about to leave (it still serves its state); ``certifies``: it stored commit
+    certificates of its rounds (``peers.state.certificates``), so the run has them."""
     item: dict[str, Any] = {
         "hash": digest,
         "nbytes": nbytes,
@@ -77,6 +85,8 @@ def encode_announcement(
     item["manifest"] = manifest
     if leaving:
         item["leaving"] = True
+    if certifies:
+        item["certifies"] = True
     return bytes(msgpack.packb(item, use_bin_type=True))
 
 
@@ -93,10 +103,11 @@ def decode_announcement(value: Any) -> tuple[bytes, int, int]:
 Vouches = frozenset[tuple[int, bytes]]
 
 
-def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches, bytes | None]:
+def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches, bytes | None, bool]:
     """:func:`decode_announcement` plus the ``(round, digest)`` pairs the donor vouches for (at most
-    :data:`MAX_VOUCHES`; an announcement without them vouches for nothing) and the hash of the state's
-    chunk manifest (``peers.state.state_chunks``; ``None``: an older donor, whose state cannot be pulled).
+    :data:`MAX_VOUCHES`; an announcement without them vouches for nothing), the hash of the state's
+    chunk manifest (``peers.state.state_chunks``; ``None``: an older donor, whose state cannot be
+    pulled) and whether the donor says it stored commit certificates.
 
     Raises:
         ProtocolError: as :func:`decode_announcement`, or a malformed ``vouch`` list.
@@ -132,7 +143,7 @@ def parse_announcement(value: Any) -> tuple[bytes, int, int, Vouches, bytes | No
     m = obj.get("manifest")
     if m is not None and not (isinstance(m, bytes) and len(m) == 32):
         raise ProtocolError("state announcement manifest hash is not 32 bytes")
-    return h, n, r, frozenset(vouches), m
+    return h, n, r, frozenset(vouches), m, obj.get("certifies") is True
 
 
 def announcements(
@@ -141,9 +152,11 @@ def announcements(
     timeout: float,
     vouches: dict[str, Vouches] | None = None,
     manifests: dict[str, bytes] | None = None,
+    certifying: set[str] | None = None,
 ) -> list[Announcement]:
     """Valid announcements ``(round, peer_id, hash, nbytes)``, best (highest round) first; each
-    donor's vouches and manifest hash go into ``vouches`` and ``manifests`` (by peer ID) when given."""
+    donor's vouches and manifest hash go into ``vouches`` and ``manifests`` (by peer ID) when given,
+    and the donors that say they stored commit certificates into ``certifying``."""
     try:
         found = node.dht.get(state_key(run_id), latest=True, return_future=True).result(timeout)
     except TimeoutError:
@@ -155,10 +168,12 @@ def announcements(
         if peer == node.peer_id:
             continue
         try:
-            h, n, r, v, m = parse_announcement(item.value)
+            h, n, r, v, m, c = parse_announcement(item.value)
         except ProtocolError:
             continue  # one bad announcement is skipped, the others still count
         out.append((r, str(peer), h, n))
+        if certifying is not None and c:
+            certifying.add(str(peer))
         if manifests is not None and m is not None:
             manifests[str(peer)] = m
         if vouches is not None:
@@ -245,9 +260,10 @@ def candidates(
     if admitted is not None and run == node.run_id:  # revoked or expired donors neither serve nor vouch
         admitted.read_revocations()
         exclude = exclude | admitted.refused()
-    found = [a for a in announcements(node, run, 15.0, vouches, manifests) if a[1] not in exclude]
+    certifying: set[str] = set()
+    found = [a for a in announcements(node, run, 15.0, vouches, manifests, certifying) if a[1] not in exclude]
     found = witnessed(node, run, found, errors)
-    states = certified_states(node, run, exclude, errors, found)
+    states = certified_states(node, run, exclude, errors, found, frozenset(certifying))
     if states is not None:  # the run has commit certificates: only a certified state is taken
         return by_certificate(found, states, errors)
     return vouched(found, vouches, vouchers, errors)
@@ -259,15 +275,16 @@ def certified_states(
     exclude: frozenset[str],
     errors: list[str],
     found: Sequence[Announcement] = (),
+    certifying: frozenset[str] = frozenset(),
 ) -> dict[int, Certified] | None:
     """The run's certified states by round (``peers.state.certificates.certified``: a quorum of each
     round's group, admitted signers, bounded by the established live peers); ``None`` when the run
     has no valid certificate yet (no round committed: the vouching rules alone apply then).
 
-    ``found``: the announcements just read. A donor announces a state of round 1 or later only once
-    rounds have committed, and every commit is certified; so while such an announcement stands, no
-    certificate read means a read that came back empty (a loaded DHT answers "nothing found" as
-    readily as it times out), not a run without certificates: nothing is certified this time. The
+    ``found``, ``certifying``: the announcements just read and the donors among them that say they
+    stored commit certificates. While one of them says so, no certificate read means a read that
+    came back empty (a loaded DHT answers "nothing found" as readily as it times out), not a run
+    without certificates: nothing is certified this time. The
     donors that announced are live peers too, beside those whose peer record was read: a live read
     that missed some of them would shrink the history bound."""
     # Every signer is admitted: its commit record is a signed DHT record, whose writer's join token
@@ -283,9 +300,8 @@ def certified_states(
         return _unread(str(e), errors)
     certs = [c for c in read if c.signer not in exclude]
     if not certs:
-        committed = max((a[0] for a in found), default=0)
-        if committed > 0:
-            return _unread(f"donors announce round {committed}, but no commit certificate was read", errors)
+        if certifying & {a[1] for a in found}:
+            return _unread(f"{len(certifying)} donors stored commit certificates, none was read", errors)
         logger.debug("no commit certificate read: the vouching rules apply")
         return None
     try:

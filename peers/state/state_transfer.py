@@ -226,7 +226,9 @@ class StateServer:
             vouches = list(self._vouches)
             certs = list(self._certificates)
         digest, nbytes, rnd, manifest = latest
-        value = encode_announcement(digest, nbytes, rnd, vouches, manifest, leaving=self.leaving)
+        value = encode_announcement(
+            digest, nbytes, rnd, vouches, manifest, leaving=self.leaving, certifies=bool(certs)
+        )
         try:
             # the certificates first: a newcomer that reads this announcement finds this peer's
             # certificate of its round too, rather than a certified older round to fall back to

@@ -159,7 +159,9 @@ def test_a_revoked_donor_neither_serves_nor_vouches(run_key: RunKey, monkeypatch
 
     digest = b"d" * 32
 
-    def found(node: Any, run: str, timeout: float, vouches: dict[str, Any], manifests: Any) -> list[Any]:
+    def found(
+        node: Any, run: str, timeout: float, vouches: dict[str, Any], manifests: Any, *_: Any
+    ) -> list[Any]:
         vouches.update({p: frozenset({(5, digest)}) for p in ("A", "B", "R")})
         return [(5, p, b"h" * 32, 10) for p in ("A", "B", "R")]
 

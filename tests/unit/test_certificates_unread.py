@@ -58,13 +58,18 @@ def test_a_run_without_certificates_keeps_the_vouching_rules() -> None:
     assert errors == []
 
 
-def test_an_empty_read_while_donors_announce_committed_rounds_certifies_nothing() -> None:
-    """A loaded DHT answers "nothing found" as readily as it times out: with donors announcing round
-    6, an empty read is not a run without certificates (before: the vouching rules, the control's)."""
+def test_an_empty_read_while_a_donor_says_it_stored_certificates_certifies_nothing() -> None:
+    """A loaded DHT answers "nothing found" as readily as it times out: with a donor whose
+    announcement says it stored commit certificates, an empty read is not a run without
+    certificates (before: the vouching rules, the control's)."""
     errors: list[str] = []
     found = [(6, "x", b"h" * 32, 10), (5, "a", b"h" * 32, 10)]
-    assert donors.certified_states(_Node(None), "t-unread", frozenset(), errors, found) == {}  # type: ignore[arg-type]
-    assert errors == ["donors announce round 6, but no commit certificate was read"]
+    says = frozenset({"a"})  # a's announcement says it stored certificates
+    assert donors.certified_states(_Node(None), "t-unread", frozenset(), errors, found, says) == {}  # type: ignore[arg-type]
+    assert errors == ["1 donors stored commit certificates, none was read"]
+    # donors that stored none (a run before its first commit, or one that does not sign): the
+    # vouching rules, as in a run without certificates
+    assert donors.certified_states(_Node(None), "t-unread", frozenset(), [], found) is None  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("live", [(), ("a", "x", "y")])
@@ -84,3 +89,11 @@ def test_a_live_read_that_misses_honest_peers_keeps_them_established(
     from peers.state.certificates import certified
 
     assert 6 in certified(HONEST + AHEAD, live=frozenset())
+
+
+def test_an_announcement_says_whether_its_donor_stored_certificates() -> None:
+    for says in (True, False):
+        value = donors.encode_announcement(
+            b"h" * 32, 10, 5, [(5, D)], b"m" * 32, leaving=False, certifies=says
+        )
+        assert donors.parse_announcement(value)[5] is says
