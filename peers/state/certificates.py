@@ -26,7 +26,7 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
 * **chain**: at least half of the live signers of the round taken before it (the certified round
   just below, by these same rules) signed it too. The established peers are read from the DHT, and
   a loaded DHT returns some members' records late or not at all: two colluders of six that never
-  took part in the run's rounds were half of what such a read left (issue 30). Their round has none
+  took part in the run's rounds can be half of what such a read leaves. Their round has none
   of the previous round's signers, whatever was read of the others' records; a group that shrinks
   by half or less (preemptions, the hand-off above) carries its round on.
 

@@ -62,7 +62,7 @@ def peer_main(
 
         # the run's certificates are read as absent: the vouching rules alone apply, as before them
         donors.certified_states = lambda *args, **kwargs: None  # type: ignore[assignment]
-        # and a sender's weight counts as claimed, as before the owners' cap (issue 13)
+        # and a sender's weight counts as claimed (no owners' cap)
         butterfly.bound_weights = lambda weights: weights
 
     try:

@@ -11,7 +11,7 @@
   ``-epsilon * mean(honest)``.
 * ``stale``: replay this peer's own update from ``delay`` rounds ago (delayed gradients).
 * ``inflated_weight``: the honest update, with a claimed weight of ``weight`` (1e30): uncapped, the
-  weighted mean is this peer's row alone (issue 13; the owners' cap, ``peers.rounds.butterfly``).
+  weighted mean is this peer's row alone (the owners' cap in ``peers.rounds.butterfly`` bounds it).
 """
 
 from __future__ import annotations
