@@ -70,19 +70,23 @@ def bound_weights(weights: list[float]) -> list[float]:
     of the mean is bounded by ``WEIGHT_CAP / (n - 1 + WEIGHT_CAP)``. Bounding is not robustness:
     that is the robust reducers' job (they ignore weights).
     """
+    cap = _cap(weights)
+    return weights if cap is None else [min(w, cap) for w in weights]
+
+
+def _cap(weights: list[float]) -> float | None:
+    """:data:`WEIGHT_CAP` times the lower median of the positive weights (no average of two); None:
+    none is positive."""
     positive = sorted(w for w in weights if w > 0)
-    if not positive:
-        return weights
-    cap = WEIGHT_CAP * positive[(len(positive) - 1) // 2]  # the lower median: no average of two
-    return [min(w, cap) for w in weights]
+    return WEIGHT_CAP * positive[(len(positive) - 1) // 2] if positive else None
 
 
 def over_cap(weights: list[float]) -> bool:
     """Whether a weight of ``weights`` (as reduced) is above :data:`WEIGHT_CAP` times the lower median
     of the positive ones: never after :func:`bound_weights`; counted per round (``weights_over_cap``
     in the collective's ``counters``) so a run can show the cap held."""
-    positive = sorted(w for w in weights if w > 0)
-    return bool(positive) and positive[-1] > WEIGHT_CAP * positive[(len(positive) - 1) // 2] * (1 + 1e-9)
+    cap = _cap(weights)
+    return cap is not None and max(weights) > cap * (1 + 1e-9)
 
 
 def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
