@@ -397,15 +397,15 @@ class _Peer:
         self.hooks.on_status(replace(base, waiting=text, note="", synced=False))
 
     def _align_round(self, view: RunView | None) -> None:
-        """Not in step with the run (restarted, or its last round failed): move this peer's round number
-        up to the run's (``run_watch.run_round``), so that its next round is the one the others join;
-        first, take a state they committed since this peer's (``state.newer_state_round``)."""
+        """Not in step with the run (restarted, or its last round failed): take a state committed since
+        its own (``state.newer_state_round``), else move its round number up to the run's."""
         to = view.ahead_of(self.p2p.round_id) if view is not None and not self._in_step else None
         if to is None:
             return
-        if (newer := newer_state_round(self.node, self.p2p, self.cfg.peers.state_vouchers)) is not None:
+        window, vouchers = self.cfg.peers.join_window, self.cfg.peers.state_vouchers
+        if (newer := newer_state_round(self.node, self.p2p, vouchers, window)) is not None:
             logger.info("the run is at round %d, a state of round %d is committed: taking it", to, newer)
-            if self.catch_up(min_round=newer, fresh_wait=self.cfg.peers.join_window):
+            if self.catch_up(min_round=newer, fresh_wait=window):
                 return
         logger.info("the run is at round %d: this peer moves up from round %d", to, self.p2p.round_id)
         self.p2p.round_id = to

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -307,22 +308,24 @@ def adopt_saved_state(
     return True
 
 
-def newer_state_round(node: Any, collective: Any, vouchers: int) -> int | None:
+def newer_state_round(node: Any, collective: Any, vouchers: int, wait: float = 0.0) -> int | None:
     """The round of a state the run's donors committed after the one this peer holds (its
     collective's round number), or None: checked before the peer moves its round number up to the
     run's (``PeerLoop._align_round``). Moving up over an older state joins the others' next round with
     its old shared state (DiLoCo's anchor), and every round after commits another digest than
     theirs: a newcomer that took round 4's state while the others committed round 4 did so
     (``test_join``). Rounds that failed change no state: then nothing is newer and moving up is
-    right. A donor stores its certificate before it publishes its new round, so the state is there
-    once its record says so."""
-    from peers.state.state_transfer import freshest_vouched
-
-    try:
-        best = freshest_vouched(node, exclude=collective.banned, vouchers=vouchers)
-    except SwarmError:
-        return None
-    return best[0] if best is not None and best[0] > collective.round_id else None
+    right. A donor stores its certificate before it publishes its new round, but the round is
+    certified only once enough of its members stored theirs: looked for again for up to ``wait``
+    seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        best = _freshest(node, collective, vouchers)
+        if best is not None and best[0] > collective.round_id:
+            return best[0]
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 def holds_the_freshest(node: Any, trainer: Trainer, collective: Any, vouchers: int) -> bool:
@@ -331,10 +334,15 @@ def holds_the_freshest(node: Any, trainer: Trainer, collective: Any, vouchers: i
     steps since then (and set its step count back: a restarted peer that did so after every failed
     round ended the run steps behind the others, which finished first while it committed rounds
     without them)."""
+    best = _freshest(node, collective, vouchers)
+    return best is not None and best[1].hex() == shared_digest(trainer)
+
+
+def _freshest(node: Any, collective: Any, vouchers: int) -> tuple[int, bytes] | None:
+    """``freshest_vouched`` from the donors this peer has not banned (None: none, or a failed read)."""
     from peers.state.state_transfer import freshest_vouched
 
     try:
-        best = freshest_vouched(node, exclude=collective.banned, vouchers=vouchers)
+        return freshest_vouched(node, exclude=collective.banned, vouchers=vouchers)
     except SwarmError:
-        return False
-    return best is not None and best[1].hex() == shared_digest(trainer)
+        return None
