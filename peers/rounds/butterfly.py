@@ -34,6 +34,7 @@ from concurrent.futures import Future
 import torch
 
 from peers.reducers import MeanReducer
+from peers.rounds import weights as claims
 from peers.rounds.phases import Stopwatch
 from peers.rounds.reduce_check import NoCheck, ReduceCheck
 from peers.rounds.reduce_job import Layout, ReduceJob, bounds
@@ -55,38 +56,6 @@ def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor
     if not names:
         return torch.zeros(0)
     return torch.cat([tensors[k].detach().reshape(-1).to(torch.float32) for k in names])
-
-
-#: a sender's weight counts at most this many times the median weight of the chunk's rows
-WEIGHT_CAP = 2.0
-
-
-def bound_weights(weights: list[float]) -> list[float]:
-    """``weights`` with each capped at :data:`WEIGHT_CAP` times the median of the positive ones.
-
-    A weight is what its sender claims (tokens processed since its last sync); uncapped, one member
-    claiming 1e30 makes the weighted mean its own row. Honest weights are equal under one run config
-    (up to a factor 2 after a failed round), so the cap leaves them as they are; a claimant's share
-    of the mean is bounded by ``WEIGHT_CAP / (n - 1 + WEIGHT_CAP)``. Bounding is not robustness:
-    that is the robust reducers' job (they ignore weights).
-    """
-    cap = _cap(weights)
-    return weights if cap is None else [min(w, cap) for w in weights]
-
-
-def _cap(weights: list[float]) -> float | None:
-    """:data:`WEIGHT_CAP` times the lower median of the positive weights (no average of two); None:
-    none is positive."""
-    positive = sorted(w for w in weights if w > 0)
-    return WEIGHT_CAP * positive[(len(positive) - 1) // 2] if positive else None
-
-
-def over_cap(weights: list[float]) -> bool:
-    """Whether a weight of ``weights`` (as reduced) is above :data:`WEIGHT_CAP` times the lower median
-    of the positive ones: never after :func:`bound_weights`; counted per round (``weights_over_cap``
-    in the collective's ``counters``) so a run can show the cap held."""
-    cap = _cap(weights)
-    return cap is not None and max(weights) > cap * (1 + 1e-9)
 
 
 def _mean_into(acc: torch.Tensor, rows: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
@@ -240,8 +209,8 @@ class ButterflyRound:
             except (ProtocolError, ValueError, RuntimeError) as e:
                 self.excluded.add(p)
                 logger.warning("round %d: contribution of %s left out: %s", self.io.round_id, p[:12], e)
-        applied = bound_weights(weights)
-        self.weights_over_cap |= over_cap(applied)
+        applied = claims.bound_weights(weights)
+        self.weights_over_cap |= claims.over_cap(applied)
         return rows, applied, who
 
     def reduce_chunk(self, slot: Slot, c: int) -> None:

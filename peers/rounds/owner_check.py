@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from peers.rounds import weights as claims
 from peers.rounds.reduce_job import ReduceJob
 from peers.rounds.round_errors import OwnerCheckFailed
 from peers.trust.verify import chunk_digest, outlier_rows, verified_partition, verifier_index
@@ -46,6 +47,7 @@ __all__ = [
     "fit_reducer",
     "flag_rows",
     "honest_reducer",
+    "reduce_as_owner",
 ]
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,14 @@ def honest_reducer(reducer: Reducer) -> Reducer:
     """The reducer a verifier replicates: ``reducer.honest`` when ``reducer`` wraps one (a wrapper
     that changes what its owner returns documents its undecorated reducer there), else ``reducer``."""
     return reducer.honest if isinstance(reducer, HonestWrapper) else reducer
+
+
+def reduce_as_owner(reducer: Reducer, stack: torch.Tensor, weights: list[float]) -> torch.Tensor:
+    """What an honest owner reduces ``stack``'s rows to: the honest reducer fit to the row count, the
+    claimed ``weights`` under the owners' cap (``weights.bound_weights``), as the butterfly does."""
+    fitted = fit_reducer(honest_reducer(reducer), stack.shape[0])
+    w = torch.tensor(claims.bound_weights(weights), dtype=torch.float32, device=stack.device)
+    return fitted.reduce(stack, w)
 
 
 def flag_rows(
@@ -184,7 +194,8 @@ class OwnerCheck(GuardedReduce):
 
     def _verify_chunk(self, j: int, c: int, length: int, excluded: set[str]) -> torch.Tensor:
         """Chunk ``c`` of partition ``j`` reduced as its primary should have: rows in the primary's
-        order (its own first, then the others in member order), with the honest reducer."""
+        order (its own first, then the others in member order), with the honest reducer and the
+        claimed weights under the owners' cap."""
         job = self._job()
         io, me = job.io, job.io.peer_id
         got = io.wait_keys([("vpart", p, c) for p in io.others], job.layout.digest)
@@ -209,8 +220,7 @@ class OwnerCheck(GuardedReduce):
                 excluded.add(p)
                 logger.warning("round %d: verified contribution of %s left out: %s", io.round_id, p[:12], e)
         stack = torch.stack(rows)
-        reducer = fit_reducer(honest_reducer(job.reducer), len(rows))
-        agg = reducer.reduce(stack, torch.tensor(weights, dtype=torch.float32, device=job.device))
+        agg = reduce_as_owner(job.reducer, stack, weights)
         flag_rows(stack, agg, who, self.seen, self.flagged)
         return agg
 

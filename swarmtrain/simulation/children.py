@@ -57,13 +57,13 @@ def peer_main(
 
     quiet_logs(log_level)
     if old_state_rules:
-        from peers.rounds import butterfly
+        from peers.rounds import weights
         from peers.state import donors
 
         # the run's certificates are read as absent: the vouching rules alone apply, as before them
         donors.certified_states = lambda *args, **kwargs: None  # type: ignore[assignment]
         # and a sender's weight counts as claimed (no owners' cap)
-        butterfly.bound_weights = lambda weights: weights
+        weights.bound_weights = lambda claimed: claimed
 
     try:
         cfg = Config.model_validate_json(cfg_json)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from peers.reducers import MeanReducer
-from peers.rounds.butterfly import _flat, _mean_into, bound_weights, bounds, over_cap
+from peers.rounds.butterfly import _flat, _mean_into, bounds
+from peers.rounds.weights import bound_weights, over_cap
 from swarmtrain.core.errors import ConfigError
 
 

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from peers.reducers import build_reducer
-from peers.rounds.butterfly import ButterflyRound, NoCheck
+from peers.rounds.butterfly import ButterflyRound, NoCheck, _mean_into
 from peers.rounds.group import Group, group_digest
-from peers.rounds.owner_check import fit_reducer, honest_reducer
+from peers.rounds.owner_check import fit_reducer, honest_reducer, reduce_as_owner
 from peers.rounds.round_errors import QUIET, MemberAborted, MemberGone, RoundTimeout, SendFailed, WrongGroup
 from peers.rounds.round_io import PhaseClock, RoundIO, RoundLink
+from peers.rounds.weights import bound_weights
 from peers.wire.mailbox import Delivery, Mailbox
 from peers.wire.messages import Envelope
 from swarmtrain.simulation.attacks import MaliciousOwnerReducer
@@ -137,6 +138,19 @@ def test_malicious_owner_reducer_corrupts_and_its_verifier_sees_the_honest_reduc
     assert isinstance(fitted, MaliciousOwnerReducer) and fitted is not bad
     assert fitted.n_byzantine == 0 and median.n_byzantine == 1
     assert honest_reducer(fitted).n_byzantine == 0  # type: ignore[attr-defined]
+
+
+def test_the_verifier_caps_claimed_weights_as_the_owner_does() -> None:
+    """A member claiming weight 1e30: the owner's mean caps it (``bound_weights``), and so must the
+    verifier's replay, or an honest owner's aggregate mismatches and the owner is blamed."""
+    rows = [torch.full((5,), float(i)) for i in range(4)]
+    claimed = [1.0, 1.0, 1.0, 1e30]
+    owner = _mean_into(torch.empty(5), rows, bound_weights(claimed))
+    verifier = reduce_as_owner(build_reducer("mean", 0), torch.stack(rows), claimed)
+    assert torch.allclose(verifier, owner)  # (0 + 1 + 2 + 3 * 2) / 5 = 1.8
+    assert torch.allclose(owner, torch.full((5,), 1.8))
+    uncapped = build_reducer("mean", 0).reduce(torch.stack(rows), torch.tensor(claimed))
+    assert not torch.allclose(verifier, uncapped)  # the claim as made would be row 3 alone
 
 
 def test_a_chunk_its_codec_cannot_decode_is_a_protocol_error() -> None:
