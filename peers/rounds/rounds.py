@@ -344,7 +344,7 @@ class Matchmaker:
                 if g.group is not None:
                     return g.group
             joined = self._joiners(g.recorded | g.pushed)
-            g.may_lead = self._leader(joined, round_id) == self.peer_id
+            g.may_lead = self._note_leader(g, joined, round_id) == self.peer_id
             now = time.monotonic()
             for p in joined:
                 seen_at.setdefault(p, now)
@@ -380,10 +380,24 @@ class Matchmaker:
         if g.group is None and watch.due():  # step 6, on a fresh view of the joiners
             g.recorded |= set(self._get(join_key, min(deadline - time.monotonic(), LEADER_CHECK_S)))
             joined = self._joiners(g.recorded | g.pushed)
-            leader = self._leader(joined, round_id)
+            leader = self._note_leader(g, joined, round_id)
+            if leader is not None and self.peer_id < leader and self.seats and self.seats.recheck():
+                # the others may count this peer as established while its own view does not (a
+                # restarted peer's first read): they wait for its list as it waits for theirs
+                leader = self._note_leader(g, joined, round_id)
             g.may_lead = leader == self.peer_id
             if leader is not None:
                 watch.check(leader, round_id, quorum=len(joined) >= self.min_peers)
+
+    def _note_leader(self, g: _Gathered, joined: list[str], round_id: int) -> str | None:
+        """:meth:`_leader` of these joiners, logged (debug) when it differs from the last one seen."""
+        leader = self._leader(joined, round_id)
+        if leader != g.leader:
+            g.leader = leader
+            est = None if self.seats is None else sorted(p[:8] for p in self.seats.established(round_id))
+            logger.debug("round %d: joined %s, leader %s, established %s", round_id,
+                         [p[:8] for p in joined], leader and leader[:8], est)  # fmt: skip
+        return leader
 
     def _joiners(self, seen: set[str] | frozenset[str]) -> list[str]:
         """The joiners this peer knows of, itself included and the banned left out, sorted (the first
@@ -435,6 +449,7 @@ class _Gathered:
     pushed: frozenset[str]  # joiners that pushed their join to this peer
     recorded: set[str] = field(default_factory=set)  # joiners seen in the DHT records
     may_lead: bool = True  # no smaller joiner seen yet
+    leader: str | None = ""  # the leader of the joiners last seen ("": none computed yet)
 
 
 class _LeaderWatch:

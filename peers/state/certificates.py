@@ -60,6 +60,7 @@ __all__ = [
     "decode_record",
     "encode_record",
     "group_size",
+    "own_entries",
     "sign_certificate",
 ]
 
@@ -129,13 +130,8 @@ def encode_record(signer: Signer, entries: list[list[bytes]]) -> bytes:
     return bytes(msgpack.packb(value, use_bin_type=True))
 
 
-def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
-    """Verify and parse one member's record read under ``subkey``: its certificates.
-
-    Raises:
-        ProtocolError: malformed or oversized, stored under another peer's subkey, a key that is not
-            ``subkey``'s, a signature that does not hold, or a certificate of another run.
-    """
+def _record(value: Any) -> dict[str, Any]:
+    """A commit record's fields, parsed within bounds and typed (nothing verified yet)."""
     if not isinstance(value, bytes) or len(value) > _MAX_RECORD:
         raise ProtocolError("commit record is not bytes or too large")
     obj = unpack(
@@ -151,6 +147,17 @@ def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
         isinstance(obj.get("p"), str) and isinstance(obj.get("k"), bytes) and isinstance(obj.get("c"), list)
     ):
         raise ProtocolError("commit record fields missing or ill-typed")
+    return obj
+
+
+def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
+    """Verify and parse one member's record read under ``subkey``: its certificates.
+
+    Raises:
+        ProtocolError: malformed or oversized, stored under another peer's subkey, a key that is not
+            ``subkey``'s, a signature that does not hold, or a certificate of another run.
+    """
+    obj = _record(value)
     if obj["p"] != subkey:
         raise ProtocolError("commit record stored under another peer's subkey")
     out = []
@@ -168,6 +175,28 @@ def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
         _check_fields(rnd, digest, size)
         out.append(Certificate(subkey, rnd, digest, size))
     return out
+
+
+def own_entries(node: Any, run_id: str, timeout: float) -> list[tuple[int, list[bytes]]]:
+    """The certificates this peer's identity stored before (an earlier process of the same volunteer),
+    as ``(round, [body, signature])`` (entries of :func:`encode_record`), oldest first; ``[]`` when
+    there are none or they could not be read. A restarted peer keeps them in its next record: else its first
+    store replaces its earlier process's history with one certificate, and a reader that does not
+    yet hold the others' certificate of that round does not count it as established (the seat rule,
+    ``peers.rounds.seats``), while the members that knew it still do."""
+    from peers.dht.node import dht_time
+
+    try:
+        found = node.dht.get(commit_key(run_id), latest=True, return_future=True).result(timeout)
+        item = found.value.get(node.peer_id) if found is not None and isinstance(found.value, dict) else None
+        if item is None or item.expiration_time < dht_time():
+            return []
+        certs = decode_record(run_id, node.peer_id, item.value)  # verifies every entry
+        entries = _record(item.value)["c"]
+    except Exception as e:
+        logger.info("reading this peer's earlier commit certificates failed: %s", e)
+        return []
+    return sorted(((c.round, list(e)) for c, e in zip(certs, entries, strict=True)), key=lambda ce: ce[0])
 
 
 def group_size(claims: list[int], signers: int) -> int:

@@ -32,7 +32,13 @@ from typing import Any
 import torch
 
 from peers.dht.node import PeerNode, dht_time
-from peers.state.certificates import MAX_CERTIFICATES, commit_key, encode_record, sign_certificate
+from peers.state.certificates import (
+    MAX_CERTIFICATES,
+    commit_key,
+    encode_record,
+    own_entries,
+    sign_certificate,
+)
 from peers.state.donors import (
     MAX_VOUCHES,
     Announcement,
@@ -153,6 +159,7 @@ class StateServer:
         self._vouches: list[tuple[int, bytes]] = []
         #: its signed commit certificates (``peers.state.certificates``), the last few
         self._certificates: list[list[bytes]] = []
+        self._seeded = False  # whether the identity's earlier certificates were read (a restart)
         self.leaving = False  # announced too: a peer about to leave is nobody's holder of the state
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -185,6 +192,7 @@ class StateServer:
         data = serialize_state(tensors, meta)
         digest = hashlib.sha256(data).digest()
         manifest = self.chunks.put(digest, data)
+        earlier = self._earlier_certificates(rnd) if committed_by is not None and vouch is not None else []
         with self._lock:
             self._latest = (digest, len(data), rnd, manifest)
             if vouch is not None:
@@ -193,9 +201,17 @@ class StateServer:
                     cert = sign_certificate(
                         self.node.signer, self.run_id, rnd, bytes.fromhex(vouch), committed_by
                     )
-                    self._certificates = [*self._certificates, cert][-MAX_CERTIFICATES:]
+                    self._certificates = [*earlier, *self._certificates, cert][-MAX_CERTIFICATES:]
         self._announce()
         return digest.hex()
+
+    def _earlier_certificates(self, rnd: int) -> list[list[bytes]]:
+        """Before this process's first certificate: those its identity stored before, of rounds
+        before ``rnd`` (``peers.state.certificates.own_entries``); then nothing."""
+        if self._seeded:
+            return []
+        self._seeded = True
+        return [e for r, e in own_entries(self.node, self.run_id, 3.0) if r < rnd]
 
     @property
     def announced_round(self) -> int | None:

@@ -63,7 +63,7 @@ def peer_main(
         # the run's certificates are read as absent: the vouching rules alone apply, as before them
         donors.certified_states = lambda *args, **kwargs: None  # type: ignore[assignment]
         # and a sender's weight counts as claimed (no owners' cap)
-        weights.bound_weights = lambda claimed: claimed
+        weights.bound_weights = lambda weights: weights
 
     try:
         cfg = Config.model_validate_json(cfg_json)

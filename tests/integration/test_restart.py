@@ -25,6 +25,7 @@ from tests.integration.peer_helpers import LOOP, cli_env, start_cli_dht
 RUN = "restart"
 WITH_ALL = r"round (\d+) committed \(3 peers"
 FAILED = r"\(reduce\) failed"
+MOVED_ON = r"refused part: round \d+ outside the accepted window"
 #: ``swarmtrain`` with this project's INFO lines on (rounds committed, how the state was taken)
 WRAPPER = """
 import logging, sys
@@ -97,10 +98,9 @@ class _Volunteers:
             assert time.monotonic() < deadline, self.log(name)[-2500:]
             time.sleep(0.2)
 
-    def first_round(self, name: str) -> str:
-        """How the first round ``name`` took part in ended (its log line)."""
-        m = re.search(rf"{FAILED}.*|{WITH_ALL}.*", self.log(name))
-        return m.group(0) if m else ""
+    def first_rounds(self, name: str) -> list[str]:
+        """How the first two rounds ``name`` took part in ended (their log lines)."""
+        return [m.group(0) for m in re.finditer(rf"{FAILED}.*|{WITH_ALL}.*", self.log(name))][:2]
 
     def counts(self) -> dict[str, int]:
         return {n: len(self.rounds_with_all(n)) for n in self.procs}
@@ -110,10 +110,15 @@ class _Volunteers:
 @pytest.mark.timeout(420)
 def test_a_volunteer_restarted_by_ctrl_c_and_by_sigkill_commits_with_the_others_again(tmp_path: Path) -> None:
     from peers.keys.identity import ensure_identity
+    from peers.keys.signing import Signer
 
-    keys = {n: tmp_path / f"key_{n}" for n in "abc"}
-    for k in keys.values():
+    made = [tmp_path / f"key_{i}" for i in range(3)]
+    for k in made:
         ensure_identity(k)
+    # the restarted volunteer has the smallest peer ID: the others expect it to lead its first round
+    # back (the seat rule's leader is the smallest established joiner), whatever its own view says
+    made.sort(key=lambda k: Signer(k).peer_id, reverse=True)
+    keys = dict(zip("abc", made, strict=True))
     dht, maddr = start_cli_dht(tmp_path, RUN, _env())
     run = _Volunteers(tmp_path, maddr)
     try:
@@ -144,9 +149,15 @@ def test_a_volunteer_restarted_by_ctrl_c_and_by_sigkill_commits_with_the_others_
         for p in run.all:
             p.terminate(grace=3.0)
         dht.terminate(grace=3.0)
-    # within one round after it is back: its first round is a round of three that commits
+    # within one round after it is back: its first round is a round of three that commits, unless it
+    # came back as the other two gave that round up (they refuse its parts: they moved on), and then
+    # its next one is. A round that waits out its deadline (no group) is never excused.
     for n in ("c2", "c3"):
-        assert re.match(WITH_ALL, run.first_round(n)), (n, run.first_round(n))
+        first = run.first_rounds(n)
+        assert first and (
+            re.match(WITH_ALL, first[0])
+            or (re.search(MOVED_ON, first[0]) and len(first) == 2 and re.match(WITH_ALL, first[1]))
+        ), (n, first)
     # the rounds of three the restarted volunteer took part in hold the same parameters everywhere
     for r in run.rounds_with_all("c3"):
         digests = {n: ends[n]["sync_digests"].get(str(r)) for n in live}

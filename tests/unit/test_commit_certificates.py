@@ -203,6 +203,7 @@ def test_colluders_that_signed_none_of_the_previous_round_are_refused_whatever_w
     assert certified(carry, live=frozenset("abcxy"))[2].digest == E
     assert 2 not in certified(carry + [_c("c", 1, D, 3)], live=frozenset("abcxy"))  # c read: 2 of 5
 
+
 def test_a_group_that_shrinks_by_half_carries_its_rounds_on() -> None:
     """Half of round 5's live signers sign round 6 (the others preempted or late): taken; a group of
     six that loses four at once waits until the old round's records expire."""
@@ -211,3 +212,31 @@ def test_a_group_that_shrinks_by_half_carries_its_rounds_on() -> None:
     six = [_c(p, 5, D, 6) for p in "abcdef"] + [_c(p, 6, E, 2) for p in "ab"]
     assert 6 not in certified(six, live=frozenset("abcdef"))
     assert 6 in certified(six, live=frozenset("ab"))  # the four that left no longer count
+
+
+def test_a_restarted_peer_reads_back_its_earlier_certificates(signers: list[Signer]) -> None:
+    """``own_entries``: what this identity's earlier process stored, verified, oldest first, so a
+    restarted peer's first store keeps them (its record is its history for a reader that has not yet
+    read the others' certificate of its newest round). Expired, forged or absent: nothing."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from peers.dht.node import dht_time
+    from peers.state.certificates import own_entries
+
+    a, b = signers[0], signers[1]
+
+    def node(value: object, expires: float) -> SimpleNamespace:
+        found: Future[object] = Future()
+        item = SimpleNamespace(value=value, expiration_time=expires)
+        found.set_result(SimpleNamespace(value={a.peer_id: item}))
+        return SimpleNamespace(peer_id=a.peer_id, dht=SimpleNamespace(get=lambda *_, **__: found))
+
+    entries = [sign_certificate(a, RUN, r, D, 3) for r in (6, 4, 5)]
+    got = own_entries(node(encode_record(a, entries), dht_time() + 60), RUN, 1.0)
+    assert [r for r, _ in got] == [4, 5, 6]
+    assert decode_record(RUN, a.peer_id, encode_record(a, [e for _, e in got]))[0].round == 4
+    assert own_entries(node(encode_record(a, entries), dht_time() - 1), RUN, 1.0) == []  # expired
+    forged = encode_record(b, [sign_certificate(b, RUN, 4, D, 3)])  # b's record under a's subkey
+    assert own_entries(node(forged, dht_time() + 60), RUN, 1.0) == []
+    assert own_entries(node(None, dht_time() + 60), RUN, 1.0) == []
