@@ -157,7 +157,11 @@ def decode_record(run_id: str, subkey: str, value: Any) -> list[Certificate]:
         ProtocolError: malformed or oversized, stored under another peer's subkey, a key that is not
             ``subkey``'s, a signature that does not hold, or a certificate of another run.
     """
-    obj = _record(value)
+    return _verified(run_id, subkey, _record(value))
+
+
+def _verified(run_id: str, subkey: str, obj: dict[str, Any]) -> list[Certificate]:
+    """:func:`decode_record`'s checks on a record's parsed fields (:func:`_record`)."""
     if obj["p"] != subkey:
         raise ProtocolError("commit record stored under another peer's subkey")
     out = []
@@ -191,8 +195,9 @@ def own_entries(node: Any, run_id: str, timeout: float) -> list[tuple[int, list[
         item = found.value.get(node.peer_id) if found is not None and isinstance(found.value, dict) else None
         if item is None or item.expiration_time < dht_time():
             return []
-        certs = decode_record(run_id, node.peer_id, item.value)  # verifies every entry
-        entries = _record(item.value)["c"]
+        obj = _record(item.value)
+        certs = _verified(run_id, node.peer_id, obj)  # every entry, in the record's order
+        entries = obj["c"]
     except Exception as e:
         logger.info("reading this peer's earlier commit certificates failed: %s", e)
         return []
