@@ -14,6 +14,8 @@ import pytest
 from swarmtrain.app.bench.harness import run_in_process
 from swarmtrain.core.config import load_config
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "swarmtrain", "bench", "strategies", *args]
@@ -121,26 +123,37 @@ def test_harness_runs_every_synced_strategy_with_identical_workers(strategy: str
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_the_readme_run_against_data_parallel() -> None:
+@pytest.mark.timeout(900)
+def test_the_readme_run_reproduces_the_benchmarked_gap_to_data_parallel() -> None:
     """The run of the README's first command (4 peers x 300 steps x 16 sequences, DiLoCo ternary at
-    simulate's H=30 with the default outer step), in-process (which agrees with real peers, see the
-    first test here), against fp32 DataParallel at equal tokens and per-worker batch.
+    simulate's H=30 with the default outer step), in-process, reproduces the row of the committed
+    benchmark (benchmarks/results/bench_strategies.json) that the README quotes: the same payload
+    bytes exactly, the same loss within another CPU's floating point. That benchmark ran it beside
+    fp32 DataParallel at equal tokens and per-worker batch: +2.7 % at 452x fewer bytes per token (the
+    goal: 3 % at 100x). A change of the code or the defaults that moves the run fails here until the
+    benchmark is re-run. (Re-running DataParallel here as well cost CI 2 more minutes of its 45.)"""
+    from swarmtrain.app.bench.strategies import Grid, grid_points, load_point, run_grid
 
-    Measured on the 2-core machines (benchmarks/results/bench_strategies.json): +2.7 % at 452x
-    fewer bytes per token (the goal: 3 % at 100x); the bound here leaves room for another CPU's
-    floating point. The paper's outer step (lr 0.7, Nesterov 0.9) that the default replaced is
-    compared in that benchmark's JSON, not here (a third run cost CI 90 s of its 45 minutes)."""
-    from swarmtrain.app.bench.strategies import Grid, grid_points, run_grid
-
-    points = grid_points(Grid(codecs=("ternary",)))
-    assert [p.label for p in points] == ["data_parallel fp32", "diloco ternary"]
-    rows = run_grid({}, points, 4)
-    dp, default = rows
-    for r in rows:
-        gap, per_token = r["gap_vs_dp"], r["bytes_per_token"]
-        print(f"{r['label']}: val loss {r['final_val_loss']:.4f}, {gap:+.2%}, {per_token:.2f} B/token")
-        assert r["params_identical"] and r["rounds_failed"] == 0
-    assert default["rounds_committed"] == 10 and dp["rounds_committed"] == 300
-    assert default["reduction_vs_dp"] >= 400
-    assert default["gap_vs_dp"] <= 0.035
+    bench = json.loads((ROOT / "benchmarks" / "results" / "bench_strategies.json").read_text())
+    settings = bench["settings"]
+    point = grid_points(Grid(codecs=("ternary",)))[1]
+    assert point.label == "diloco ternary"
+    (row,) = run_grid({}, [point], 4)
+    cfg = load_point(None, point.overrides, env={})
+    ran = (4, cfg.model.preset, cfg.train.steps, cfg.train.batch_size, cfg.train.lr, cfg.train.seed)
+    assert tuple(settings[k] for k in ("workers", "preset", "steps", "batch_size", "lr", "seed")) == ran
+    dp = next(r for r in bench["rows"] if r["strategy"] == "data_parallel")
+    (same,) = [
+        r
+        for r in bench["rows"]
+        if (r["strategy"], r["codec"], r["error_feedback"]) == ("diloco", "ternary", "none")
+        and (r["inner_steps"], r["outer_lr"], r["outer_momentum"])
+        == (cfg.strategy.inner_steps, cfg.strategy.outer_lr, cfg.strategy.outer_momentum)
+    ]
+    print(f"README run: val loss {row['final_val_loss']:.4f} (benchmark {same['final_val_loss']:.4f},")
+    print(f"  DataParallel {dp['final_val_loss']:.4f}), {row['bytes_per_token']:.2f} B/token")
+    assert row["params_identical"] and row["rounds_failed"] == 0 and row["rounds_committed"] == 10
+    assert row["bytes_per_token"] == same["bytes_per_token"]
+    assert abs(row["final_val_loss"] / same["final_val_loss"] - 1) <= 0.01
+    assert dp["bytes_per_token"] / row["bytes_per_token"] >= 400
+    assert same["gap_vs_dp"] <= 0.03 and row["final_val_loss"] / dp["final_val_loss"] - 1 <= 0.035
