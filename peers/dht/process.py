@@ -10,14 +10,15 @@ started here also carry a marker in their environment (inherited by the DHT chil
 No process outlives its parent: a process started by :func:`spawn_function` runs
 :func:`die_with_parent`, a watchdog thread that SIGKILLs its whole process group (the peer, its DHT
 child and ``p2pd``) within a fraction of a second of its parent's death, whatever killed the parent.
+A parent-death signal (``prctl(PR_SET_PDEATHSIG)``) would reach the main process only, and only when
+the thread that forked it dies; the group kill reaches the helpers too, even before they are up.
 
 Peer processes are forked by a multiprocessing fork server (:func:`process_context`) that imported
 torch and hivemind once: a fresh interpreter per peer spent 2-5 s of CPU importing them, which a
 many-peer run on a few cores pays at every start and restart. The fork server is a child of the
-caller that exits when the caller does; a forked peer gets the caller's environment and working
-directory as a spawned one would, and its watchdog watches both the fork server and the caller.
-A parent-death signal (``prctl(PR_SET_PDEATHSIG)``) would reach the main process only, and only when
-the thread that forked it dies; the group kill reaches the helpers too, even before they are up.
+caller; it exits once the caller and every process it forked are gone. A forked peer gets the
+caller's environment and working directory as a spawned one would, and its watchdog watches the
+caller as well as its real parent, the fork server.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ FORK_SERVER_PRELOAD = ("torch", "hivemind")
 
 def process_context() -> Any:
     """The multiprocessing context that peer processes (and the queues they report on) use: a fork
-    server that imported :data:`FORK_SERVER_PRELOAD` (nothing else: no thread, no CUDA, no event loop
-    exists in it, so forking it is safe). It starts with the first process and serves this
-    interpreter's later ones."""
+    server that imported :data:`FORK_SERVER_PRELOAD` and did nothing else (no Python thread, CUDA
+    context or event loop exists in it; the idle native pools that numpy and torch start at import
+    are the fork-safe ones every DataLoader worker relies on). It starts with the first process and
+    serves this interpreter's later ones."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
     return ctx
