@@ -14,7 +14,7 @@ A parent-death signal (``prctl(PR_SET_PDEATHSIG)``) would reach the main process
 the thread that forked it dies; the group kill reaches the helpers too, even before they are up.
 
 Peer processes are forked by a multiprocessing fork server (:func:`process_context`) that imported
-torch and hivemind once: a fresh interpreter per peer spent 2-5 s of CPU importing them, which a
+torch once: a fresh interpreter per peer spent 2-5 s of CPU importing it and the rest, which a
 many-peer run on a few cores pays at every start and restart. The fork server is a child of the
 caller; it exits once the caller and every process it forked are gone. A forked peer gets the
 caller's environment and working directory as a spawned one would, and its watchdog watches the
@@ -64,15 +64,18 @@ def become_group_leader() -> None:
 #: seconds between two looks at the parent in :func:`die_with_parent`
 PARENT_POLL_S = 0.25
 
-#: what the fork server of :func:`process_context` imports once for every process it forks
-FORK_SERVER_PRELOAD = ("torch", "hivemind")
+#: what the fork server of :func:`process_context` imports once for every process it forks. Not
+#: hivemind: it makes process-shared locks at import (``hivemind.utils.mpfuture``), which every
+#: forked peer would then share, and a peer killed while holding one stops every later peer's DHT
+#: from starting (it hung the chaos tests).
+FORK_SERVER_PRELOAD = ("torch",)
 
 
 def process_context() -> Any:
     """The multiprocessing context that peer processes (and the queues they report on) use: a fork
     server that imported :data:`FORK_SERVER_PRELOAD` and did nothing else (no Python thread, CUDA
-    context or event loop exists in it; the idle native pools that numpy and torch start at import
-    are the fork-safe ones every DataLoader worker relies on). It starts with the first process and
+    context, event loop or process-shared lock exists in it; the idle native pool that torch starts
+    at import is the fork-safe one every DataLoader worker relies on). It starts with the first process and
     serves this interpreter's later ones."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
