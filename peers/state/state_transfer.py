@@ -75,6 +75,9 @@ CERTIFICATE_TTL = 600.0
 #: seconds before an announcement that failed (a loaded DHT) is tried again, instead of a third of
 #: its TTL: until then newcomers see an older certified state and adopt that one
 RETRY_ANNOUNCE_S = 2.0
+#: passes a download makes again, past ``wait_for_donor``, when a donor's streams broke off (a
+#: loaded machine) rather than serving a bad state: its verified chunks are kept for the next pass
+BROKEN_RETRIES = 3
 
 
 class NoStateAnnounced(PeerTimeoutError):
@@ -329,7 +332,9 @@ def download_state(
         run_id: default: the node's run ID.
         max_bytes: refuse states larger than this.
         ledger: default: ``node.ledger`` (kind ``"state"``).
-        wait_for_donor: seconds to keep looking when no donor has announced yet.
+        wait_for_donor: seconds to keep looking when no donor has announced yet, or none served.
+            Past it, a pass whose donor's streams broke off (not a bad state) is made again, up to
+            :data:`BROKEN_RETRIES` times within ``timeout``.
         min_round: prefer a state of this round or later: for up to ``fresh_wait`` seconds, older
             announcements are passed over (a peer that missed a round waits for the donors to announce
             the state that round committed, rather than adopting the one before it). After that the
@@ -374,6 +379,7 @@ class StatePull:
         self.max_bytes, self.check = max_bytes, check
         self.progress = progress if progress is not None else ChunkProgress()
         self.errors: list[str] = []
+        self.broke_off = False  # the last pass had a donor whose streams broke (not a bad state)
 
     def run(
         self,
@@ -388,6 +394,7 @@ class StatePull:
         deadline = time.monotonic() + timeout
         donor_deadline = time.monotonic() + min(wait_for_donor, timeout)
         fresh_deadline = time.monotonic() + min(fresh_wait, timeout)
+        retries = BROKEN_RETRIES
         while True:
             manifests: dict[str, bytes] = {}
             chosen = candidates(self.node, self.run_id, exclude, k, self.errors, manifests)
@@ -400,6 +407,10 @@ class StatePull:
             got = self._take_first(chosen, manifests, deadline)
             if got is not None:
                 return got
+            if self.broke_off and retries > 0 and time.monotonic() < deadline:
+                retries -= 1  # a stream that broke off on a loaded machine: its donor may serve next time
+                time.sleep(0.5)
+                continue
             if time.monotonic() >= donor_deadline:
                 if not self.errors:
                     raise NoStateAnnounced("no donor served a valid state (none announced)")
@@ -410,6 +421,7 @@ class StatePull:
         self, chosen: list[tuple[Announcement, bytes | None]], manifests: dict[str, bytes], deadline: float
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
         """The first of ``chosen`` (best first) whose state is served and passes; ``None``: none."""
+        self.broke_off = False
         for (rnd, peer, digest, nbytes), shared in chosen:
             if nbytes > self.max_bytes or peer not in manifests:
                 self.errors.append(f"{peer[:12]}: {nbytes} bytes over the cap, or no manifest announced")
@@ -432,6 +444,7 @@ class StatePull:
             except SwarmError as e:
                 self.errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
+                self.broke_off |= not isinstance(e, ProtocolError)
                 continue
             meta["vouched_by"] = vouched_by(chosen, rnd, shared)  # counted here, never the donor's
             return tensors, meta

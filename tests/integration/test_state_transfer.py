@@ -13,6 +13,7 @@ import torch
 from peer_helpers import PeerGroup, loopback_config, report, reporting_errors
 
 from swarmtrain.app.peer.state import vouchable
+from swarmtrain.core.errors import SwarmError
 
 ROUNDS = {0: 5, 1: 7}  # donor rank -> its round; the newcomer must pick the freshest (rank 1)
 TTL = 60.0
@@ -108,9 +109,12 @@ def test_newcomer_downloads_freshest_state_and_donor_deregisters() -> None:
 
 def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
     """Rank 0 donates round 5, then round 6 a few seconds after the newcomer (rank 1) shows up; the
-    newcomer asks for round 6 or later, then for round 9 or later with a short ``fresh_wait``."""
+    newcomer asks for round 6 or later, then for round 9 or later with a short ``fresh_wait``. In that
+    second download the newcomer's first chunk stream breaks off (as on a loaded machine): with
+    ``wait_for_donor=0`` the pass is made again rather than failing (``BROKEN_RETRIES``)."""
     from peers import PeerNode, StateServer, download_state
     from peers.dht.process import GracefulExit
+    from peers.state import state_chunks
     from peers.state.donors import announcements
 
     with (
@@ -137,7 +141,17 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
         t, meta = download_state(node, timeout=60, wait_for_donor=0.0, min_round=6, fresh_wait=30.0)
         waited = time.monotonic() - t0
         t1 = time.monotonic()
+        request, broken = state_chunks._request, []
+
+        async def breaks_once(*args: Any) -> bytes:
+            if args[4] >= 0 and not broken:  # a chunk (not the manifest): this stream breaks off
+                broken.append(args[4])
+                raise SwarmError("stream to donor broke: ConnectionResetError")
+            return await request(*args)
+
+        state_chunks._request = breaks_once
         _, meta2 = download_state(node, timeout=60, wait_for_donor=0.0, min_round=9, fresh_wait=1.0)
+        state_chunks._request = request
         report(
             q,
             "result",
@@ -148,6 +162,7 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
                 "w": float(t["w"][0]),
                 "waited": waited,
                 "round_after_short_wait": meta2["round"],
+                "broken": broken,
                 "short_wait": time.monotonic() - t1,
             },
         )
@@ -164,6 +179,7 @@ def test_download_waits_for_a_fresh_enough_state_then_takes_the_freshest() -> No
     assert res["first_seen"] == [5]  # the stale state was there when the download started
     assert res["round"] == 6 and res["w"] == 6.0 and res["waited"] > 0.5
     assert res["round_after_short_wait"] == 6 and res["short_wait"] >= 1.0
+    assert res["broken"] == [0]  # a stream broke off, and the download went on
 
 
 FORGED_ROUND = 10**12
