@@ -28,7 +28,12 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
   a loaded DHT returns some members' records late or not at all: two colluders of six that never
   took part in the run's rounds can be half of what such a read leaves. Their round has none
   of the previous round's signers, whatever was read of the others' records; a group that shrinks
-  by half or less (preemptions, the hand-off above) carries its round on.
+  by half or less (preemptions, the hand-off above) carries its round on;
+* **after a tie**: when a round between that one and this one was signed for two states and none
+  won (colluders signing each round number as the honest members do, in groups as small as
+  theirs), this round's live signers must be more than half of the live signers of this round
+  and the tie together. Else the colluders' round ahead of a run of ties had no certified round before it
+  to carry on, and it is a quorum of the group they claim.
 
 So colluders fewer than half of a round's group, fewer than half of the established live peers and
 fewer than half of the previous round's live signers plant nothing. What a majority can still do is
@@ -239,8 +244,11 @@ def certified(
         if verdict[c.signer]:
             by_round[c.round][c.signer].add((c.digest, c.group_size))
     quorum: dict[int, Certified] = {}
+    contested: dict[int, frozenset[str]] = {}  # rounds signed for two states that none won: their signers
     for rnd, signed in by_round.items():
         honest = {p: next(iter(v)) for p, v in signed.items() if len(v) == 1}  # equivocators drop out
+        if len({d for v in signed.values() for d, _ in v}) > 1:
+            contested[rnd] = frozenset(signed)  # dropped below if one state wins
         if len(honest) < len(signed):
             errs.append(f"round {rnd}: {len(signed) - len(honest)} signers signed two states")
         if not honest:
@@ -261,18 +269,27 @@ def certified(
         digest, size = winners[0]
         who = frozenset(p for p, (d, _) in honest.items() if d == digest)
         quorum[rnd] = Certified(rnd, digest, who, size)
-    return _bounded(quorum, live, errs)
+        contested.pop(rnd, None)
+    return _bounded(quorum, contested, live, errs)
 
 
 def _bounded(
-    quorum: dict[int, Certified], live: frozenset[str] | None, errs: list[str]
+    quorum: dict[int, Certified],
+    contested: dict[int, frozenset[str]],
+    live: frozenset[str] | None,
+    errs: list[str],
 ) -> dict[int, Certified]:
-    """The rounds of ``quorum`` that pass the history bound and the chain (the module docstring)."""
+    """The rounds of ``quorum`` that pass the history bound and the chain (the module docstring);
+    ``contested``: the signers of each round signed for two states of which none won."""
     established: set[str] = set()
     for q in quorum.values():
         established |= q.signers
     if live is not None:
         established &= live
+
+    def alive(peers: frozenset[str]) -> frozenset[str]:
+        return peers if live is None else peers & live
+
     out: dict[int, Certified] = {}
     prev: Certified | None = None  # the round before, as taken
     for rnd in sorted(quorum):
@@ -280,8 +297,18 @@ def _bounded(
         if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
             continue
-        if prev is not None:
-            before = prev.signers if live is None else prev.signers & live
+        tie = max((r for r in contested if r < rnd and (prev is None or r > prev.round)), default=None)
+        if tie is not None:
+            # the round before is a tie: this round's signers must outnumber the others of both
+            voters = alive(contested[tie] | q.signers)
+            if 2 * len(alive(q.signers)) <= len(voters):
+                errs.append(
+                    f"round {rnd}: {len(alive(q.signers))} of the {len(voters)} live signers of it "
+                    f"and of round {tie} (a tie) signed"
+                )
+                continue
+        elif prev is not None:
+            before = alive(prev.signers)
             carried = len(q.signers & prev.signers)
             if 2 * carried < len(before):
                 errs.append(

@@ -240,3 +240,24 @@ def test_a_restarted_peer_reads_back_its_earlier_certificates(signers: list[Sign
     forged = encode_record(b, [sign_certificate(b, RUN, 4, D, 3)])  # b's record under a's subkey
     assert own_entries(node(forged, dht_time() + 60), RUN, 1.0) == []
     assert own_entries(node(None, dht_time() + 60), RUN, 1.0) == []
+
+
+def test_colluders_that_tie_the_honest_rounds_take_no_round_after_the_tie() -> None:
+    """Issue 30, seen in CI under load (stop 43): two honest members a round, and two colluders that
+    sign each round number ahead of them. Every honest round is a tie of two against two (no
+    quorum); round 1, of four, was read as two of four (the others' records unread); so the
+    colluders' round 4, a quorum of their own group, had no certified round before it to carry on.
+    After a tie, a round is taken only when its live signers are most of its own and the tie's."""
+    old = [_c(p, 1, D, 4) for p in "ab"]  # c's and d's records were not read
+    tied = [_c(p, r, d, 2) for r in (2, 3) for p, d in (("a", D), ("b", D), ("x", E), ("y", E))]
+    ahead = [_c(p, 4, E, 2) for p in "xy"]
+    errors: list[str] = []
+    assert certified(old + tied + ahead, live=frozenset("abcxy"), errors=errors) == {}
+    assert any("round 4: 2 of the 4 live signers of it and of round 3 (a tie)" in e for e in errors), errors
+    # a third honest member is back for round 4 (the colluders signed round 5 by then): three of
+    # the five live signers of round 4 and of the tie; the colluders' round 5 carries none of them
+    back = [_c(p, 4, D, 3) for p in "abc"] + [_c(p, 5, E, 2) for p in "xy"]
+    assert set(certified(old + tied + back, live=frozenset("abcxy"))) == {4}
+    # without the tie (the colluders never signed rounds 2 and 3), rounds 2 and 3 carry the chain
+    honest = [_c(p, r, D, 2) for r in (2, 3) for p in "ab"]
+    assert set(certified(old + honest + ahead, live=frozenset("abcxy"))) == {2, 3}
