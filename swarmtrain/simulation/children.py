@@ -18,7 +18,23 @@ from swarmtrain.simulation.results import PeerOutcome
 if TYPE_CHECKING:
     from swarmtrain.app.peer.loop import PeerRun, PeerStatus
 
-__all__ = ["bootstrap_main", "peer_main", "next_report"]
+__all__ = ["ATTACKER_NICE", "attacker_priority", "bootstrap_main", "peer_main", "next_report"]
+
+#: how much lower an attacking process runs than the honest peers on the run's one machine
+ATTACKER_NICE = 10
+
+
+def attacker_priority() -> None:
+    """Run this process (an intruder or a colluder, and the p2p daemon it starts) at a lower CPU
+    priority: on a real network an attacker's CPU is its own, so on one shared machine what it costs
+    the honest peers is what its messages make them do, not the cores its own loop takes from them
+    (without it, rounds the honest peers failed for want of CPU counted as the attack's effect)."""
+    import os
+
+    try:
+        os.nice(ATTACKER_NICE)
+    except OSError:  # not permitted here: run as is
+        pass
 
 
 def bootstrap_main(cfg_json: str, q: Any, log_level: int = logging.ERROR) -> None:

@@ -132,8 +132,10 @@ def colluder_main(index: int, group: int, cfg_json: str, q: Any, log_level: int 
     """
     from peers import PeerNode
     from peers.dht.process import GracefulExit
+    from swarmtrain.simulation.children import attacker_priority
     from swarmtrain.simulation.logs import quiet_logs
 
+    attacker_priority()
     quiet_logs(log_level)
     try:
         cfg = Config.model_validate_json(cfg_json)
