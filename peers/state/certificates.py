@@ -245,6 +245,7 @@ def certified(
             by_round[c.round][c.signer].add((c.digest, c.group_size))
     quorum: dict[int, Certified] = {}
     contested: dict[int, frozenset[str]] = {}  # rounds signed for two states that none won: their signers
+    halves: dict[int, list[Certified]] = {}  # those rounds' states, each with its signers and group
     for rnd, signed in by_round.items():
         honest = {p: next(iter(v)) for p, v in signed.items() if len(v) == 1}  # equivocators drop out
         if len({d for v in signed.values() for d, _ in v}) > 1:
@@ -265,39 +266,62 @@ def certified(
         if not winners:
             d, sizes = max(claims.items(), key=lambda kv: len(kv[1]))
             errs.append(f"round {rnd}: {len(sizes)} of a group of {group_size(sizes, len(signed))} signed")
+            if rnd in contested:
+                halves[rnd] = [
+                    Certified(
+                        rnd,
+                        d,
+                        frozenset(p for p, (e, _) in honest.items() if e == d),
+                        group_size(n, len(signed)),
+                    )
+                    for d, n in claims.items()
+                ]
             continue
         digest, size = winners[0]
         who = frozenset(p for p, (d, _) in honest.items() if d == digest)
         quorum[rnd] = Certified(rnd, digest, who, size)
         contested.pop(rnd, None)
-    return _bounded(quorum, contested, live, errs)
+    return _bounded(quorum, contested, halves, live, errs)
 
 
 def _bounded(
     quorum: dict[int, Certified],
     contested: dict[int, frozenset[str]],
+    halves: dict[int, list[Certified]],
     live: frozenset[str] | None,
     errs: list[str],
 ) -> dict[int, Certified]:
     """The rounds of ``quorum`` that pass the history bound and the chain (the module docstring);
-    ``contested``: the signers of each round signed for two states of which none won."""
-    established: set[str] = set()
-    for q in quorum.values():
-        established |= q.signers
+    ``contested``: the signers of each round signed for two states of which none won; ``halves``:
+    those rounds' states (a tie the chain breaks is taken as a quorum would be)."""
+    first: dict[str, int] = {}  # each established peer's first quorum round
+    for rnd in sorted(quorum):
+        for p in quorum[rnd].signers:
+            first.setdefault(p, rnd)
     if live is not None:
-        established &= live
+        first = {p: r for p, r in first.items() if p in live}
 
     def alive(peers: frozenset[str]) -> frozenset[str]:
         return peers if live is None else peers & live
 
     out: dict[int, Certified] = {}
     prev: Certified | None = None  # the round before, as taken
-    for rnd in sorted(quorum):
-        q = quorum[rnd]
+    for rnd in sorted(quorum.keys() | halves.keys()):
+        if rnd in quorum:
+            q = quorum[rnd]
+        else:
+            broken = _tie_broken(halves[rnd], prev, alive)
+            if broken is None:
+                continue  # a tie: the rounds after it face the rule after a tie
+            q = broken
+        tie = max((r for r in contested if r < rnd and (prev is None or r > prev.round)), default=None)
+        # a round that carries the chain on is bounded by the peers established by then: signers
+        # whose first round is after it (the colluders' round ahead) do not hold it back
+        chained = prev is not None and tie is None
+        established = [p for p, r in first.items() if not chained or r <= rnd]
         if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
             continue
-        tie = max((r for r in contested if r < rnd and (prev is None or r > prev.round)), default=None)
         if tie is not None:
             # the round before is a tie: this round's signers must outnumber the others of both
             voters = alive(contested[tie] | q.signers)
@@ -318,6 +342,23 @@ def _bounded(
         out[rnd] = q
         prev = q
     return out
+
+
+def _tie_broken(
+    states: list[Certified], prev: Certified | None, alive: Callable[[frozenset[str]], frozenset[str]]
+) -> Certified | None:
+    """The state of a tied round that the chain breaks the tie for: signed by half of its group, by
+    more signers of the round taken before it than any other state of the round, and by at least half
+    of that round's live signers (the honest members carry the run's history on; colluders that
+    signed their own state of each round number carry none of it); ``None``: it stays a tie."""
+    if prev is None:
+        return None
+    carried = sorted(((len(q.signers & prev.signers), q) for q in states), key=lambda cq: -cq[0])
+    best, q = carried[0]
+    runner_up = carried[1][0] if len(carried) > 1 else 0
+    if 2 * len(q.signers) < q.group_size or best <= runner_up or 2 * best < len(alive(prev.signers)):
+        return None
+    return q
 
 
 def read_certificates(node: Any, run_id: str, timeout: float, *, strict: bool = False) -> list[Certificate]:

@@ -97,3 +97,24 @@ def test_an_announcement_says_whether_its_donor_stored_certificates() -> None:
             b"h" * 32, 10, 5, [(5, D)], b"m" * 32, leaving=False, certifies=says
         )
         assert donors.parse_announcement(value)[5] is says
+
+
+def test_a_read_missing_most_certifying_donors_records_certifies_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partial read of the certificates: of the five donors whose announcements say they stored
+    certificates, only the two colluders' records came back, which alone certify their round ahead.
+    More than half of them unread: nothing is certified this pass. Two of five unread (a lying donor,
+    or a record late): the read counts."""
+    monkeypatch.setattr(donors, "read_certificates", lambda *a, **k: AHEAD)
+    found = [(6, p, b"h" * 32, 10) for p in "xy"] + [(5, p, b"h" * 32, 10) for p in "abc"]
+    says = frozenset("abcxy")
+    errors: list[str] = []
+    got = donors.certified_states(
+        _Node(None, ("a", "b", "c", "x", "y")), "t-unread", frozenset(), errors, found, says
+    )  # type: ignore[arg-type]
+    assert got == {} and errors == ["3 of the 5 donors that stored commit certificates unread"]
+    # the control: taken as read, the colluders' round is certified
+    monkeypatch.setattr(donors, "read_certificates", lambda *a, **k: AHEAD + HONEST[:1])
+    most = donors.certified_states(_Node(None, ("a", "x", "y")), "t-unread", frozenset(), [], found, says)  # type: ignore[arg-type]
+    assert most is not None and 6 in most  # 2 of 5 unread: counted (a, x, y read)

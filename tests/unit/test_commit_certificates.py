@@ -261,3 +261,21 @@ def test_colluders_that_tie_the_honest_rounds_take_no_round_after_the_tie() -> N
     # without the tie (the colluders never signed rounds 2 and 3), rounds 2 and 3 carry the chain
     honest = [_c(p, r, D, 2) for r in (2, 3) for p in "ab"]
     assert set(certified(old + honest + ahead, live=frozenset("abcxy"))) == {2, 3}
+
+
+def test_the_chain_breaks_a_tie_for_the_members_that_carry_the_history_on() -> None:
+    """Seen with real peers under load: rounds 3 and 4 had two honest members each, and the two
+    colluders signed their own state of those round numbers: ties, so the two honest peers that
+    needed a state (one restarted, one late) found nothing certified above round 2 and waited for
+    good. The honest side carries the chain from round 2 (two of its three signers), the colluders
+    none of it: the tie is the honest side's; the colluders' round 5 carries none of round 4."""
+    history = [_c(p, 1, D, 4) for p in "abcd"] + [_c(p, 2, D, 3) for p in "abc"]
+    tied = [_c(p, r, d, 2) for r in (3, 4) for p, d in (("a", D), ("b", D), ("x", E), ("y", E))]
+    ahead = [_c(p, 5, E, 2) for p in "xy"]
+    got = certified(history + tied + ahead, live=frozenset("abcdxy"))
+    assert set(got) == {1, 2, 3, 4} and got[4].digest == D and got[4].signers == frozenset("ab")
+    # colluders that also signed the honest state of round 2 carry as much of it: the tie stays,
+    # and their round ahead is refused by the rule after a tie (a stall, not a plant)
+    also = [_c(p, 2, D, 5) for p in "xy"]
+    got = certified(history + also + tied + ahead, live=frozenset("abcdxy"))
+    assert set(got) == {1, 2}
