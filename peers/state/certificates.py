@@ -32,8 +32,16 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
 * **after a tie**: when a round between that one and this one was signed for two states and none
   won (colluders signing each round number as the honest members do, in groups as small as
   theirs), this round's live signers must be more than half of the live signers of this round
-  and the tie together. Else the colluders' round ahead of a run of ties had no certified round before it
-  to carry on, and it is a quorum of the group they claim.
+  and the tie together. Else the colluders' round ahead of a run of ties had no certified round
+  before it to carry on, and it is a quorum of the group they claim.
+
+A tie is broken by the chain: the state signed by half of the round's group, by more signers of the
+round taken before it than any other state of the round and by at least half of that round's live
+signers is taken as a quorum's would be (two honest members carry the run on; the colluders' own
+state of the same round number carries none of it). A round that carries the chain on is bounded by
+the peers established by then (whose first quorum round is not after it): the colluders' round
+ahead does not hold back the honest round below it. The lowest round read and a round after a tie
+are bounded by every established peer.
 
 So colluders fewer than half of a round's group, fewer than half of the established live peers and
 fewer than half of the previous round's live signers plant nothing. What a majority can still do is
