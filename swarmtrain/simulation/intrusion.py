@@ -3,7 +3,10 @@
 The intruders (``swarmtrain.simulation.outsider``) count their attempts per kind and what the honest
 peers let through; the honest peers' outcomes show the rest. Effects, all zero when the defences hold:
 
-* ``rounds_failed``: rounds the honest peers failed (or were late for) beyond the clean run's count;
+* ``rounds_failed``: rounds the honest peers failed beyond the clean run's count, late rounds after
+  which the peer adopted the state the others committed left out (nothing was lost: a peer slowed
+  by a loaded machine arrives after the round formed; they are reported as ``rounds_late``, beyond
+  the clean run's, and the end state shows whether they cost anything: identical parameters, loss);
 * ``forged_states_accepted``: states an honest peer adopted from an intruder or a colluder (admitted
   processes planting a forged state, ``swarmtrain.simulation.colluder``);
 * ``honest_peers_banned``: honest peers some honest peer banned;
@@ -44,7 +47,8 @@ def intrusion_summary(
     for r in run.intruder_reports:
         attempts.update(r.get("attempts", {}))
         accepted.update(r.get("accepted", {}))
-    failed = sum(o.failed_rounds for o in honest) - sum(o.failed_rounds for o in clean_honest)
+    failed = _failed(honest) - _failed(clean_honest)
+    late = sum(o.late_rounds for o in honest) - sum(o.late_rounds for o in clean_honest)
     effects = {
         "rounds_failed": max(failed, 0),
         "forged_states_accepted": sum(d in intruder_ids for o in honest for d in o.donors),
@@ -60,6 +64,7 @@ def intrusion_summary(
         "intruder_attempts": {k: int(attempts[k]) for k in KINDS},
         "intruder_effects": effects,
         "intruder_errors": list(run.intruder_errors),
+        "rounds_late": max(late, 0),  # late rounds caught up, beyond the clean run's (not an effect)
         "colluders": run.colluders,
         # forged announcements the colluders made, and downloads of their state they served
         "colluder_announcements": sum(int(r.get("announced", 0)) for r in run.colluder_reports),
@@ -72,3 +77,8 @@ def intrusion_summary(
         "clean_val_loss": clean.final_val_loss,
         "loss_vs_clean": run.final_val_loss / clean.final_val_loss - 1.0,  # (dumps nulls a NaN)
     }
+
+
+def _failed(outcomes: list[PeerOutcome]) -> int:
+    """Rounds failed, not counting the late rounds after which the peer adopted the committed state."""
+    return sum(o.failed_rounds - o.late_rounds for o in outcomes)
