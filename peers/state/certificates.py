@@ -36,12 +36,13 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
   before it to carry on, and it is a quorum of the group they claim.
 
 A tie is broken by the chain: the state signed by half of the round's group, by more signers of the
-round taken before it than any other state of the round and by at least half of that round's live
-signers is taken as a quorum's would be (two honest members carry the run on; the colluders' own
-state of the same round number carries none of it). A round that carries the chain on is bounded by
-the peers established by then (whose first quorum round is not after it): the colluders' round
-ahead does not hold back the honest round below it. The lowest round read and a round after a tie
-are bounded by every established peer.
+round taken before it than any other state of the round and by more than half of that round's live
+signers is taken as a quorum's would be (two honest members of three carry the run on; the
+colluders' own state of the same round number carries none of it). Such a round is bounded by the
+peers established by then (whose first quorum round is not after it): the colluders' round ahead
+does not hold it back. Every other round is bounded by every established peer (a quorum round
+bounded by fewer let colluders that were half of a round's signers, or that signed a round the
+honest peers skipped, have their own next round taken).
 
 So colluders fewer than half of a round's group, fewer than half of the established live peers and
 fewer than half of the previous round's live signers plant nothing. What a majority can still do is
@@ -323,9 +324,9 @@ def _bounded(
                 continue  # a tie: the rounds after it face the rule after a tie
             q = broken
         tie = max((r for r in contested if r < rnd and (prev is None or r > prev.round)), default=None)
-        # a round that carries the chain on is bounded by the peers established by then: signers
-        # whose first round is after it (the colluders' round ahead) do not hold it back
-        chained = prev is not None and tie is None
+        # a tie the chain broke is bounded by the peers established by then: signers whose first
+        # round is after it (the colluders' round ahead) do not hold it back
+        chained = prev is not None and tie is None and rnd not in quorum
         established = [p for p, r in first.items() if not chained or r <= rnd]
         if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
@@ -356,15 +357,15 @@ def _tie_broken(
     states: list[Certified], prev: Certified | None, alive: Callable[[frozenset[str]], frozenset[str]]
 ) -> Certified | None:
     """The state of a tied round that the chain breaks the tie for: signed by half of its group, by
-    more signers of the round taken before it than any other state of the round, and by at least half
-    of that round's live signers (the honest members carry the run's history on; colluders that
+    more signers of the round taken before it than any other state of the round, and by more than
+    half of that round's live signers (the honest members carry the run's history on; colluders that
     signed their own state of each round number carry none of it); ``None``: it stays a tie."""
     if prev is None:
         return None
     carried = sorted(((len(q.signers & prev.signers), q) for q in states), key=lambda cq: -cq[0])
     best, q = carried[0]
     runner_up = carried[1][0] if len(carried) > 1 else 0
-    if 2 * len(q.signers) < q.group_size or best <= runner_up or 2 * best < len(alive(prev.signers)):
+    if 2 * len(q.signers) < q.group_size or best <= runner_up or 2 * best <= len(alive(prev.signers)):
         return None
     return q
 

@@ -284,9 +284,9 @@ def certified_states(
     ``found``, ``certifying``: the announcements just read and the donors among them that say they
     stored commit certificates. While one of them says so, no certificate read means a read that
     came back empty (a loaded DHT answers "nothing found" as readily as it times out), not a run
-    without certificates: nothing is certified this time; nor when the records of more than half
-    of them are missing from the read (a partial read: what is left may be the colluders' records;
-    a few admitted donors that say so and store nothing cannot stall newcomers). The
+    without certificates: nothing is certified this time; nor when the records of half of them or
+    more are missing from the read (a partial read: what is left may be the colluders' records;
+    fewer than half of the donors that say so and store nothing cannot stall newcomers). The
     donors that announced are live peers too, beside those whose peer record was read: a live read
     that missed some of them would shrink the history bound."""
     # Every signer is admitted: its commit record is a signed DHT record, whose writer's join token
@@ -308,7 +308,7 @@ def certified_states(
         logger.debug("no commit certificate read: the vouching rules apply")
         return None
     unread = said - {c.signer for c in certs}
-    if 2 * len(unread) > len(said):  # most of them: a partial read, not a few donors that lie
+    if said and 2 * len(unread) >= len(said):  # half of them: a partial read, not a few donors that lie
         return _unread(
             f"{len(unread)} of the {len(said)} donors that stored commit certificates unread", errors
         )

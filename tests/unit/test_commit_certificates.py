@@ -279,3 +279,22 @@ def test_the_chain_breaks_a_tie_for_the_members_that_carry_the_history_on() -> N
     also = [_c(p, 2, D, 5) for p in "xy"]
     got = certified(history + also + tied + ahead, live=frozenset("abcdxy"))
     assert set(got) == {1, 2}
+
+
+def test_colluders_win_no_tie_or_skipped_round_with_a_full_read() -> None:
+    """Found by review of the tie-break (2026-12-06), both with every record read and everyone live.
+    A tie at round 2 whose colluders carry as many of round 1's signers as the honest side plus one
+    (they co-signed its honest digest) must need more than half of them; and the colluders' round 11,
+    which the honest peers skipped, must face every established peer, not those established by
+    then (x and y were half of round 10; c and d first signed round 12)."""
+    live = frozenset("abcdxy")
+    cosigned = (
+        [_c(p, 1, D, 2) for p in "cdxy"] + [_c(p, 2, D, 2) for p in "bd"] + [_c(p, 2, E, 2) for p in "xy"]
+    )
+    cosigned += [_c(p, 3, D, 4) for p in "abcd"] + [_c(p, 4, D, 2) for p in "ad"]
+    got = certified(cosigned, live=live)
+    assert all(q.digest == D for q in got.values()) and max(got) >= 3
+    skipped = [_c(p, 10, D, 4) for p in "abxy"] + [_c(p, 11, E, 2) for p in "xy"]
+    skipped += [_c(p, r, D, 4) for r in (12, 13, 14) for p in "abcd"]
+    got = certified(skipped, live=live)
+    assert 11 not in got and max(got) == 14
