@@ -245,13 +245,7 @@ def certified(
         errors: why a round was refused, appended.
     """
     errs = errors if errors is not None else []
-    by_round: dict[int, dict[str, set[tuple[bytes, int]]]] = defaultdict(lambda: defaultdict(set))
-    verdict: dict[str, bool] = {}
-    for c in certs:
-        if c.signer not in verdict:
-            verdict[c.signer] = admitted is None or admitted(c.signer)
-        if verdict[c.signer]:
-            by_round[c.round][c.signer].add((c.digest, c.group_size))
+    by_round = _by_round(certs, admitted)
     quorum: dict[int, Certified] = {}
     contested: dict[int, frozenset[str]] = {}  # rounds signed for two states that none won: their signers
     halves: dict[int, list[Certified]] = {}  # those rounds' states, each with its signers and group
@@ -291,6 +285,20 @@ def certified(
         quorum[rnd] = Certified(rnd, digest, who, size)
         contested.pop(rnd, None)
     return _bounded(quorum, contested, halves, live, errs)
+
+
+def _by_round(
+    certs: Iterable[Certificate], admitted: Callable[[str], bool] | None
+) -> dict[int, dict[str, set[tuple[bytes, int]]]]:
+    """The admitted signers' ``(digest, group size)`` claims, by round and signer."""
+    by_round: dict[int, dict[str, set[tuple[bytes, int]]]] = defaultdict(lambda: defaultdict(set))
+    verdict: dict[str, bool] = {}
+    for c in certs:
+        if c.signer not in verdict:
+            verdict[c.signer] = admitted is None or admitted(c.signer)
+        if verdict[c.signer]:
+            by_round[c.round][c.signer].add((c.digest, c.group_size))
+    return by_round
 
 
 def _bounded(
