@@ -4,13 +4,13 @@ and runs the chaos (kills, preemptions) and its restarts (``swarmtrain.simulatio
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import queue as queue_mod
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from peers.dht.process import process_context
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
 from swarmtrain.core.peer_error import TRACEBACK, ErrorReports
@@ -103,7 +103,7 @@ class Supervisor:
         #: each process's traceback text until its error line comes (``swarmtrain.core.peer_error``)
         self.errors = ErrorReports()
         self.t0 = time.monotonic()
-        self._ctx = process_context()
+        self._ctx = mp.get_context("spawn")
 
     # -- processes
     def spawn(self, rank: int, rejoin: bool = False) -> None:
