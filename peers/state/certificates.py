@@ -271,20 +271,19 @@ def certified(
             errs.append(f"round {rnd}: {len(sizes)} of a group of {group_size(sizes, len(signed))} signed")
             if rnd in contested:
                 halves[rnd] = [
-                    Certified(
-                        rnd,
-                        d,
-                        frozenset(p for p, (e, _) in honest.items() if e == d),
-                        group_size(n, len(signed)),
-                    )
+                    Certified(rnd, d, _signers(honest, d), group_size(n, len(signed)))
                     for d, n in claims.items()
                 ]
             continue
         digest, size = winners[0]
-        who = frozenset(p for p, (d, _) in honest.items() if d == digest)
-        quorum[rnd] = Certified(rnd, digest, who, size)
+        quorum[rnd] = Certified(rnd, digest, _signers(honest, digest), size)
         contested.pop(rnd, None)
     return _bounded(quorum, contested, halves, live, errs)
+
+
+def _signers(honest: dict[str, tuple[bytes, int]], digest: bytes) -> frozenset[str]:
+    """The signers of ``digest`` among a round's ``honest`` ones (signer -> its one claim)."""
+    return frozenset(p for p, (d, _) in honest.items() if d == digest)
 
 
 def _by_round(
