@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from peers.dht.process import find_orphans, spawn_function
+from peers.dht.process import find_orphans, process_context, spawn_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allreduce_hivemind import MATCHMAKING_S  # noqa: E402
@@ -292,7 +292,7 @@ def _row(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
 def _run(n: int, cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
     """One side's peers; returns the rows every peer reported and, if the side broke off, why (one
     line): a side that fails keeps what it measured and never takes the run down."""
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     q, barrier, votes = ctx.Queue(), ctx.Barrier(n), ctx.Array("i", n)
     procs: list[Any] = []
     per: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -45,7 +44,7 @@ if str(HERE) not in sys.path:
 from allreduce import next_report  # noqa: E402
 from runlog import loadavg, pyplot, recorded, save_figure, write_report  # noqa: E402
 
-from peers.dht.process import find_orphans, spawn_function  # noqa: E402
+from peers.dht.process import find_orphans, process_context, spawn_function  # noqa: E402
 from swarmtrain.simulation.netns import in_namespace  # noqa: E402
 from swarmtrain.simulation.regions import EmulatedRegions  # noqa: E402
 from swarmtrain.simulation.runner import quiet_resource_tracker  # noqa: E402
@@ -139,7 +138,7 @@ def run_rate(
         update["links"] = [x.model_copy(update={"rtt_ms": 0.0}) for x in topo.links]
     topo = topo.model_copy(update=update)
     quiet_resource_tracker()  # hivemind's semaphores in peers terminated at the end: not leaks
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     q, barrier = ctx.Queue(), ctx.Barrier(n)
     procs: list[Any] = []
     with EmulatedRegions(topo, n) as net:

@@ -28,7 +28,6 @@ import argparse
 import functools
 import json
 import logging
-import multiprocessing as mp
 import os
 import queue
 import sys
@@ -44,6 +43,7 @@ if str(HERE) not in sys.path:  # run as a script or imported by tests/wan
 
 from runlog import append_run, load_runs, write_json, write_report  # noqa: E402
 
+from peers.dht.process import process_context  # noqa: E402
 from swarmtrain.core.config import Config, load_config  # noqa: E402
 from swarmtrain.core.errors import SwarmError  # noqa: E402
 from swarmtrain.simulation.netns import Wan, in_namespace  # noqa: E402
@@ -144,7 +144,7 @@ def run_wan(wan: Wan, cfg: Config, n_peers: int, timeout: float = 900.0) -> WanR
     cfg.train.progress = False
     cfg.train.threads = 1
     quiet_resource_tracker()
-    q = mp.get_context("spawn").Queue()
+    q = process_context().Queue()
     procs: list[Any] = []
     # SWARMTRAIN_WAN_LOG=WARNING shows the peers' warnings (e.g. why a round failed) on stderr
     level = getattr(logging, os.environ.get("SWARMTRAIN_WAN_LOG", "ERROR").upper(), logging.ERROR)

@@ -12,6 +12,13 @@ No process outlives its parent: a process started by :func:`spawn_function` runs
 child and ``p2pd``) within a fraction of a second of its parent's death, whatever killed the parent.
 A parent-death signal (``prctl(PR_SET_PDEATHSIG)``) would reach the main process only, and only when
 the thread that forked it dies; the group kill reaches the helpers too, even before they are up.
+
+Peer processes are forked by a multiprocessing fork server (:func:`process_context`) that imported
+torch once: a fresh interpreter per peer spent 2-5 s of CPU importing it and the rest, which a
+many-peer run on a few cores pays at every start and restart. The fork server is a child of the
+caller; it exits once the caller and every process it forked are gone. A forked peer gets the
+caller's environment and working directory as a spawned one would, and its watchdog watches the
+caller as well as its real parent, the fork server.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "find_orphans",
     "become_group_leader",
     "die_with_parent",
+    "process_context",
     "GracefulExit",
 ]
 
@@ -56,27 +64,65 @@ def become_group_leader() -> None:
 #: seconds between two looks at the parent in :func:`die_with_parent`
 PARENT_POLL_S = 0.25
 
+#: what the fork server of :func:`process_context` imports once for every process it forks. Not
+#: hivemind: it makes process-shared locks at import (``hivemind.utils.mpfuture``), which every
+#: forked peer would then share, and a peer killed while holding one stops every later peer's DHT
+#: from starting (it hung the chaos tests).
+FORK_SERVER_PRELOAD = ("torch",)
+
+
+def process_context() -> Any:
+    """The multiprocessing context that peer processes (and the queues they report on) use: a fork
+    server that imported :data:`FORK_SERVER_PRELOAD` and did nothing else (no Python thread, CUDA
+    context, event loop or process-shared lock exists in it; the idle native pool that torch starts
+    at import is the fork-safe one every DataLoader worker relies on). It starts with the first process and
+    serves this interpreter's later ones."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
+    return ctx
+
+
+def _watch_caller(pid: int) -> Callable[[], bool]:
+    """A check that process ``pid`` still runs (not ended, not a zombie its parent has yet to reap,
+    not another process that took its ID)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+    except psutil.Error:
+        return lambda: False
+
+    def alive() -> bool:
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    return alive
+
 
 def die_with_parent(parent_pid: int | None = None, *, poll: float = PARENT_POLL_S) -> threading.Thread:
     """Tie this process to its parent: a daemon thread checks every ``poll`` seconds whether the parent
-    (``parent_pid``, default the current one) is gone (this process was re-parented) and then SIGKILLs
-    this process's group when this process leads it (its DHT child and ``p2pd`` with it), else this
-    process alone. Returns the thread (already started).
+    is gone (this process was re-parented, or ``parent_pid``, the process that asked for this one
+    through a fork server, no longer exists) and then SIGKILLs this process's group when this process
+    leads it (its DHT child and ``p2pd`` with it), else this process alone. Returns the thread
+    (already started).
 
     A SIGKILL, not a graceful stop: a parent that died can no longer collect anything, and a graceful
     stop of a training peer may take longer than the few seconds an orphan may live.
     """
-    parent = os.getppid() if parent_pid is None else parent_pid
+    parent = os.getppid()
+    caller = (lambda: True) if parent_pid is None else _watch_caller(parent_pid)
 
     def _orphaned() -> None:
-        logger.debug("parent %d is gone: killing process group %d", parent, os.getpgrp())
+        logger.debug("parent %d (%s) is gone: killing process group %d", parent, parent_pid, os.getpgrp())
         if os.getpgrp() == os.getpid():
             os.killpg(os.getpid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _watch() -> None:
         while True:
-            if os.getppid() != parent:
+            if os.getppid() != parent or not caller():
                 _orphaned()
             time.sleep(poll)
 
@@ -220,25 +266,39 @@ class PeerProcess:
         return ok and not find_orphans(self.marker)
 
 
-def _function_entry(marker: str, target: Callable[..., Any], args: tuple[Any, ...], parent_pid: int) -> None:
+def _function_entry(
+    marker: str,
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    parent_pid: int,
+    env: dict[str, str],
+    cwd: str,
+) -> None:
     become_group_leader()
     die_with_parent(parent_pid)
+    os.environ.clear()  # the caller's, as a spawned process would have them (not the fork server's)
+    os.environ.update(env)
     os.environ[MARKER_ENV] = marker
+    os.chdir(cwd)
     target(*args)
 
 
 def spawn_function(
-    target: Callable[..., Any], args: Sequence[Any] = (), *, name: str = "peer"
+    target: Callable[..., Any], args: Sequence[Any] = (), *, name: str = "peer", cold: bool = False
 ) -> PeerProcess:
-    """Run ``target(*args)`` in a fresh interpreter (multiprocessing ``spawn``) in its own session.
+    """Run ``target(*args)`` in a new process (forked by :func:`process_context`'s fork server) in its
+    own session, with this process's environment and working directory. ``cold``: a fresh
+    interpreter instead (``spawn``), which imports everything again as a restarted volunteer's new
+    process does (the simulations' restarts).
 
     ``target`` must be importable (module-level). Pass a ``multiprocessing`` queue in ``args`` (from
-    ``mp.get_context("spawn")``) to report addresses back; bind to port 0 and report the real maddrs.
-    The process and its helpers die with this process (:func:`die_with_parent`).
+    :func:`process_context`, or ``spawn``'s for a cold start) to report addresses back; bind to port 0
+    and report the real maddrs. The process and its helpers die with this process
+    (:func:`die_with_parent`).
     """
     marker = uuid.uuid4().hex
-    ctx = mp.get_context("spawn")
-    entry_args = (marker, target, tuple(args), os.getpid())
+    ctx = mp.get_context("spawn") if cold else process_context()
+    entry_args = (marker, target, tuple(args), os.getpid(), dict(os.environ), os.getcwd())
     proc = ctx.Process(target=_function_entry, args=entry_args, name=name, daemon=False)
     proc.start()
     if proc.pid is None:  # pragma: no cover

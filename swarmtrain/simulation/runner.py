@@ -22,13 +22,13 @@ shared queue's write lock held, and every other peer's reports stuck behind it.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from peers.dht.process import process_context
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import SwarmError
 from swarmtrain.core.peer_error import TRACEBACK, ErrorReports
@@ -132,7 +132,7 @@ def _run_processes(
     """Start the bootstrap, the peers, intruders and colluders; collect the peers' outcomes; tear
     every process down. Returns (outcomes, the supervisor)."""
     quiet_resource_tracker()
-    q = mp.get_context("spawn").Queue()
+    q = process_context().Queue()
     procs: list[Any] = []
     deadline = time.monotonic() + timeout
     level = child_log_level()

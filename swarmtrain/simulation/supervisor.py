@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from peers.dht.process import process_context
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import PeerTimeoutError, SwarmError
 from swarmtrain.core.peer_error import TRACEBACK, ErrorReports
@@ -103,18 +104,20 @@ class Supervisor:
         #: each process's traceback text until its error line comes (``swarmtrain.core.peer_error``)
         self.errors = ErrorReports()
         self.t0 = time.monotonic()
-        self._ctx = mp.get_context("spawn")
+        self._ctx = process_context()
 
     # -- processes
     def spawn(self, rank: int, rejoin: bool = False) -> None:
         from peers import spawn_function
 
         slot = self.slots[rank]
-        slot.queue = self._ctx.Queue()
+        # a restart is a cold start (a fresh interpreter importing everything), as a restarted
+        # volunteer's new process is; first starts fork from the fork server
+        slot.queue = (mp.get_context("spawn") if rejoin else self._ctx).Queue()
         self.errors.forget(rank)
         args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin, self.control)
         target = peer_main if self.regions is None else self.regions.entry(rank, peer_main)
-        slot.proc = spawn_function(target, args, name=f"peer{rank}")
+        slot.proc = spawn_function(target, args, name=f"peer{rank}", cold=rejoin)
         self.procs.append(slot.proc)
         slot.new_incarnation(rejoin)
 

@@ -23,7 +23,6 @@ its lock forever.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import queue as queue_mod
 import random
 import signal
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peers.dht.process import process_context
 from swarmtrain.core.config import Config
 from swarmtrain.core.errors import ConfigError, SwarmError
 from swarmtrain.core.peer_error import TRACEBACK, ErrorReports, report_error
@@ -286,7 +286,7 @@ def run_swarm_simulation(
     stage_of = _placement(servers, settings.stages, layout, kill_servers, byzantine_servers)
     cfg = loopback_copy(cfg)
     quiet_resource_tracker()
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     level = child_log_level()
     deadline = time.monotonic() + timeout
     procs: list[Any] = []

@@ -23,7 +23,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import re
@@ -37,7 +36,7 @@ from typing import Any
 
 import torch
 
-from peers.dht.process import PeerProcess, find_orphans, spawn_command, spawn_function
+from peers.dht.process import PeerProcess, find_orphans, process_context, spawn_command, spawn_function
 from swarmtrain.core.config import PeersConfig
 from swarmtrain.core.packet import Packet
 
@@ -134,7 +133,7 @@ class PeerGroup:
         self.args = tuple(args)
         self.initial_peers = list(initial_peers) if initial_peers is not None else None
         self.startup_timeout = startup_timeout
-        self.q: Any = mp.get_context("spawn").Queue()
+        self.q: Any = process_context().Queue()
         self.procs: list[PeerProcess] = []
         self.ready: dict[int, Any] = {}
         self.orphans: list[str] = []

@@ -13,7 +13,6 @@ before the kill.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -27,7 +26,14 @@ from peer_helpers import LOOP, loopback_config, report, reporting_errors
 from peer_helpers import SWARMTRAIN as SW
 from test_join import _env, _start_dht
 
-from peers.dht.process import PeerProcess, find_orphans, kill_group, spawn_command, spawn_function
+from peers.dht.process import (
+    PeerProcess,
+    find_orphans,
+    kill_group,
+    process_context,
+    spawn_command,
+    spawn_function,
+)
 
 #: what the issue allows an orphan (5 s), plus a margin for polling on a loaded machine
 ORPHAN_LIMIT_S = 5.0
@@ -48,7 +54,7 @@ def _helpers(marker: str, main_pid: int) -> list[str]:
 
 
 def test_no_orphans_after_sigkill_or_group_kill() -> None:
-    q = mp.get_context("spawn").Queue()
+    q = process_context().Queue()
     crashed = spawn_function(idle_peer, (q, 0))
     stopped = spawn_function(idle_peer, (q, 1))
     try:
