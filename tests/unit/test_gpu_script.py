@@ -1,7 +1,7 @@
 """``benchmarks/gpu.py --device cpu``: every section runs at its smallest sizes and the JSON is complete.
 
-Takes 170-250 s on 2 busy cores (two real peer processes per strategy and a SWARM run, each under
-the integration lock), so it is marked ``slow``.
+Takes 70-120 s on 2 busy cores (two real peer processes per strategy and a SWARM run), so it is
+marked ``slow``.
 """
 
 from __future__ import annotations
