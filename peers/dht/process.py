@@ -71,12 +71,14 @@ PARENT_POLL_S = 0.25
 FORK_SERVER_PRELOAD = ("torch",)
 
 
-def process_context() -> Any:
+def process_context(cold: bool = False) -> Any:
     """The multiprocessing context that peer processes (and the queues they report on) use: a fork
     server that imported :data:`FORK_SERVER_PRELOAD` and did nothing else (no Python thread, CUDA
     context, event loop or process-shared lock exists in it; the idle native pool that torch starts
     at import is the fork-safe one every DataLoader worker relies on). It starts with the first process and
-    serves this interpreter's later ones."""
+    serves this interpreter's later ones. ``cold``: ``spawn`` instead, a fresh interpreter per process."""
+    if cold:
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
     return ctx
@@ -292,12 +294,12 @@ def spawn_function(
     process does (the simulations' restarts).
 
     ``target`` must be importable (module-level). Pass a ``multiprocessing`` queue in ``args`` (from
-    :func:`process_context`, or ``spawn``'s for a cold start) to report addresses back; bind to port 0
-    and report the real maddrs. The process and its helpers die with this process
+    :func:`process_context` with the same ``cold``) to report addresses back; bind to port 0 and
+    report the real maddrs. The process and its helpers die with this process
     (:func:`die_with_parent`).
     """
     marker = uuid.uuid4().hex
-    ctx = mp.get_context("spawn") if cold else process_context()
+    ctx = process_context(cold)
     entry_args = (marker, target, tuple(args), os.getpid(), dict(os.environ), os.getcwd())
     proc = ctx.Process(target=_function_entry, args=entry_args, name=name, daemon=False)
     proc.start()

@@ -4,7 +4,6 @@ and runs the chaos (kills, preemptions) and its restarts (``swarmtrain.simulatio
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import queue as queue_mod
 import time
 from collections.abc import Callable
@@ -104,7 +103,6 @@ class Supervisor:
         #: each process's traceback text until its error line comes (``swarmtrain.core.peer_error``)
         self.errors = ErrorReports()
         self.t0 = time.monotonic()
-        self._ctx = process_context()
 
     # -- processes
     def spawn(self, rank: int, rejoin: bool = False) -> None:
@@ -113,7 +111,7 @@ class Supervisor:
         slot = self.slots[rank]
         # a restart is a cold start (a fresh interpreter importing everything), as a restarted
         # volunteer's new process is; first starts fork from the fork server
-        slot.queue = (mp.get_context("spawn") if rejoin else self._ctx).Queue()
+        slot.queue = process_context(cold=rejoin).Queue()
         self.errors.forget(rank)
         args = (rank, self.n, self.cfg_jsons[rank], slot.queue, self.level, rejoin, self.control)
         target = peer_main if self.regions is None else self.regions.entry(rank, peer_main)
