@@ -18,7 +18,9 @@ torch once: a fresh interpreter per peer spent 2-5 s of CPU importing it and the
 many-peer run on a few cores pays at every start and restart. The fork server is a child of the
 caller; it exits once the caller and every process it forked are gone. A forked peer gets the
 caller's environment and working directory as a spawned one would, and its watchdog watches the
-caller as well as its real parent, the fork server.
+caller as well as its real parent, the fork server. ``cold=True`` starts a fresh interpreter
+instead (``spawn``): the simulations restart peers that way, as a restarted volunteer's process
+imports everything again.
 """
 
 from __future__ import annotations
