@@ -66,6 +66,10 @@ def become_group_leader() -> None:
 #: seconds between two looks at the parent in :func:`die_with_parent`
 PARENT_POLL_S = 0.25
 
+#: the longest slice :meth:`GracefulExit.wait` blocks for before the main thread runs its signal
+#: handlers (a signal the kernel handed to another thread does not wake a blocked main thread)
+SIGNAL_POLL_S = 0.2
+
 #: what the fork server of :func:`process_context` imports once for every process it forks. Not
 #: hivemind: it makes process-shared locks at import (``hivemind.utils.mpfuture``), which every
 #: forked peer would then share, and a peer killed while holding one stops every later peer's DHT
@@ -354,8 +358,20 @@ class GracefulExit:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until a stop signal arrives (or ``timeout``); True if one did."""
-        return self._event.wait(timeout)
+        """Block until a stop signal arrives (or ``timeout``); True if one did.
+
+        Waits in short slices: the kernel hands a process's signal to any of its threads, and when
+        it is not the main thread, a main thread blocked on one long lock wait is not woken, so the
+        handler (which runs in the main thread) would only run when that wait ends (a peer that
+        lingers 15 s after SIGTERM, a DHT node killed after its grace). Between slices the main
+        thread runs its pending handlers."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._event.is_set():
+            left = SIGNAL_POLL_S if end is None else min(SIGNAL_POLL_S, end - time.monotonic())
+            if left <= 0:
+                break
+            self._event.wait(left)
+        return self._event.is_set()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self._event.is_set():
