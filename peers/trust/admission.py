@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -324,11 +325,22 @@ class OwnAdmission:
     def __init__(self, admission: Admission, token: bytes | None, peer_id: str) -> None:
         self.admission, self.token, self.peer_id = admission, token, peer_id
         self._next = time.monotonic() + OWN_CHECK_S
+        #: ``time.monotonic()`` at which the token expires (inf: no token, or one that did not decode,
+        #: which :meth:`check` reports)
+        self.ends_at = math.inf
+        if admission.policy == "token" and token:
+            try:
+                self.ends_at = time.monotonic() + admission.token_expiry(token) - time.time()
+            except Exception:
+                pass
 
     def check(self, now: float | None = None) -> None:
-        """Raise :class:`AdmissionEnded` (at most every :data:`OWN_CHECK_S` s) once the policy refuses
-        this peer; ``now``: the wall-clock time to judge the token by (default: now)."""
-        if self.admission.policy == "open" or (now is None and time.monotonic() < self._next):
+        """Raise :class:`AdmissionEnded` (at most every :data:`OWN_CHECK_S` s, and at once past the
+        token's expiry) once the policy refuses this peer; ``now``: the wall-clock time to judge the
+        token by (default: now)."""
+        if self.admission.policy == "open":
+            return
+        if now is None and time.monotonic() < min(self._next, self.ends_at):
             return
         self._next = time.monotonic() + OWN_CHECK_S
         try:

@@ -240,3 +240,20 @@ def test_a_running_peer_whose_token_expires_stops_with_one_line(run_key: RunKey)
         own.check(now=time.time() + 200)
     assert "\n" not in str(e.value)
     OwnAdmission(Admission("open", RUN), None, "PEER").check(now=time.time() + 10**9)  # open: never
+
+
+def test_a_peer_knows_when_its_token_ends_and_checks_at_once_past_it(run_key: RunKey) -> None:
+    """The peer loop caps every round at the token's expiry (``Deadlines.end_by``) and the first step
+    after it raises: a peer waiting in a round is not left there until the round's own timeout."""
+    from peers.trust.admission import AdmissionEnded, OwnAdmission
+
+    policy = Admission("token", RUN, run_public=bytes.fromhex(run_key.public_hex))
+    own = OwnAdmission(policy, run_key.issue(RUN, "PEER", time.time() + 0.3), "PEER")
+    assert 0 < own.ends_at - time.monotonic() <= 0.3
+    time.sleep(0.4)  # past the expiry, well within the 5 s between periodic checks
+    with pytest.raises(AdmissionEnded, match="expired"):
+        own.check()
+    assert OwnAdmission(Admission("open", RUN), None, "PEER").ends_at == float("inf")
+    long = OwnAdmission(policy, run_key.issue(RUN, "PEER", time.time() + 3600), "PEER")
+    assert 3590 < long.ends_at - time.monotonic() <= 3600
+    long.check()  # within its interval and its token: nothing to say

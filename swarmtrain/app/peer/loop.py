@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -123,6 +124,8 @@ class _Peer:
             node, lambda: state_snapshot(self.trainer, self.p2p.round_id), upload_rate=rate
         )
         self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
+        if math.isfinite(self.own_admission.ends_at):  # no round waits past the token's expiry: the
+            self.p2p.deadlines.end_by = self.own_admission.ends_at + 1.0  # next step's check ends it
         self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
@@ -423,7 +426,8 @@ class _Peer:
         to_sync = None if info.report.synced else self._clock.seconds_left(self.trainer.step, steps_per_s)
         if self._peers_seen > 1 and finish_sync(to_sync, self._sync_s, left):  # a round it can join
             logger.warning("training on to the next sync (~%.0f s) before leaving", to_sync or 0.0)
-            self.p2p.deadlines.end_by = time.monotonic() + left  # that round ends within the grace
+            end_by = time.monotonic() + left  # that round ends within the grace
+            self.p2p.deadlines.end_by = min(end_by, self.p2p.deadlines.end_by or end_by)
             return False
         return True
 
