@@ -37,7 +37,7 @@ import msgpack
 
 from swarmtrain.core.config import Config
 
-__all__ = ["KINDS", "intruder_main"]
+__all__ = ["CPU_SHARE", "KINDS", "CpuCap", "intruder_main"]
 
 logger = logging.getLogger(__name__)
 
@@ -244,8 +244,37 @@ def intruder_main(
         q.put(("intruder_error", index, f"intruder {index}: {type(e).__name__}: {e}"))
 
 
+#: the share of one core an intruder's own process may use, by its CPU time: on a real network its
+#: cores are its own, while on the run's one machine an unpaced loop (``nice`` alone does not bound
+#: it) took the honest peers' CPU and starved a run to twice its time. What the attacks make the
+#: honest peers do is not bounded.
+CPU_SHARE = 0.25
+
+
+class CpuCap:
+    """Keeps this process's CPU time within ``share`` of the wall time since it was made."""
+
+    def __init__(self, share: float) -> None:
+        if not 0 < share <= 1:
+            raise ValueError("share must be in (0, 1]")
+        self.share = share
+        self._cpu0, self._t0 = time.process_time(), time.monotonic()
+
+    def due_s(self) -> float:
+        """Seconds to sleep so that the CPU time used is ``share`` of the wall time (0: within)."""
+        used = time.process_time() - self._cpu0
+        return max(used / self.share - (time.monotonic() - self._t0), 0.0)
+
+    def pause(self, stopped: Callable[[], bool]) -> None:
+        """Sleep off what is due, in slices, returning early once ``stopped()``."""
+        end = time.monotonic() + self.due_s()
+        while not stopped() and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.2))
+
+
 def _attack(it: _Intruder, stopped: Callable[[], bool], q: Any, index: int) -> None:
     q.put(("intruder", index, it.report()))
+    cap = CpuCap(CPU_SHARE)
     victim = 0
     while not stopped():
         honest, now = it.targets()
@@ -270,3 +299,4 @@ def _attack(it: _Intruder, stopped: Callable[[], bool], q: Any, index: int) -> N
             except Exception as e:  # a refused connection or a closed loop: next attack
                 logger.info("intruder attack failed: %s: %s", type(e).__name__, e)
             q.put(("intruder", index, it.report()))
+            cap.pause(stopped)
