@@ -334,6 +334,12 @@ class OwnAdmission:
             except Exception:
                 pass
 
+    def rounds_end_by(self) -> float | None:
+        """``time.monotonic()`` past which no round of this peer should wait (``Deadlines.end_by``):
+        a second after the token expires, so the next step's :meth:`check` ends the peer instead of
+        a round's own timeout; ``None`` without an expiry."""
+        return self.ends_at + 1.0 if math.isfinite(self.ends_at) else None
+
     def check(self, now: float | None = None) -> None:
         """Raise :class:`AdmissionEnded` (at most every :data:`OWN_CHECK_S` s, and at once past the
         token's expiry) once the policy refuses this peer; ``now``: the wall-clock time to judge the

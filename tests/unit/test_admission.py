@@ -253,7 +253,9 @@ def test_a_peer_knows_when_its_token_ends_and_checks_at_once_past_it(run_key: Ru
     time.sleep(0.4)  # past the expiry, well within the 5 s between periodic checks
     with pytest.raises(AdmissionEnded, match="expired"):
         own.check()
+    assert own.rounds_end_by() == own.ends_at + 1.0
     assert OwnAdmission(Admission("open", RUN), None, "PEER").ends_at == float("inf")
+    assert OwnAdmission(Admission("open", RUN), None, "PEER").rounds_end_by() is None
     long = OwnAdmission(policy, run_key.issue(RUN, "PEER", time.time() + 3600), "PEER")
     assert 3590 < long.ends_at - time.monotonic() <= 3600
     long.check()  # within its interval and its token: nothing to say

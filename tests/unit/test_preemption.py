@@ -10,22 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from swarmtrain.app.peer.preemption import (
-    HANDOFF_SHARE,
-    LEAVE_RESERVE_S,
-    Preemption,
-    finish_sync,
-    handoff_status,
-)
+from swarmtrain.app.peer.preemption import LEAVE_RESERVE_S, Preemption, finish_sync, handoff_status
 from swarmtrain.app.peer.state import vouchable
 
 
-def test_train_on_to_the_sync_only_when_it_and_its_round_fit_beside_the_hand_off() -> None:
-    assert HANDOFF_SHARE == 0.5
-    assert finish_sync(2.0, 2.0, 10.0)
-    assert finish_sync(3.0, 2.0, 10.0)  # exactly fits: half the 10 s is kept for the hand-off
-    assert not finish_sync(4.0, 2.0, 10.0)
-    assert not finish_sync(8.0, 2.0, 10.0)  # fits the grace, but leaves nothing for the hand-off
+def test_train_on_to_the_sync_only_when_it_and_its_round_fit() -> None:
+    assert finish_sync(3.0, 2.0, 10.0)
+    assert finish_sync(8.0, 2.0, 10.0)  # exactly fits
+    assert not finish_sync(9.0, 2.0, 10.0)
     assert not finish_sync(None, 2.0, 10.0)  # the time to the sync is unknown: leave now
     assert not finish_sync(1.0, 1.0, float("-inf"))
 

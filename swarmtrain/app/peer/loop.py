@@ -6,10 +6,9 @@ to newcomers (``peers.StateServer``) after every committed sync and adopts the s
 fell behind (``swarmtrain.app.peer.state``); it counts committed, late and failed rounds and the
 parameter digest after each committed one, so every peer of a run can be checked for agreement.
 
-What differs between a volunteer and a simulated peer is data, ``Membership``: a fixed rank among a
-known number of peers, or open membership with a download at start. Everything a caller adds is a
-hook, ``PeerHooks``: wrap the collective, the reducer or the batches (the simulation's attacks do),
-and report status and the final result. The loop knows nothing of attacks.
+What differs between a volunteer and a simulated peer is data, ``Membership`` (a fixed rank, or
+open membership with a download at start). A caller adds hooks, ``PeerHooks``: wrap the collective,
+the reducer or the batches (attacks do), report status and the result. It knows nothing of attacks.
 
 If a round formed without this peer (it arrived late), the others committed an outer step it did not
 take: it downloads the state that round committed before training on, so it never drifts from the
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -124,8 +122,7 @@ class _Peer:
             node, lambda: state_snapshot(self.trainer, self.p2p.round_id), upload_rate=rate
         )
         self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
-        if math.isfinite(self.own_admission.ends_at):  # no round waits past the token's expiry: the
-            self.p2p.deadlines.end_by = self.own_admission.ends_at + 1.0  # next step's check ends it
+        self.p2p.deadlines.end_by = self.own_admission.rounds_end_by()  # the token's expiry, if any
         self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
@@ -229,11 +226,8 @@ class _Peer:
         t0 = time.perf_counter()
         try:
             fit = trainer.fit(self.on_step)
-            res.steps, res.final_train_loss, res.final_val_loss = (
-                fit.steps,
-                fit.final_train_loss,
-                fit.final_val_loss,
-            )
+            res.steps, res.final_train_loss = fit.steps, fit.final_train_loss
+            res.final_val_loss = fit.final_val_loss
         except _Stop:
             res.stopped_by_signal = True
             res.steps = trainer.step
@@ -426,8 +420,8 @@ class _Peer:
         to_sync = None if info.report.synced else self._clock.seconds_left(self.trainer.step, steps_per_s)
         if self._peers_seen > 1 and finish_sync(to_sync, self._sync_s, left):  # a round it can join
             logger.warning("training on to the next sync (~%.0f s) before leaving", to_sync or 0.0)
-            end_by = time.monotonic() + left  # that round ends within the grace
-            self.p2p.deadlines.end_by = min(end_by, self.p2p.deadlines.end_by or end_by)
+            end_by = self.p2p.deadlines.end_by  # that round ends within the grace (and the token)
+            self.p2p.deadlines.end_by = min(time.monotonic() + left, end_by or float("inf"))
             return False
         return True
 

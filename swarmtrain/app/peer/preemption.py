@@ -5,8 +5,8 @@ that time the peer
 
 1. says it is leaving (``leaving = 1`` in its peer record), so no other leaving peer counts on it;
 2. finishes the step it is in (a round under way completes or fails as usual) and, when the next
-   sync and its round fit in half the time left (the other half is kept for step 3), trains on to
-   that sync so its local work since the last one is contributed rather than dropped;
+   sync and its round fit in the time left, trains on to that sync so its local work since the last
+   one is contributed rather than dropped;
 3. hands off the run's committed state: it keeps serving its state until as many live peers that are
    not leaving as the run's ``state_vouchers`` (fewer when fewer stay) announce a state at least as
    fresh as its own (:func:`handoff_status`): a newcomer takes a state only when that many donors
@@ -40,17 +40,12 @@ __all__ = [
     "announced_rounds",
     "withdraw_announcement",
     "LEAVE_RESERVE_S",
-    "HANDOFF_SHARE",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: seconds of the grace kept for leaving itself (withdrawing records, stopping the DHT and p2pd)
 LEAVE_RESERVE_S = 8.0
-#: the share of the working grace kept for the hand-off when deciding whether to train on to the
-#: next sync: the run's committed state must reach a peer that stays (they may be behind and need a
-#: download), which matters more than the local steps since the last sync
-HANDOFF_SHARE = 0.5
 #: seconds between two looks at the other peers while waiting for the hand-off
 HANDOFF_POLL_S = 0.5
 #: consecutive reads that must find a holder before the hand-off counts as done
@@ -61,11 +56,10 @@ HandOff = Literal["done", "wait", "alone"]
 
 def finish_sync(seconds_to_sync: float | None, round_s: float, left_s: float) -> bool:
     """Whether a peer told to leave trains on to its next sync: when the steps to it
-    (``seconds_to_sync``, ``None``: unknown) and the round itself (``round_s``) end within the part
-    of ``left_s`` not kept for the hand-off (:data:`HANDOFF_SHARE`)."""
+    (``seconds_to_sync``, ``None``: unknown) and the round itself (``round_s``) end within ``left_s``."""
     if seconds_to_sync is None or seconds_to_sync < 0 or round_s < 0:
         return False
-    return seconds_to_sync + round_s <= left_s * (1.0 - HANDOFF_SHARE)
+    return seconds_to_sync + round_s <= left_s
 
 
 def handoff_status(
