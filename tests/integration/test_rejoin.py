@@ -49,8 +49,9 @@ def _env() -> dict[str, str]:
 
 
 class _Run:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, extra_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
+        self.extra_env = extra_env or {}  # for the volunteers (``join``)
         self.procs: list[PeerProcess] = []
         self.maddr = ""
 
@@ -69,7 +70,7 @@ class _Run:
         argv += [*LOOP, "-s", "diloco", "-H", "10", "--compressor", "int8", "--steps", "100000"]
         argv += ["--identity", str(key), "--json", str(self.tmp / f"{name}.json")]
         out, err = (self.tmp / f"{name}.out").open("w"), (self.tmp / f"{name}.err").open("w")
-        p = spawn_command(argv, env=_env(), stdout=out, stderr=err)
+        p = spawn_command(argv, env={**_env(), **self.extra_env}, stdout=out, stderr=err)
         self.procs.append(p)
         return p
 
