@@ -104,6 +104,12 @@ class Deadlines:
         #: ``time.monotonic()`` past which no round may run (a peer leaving within its grace), or None
         self.end_by: float | None = None
 
+    def end_no_later_than(self, t: float | None) -> None:
+        """Bring :attr:`end_by` forward to ``t`` (``time.monotonic()``; ``None``: no bound). Bounds
+        only tighten: a preempted peer's grace and its token's expiry both hold."""
+        if t is not None:
+            self.end_by = t if self.end_by is None else min(self.end_by, t)
+
     @staticmethod
     def _sample(seconds: float) -> float:
         if not math.isfinite(seconds):

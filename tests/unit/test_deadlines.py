@@ -114,3 +114,13 @@ def test_bad_input_fails_loudly() -> None:
         DeadlineConfig(min_samples=0)
     with pytest.raises(ValueError):
         robust_bound([], 1.0)
+
+
+def test_bounds_on_the_rounds_only_tighten() -> None:
+    d = Deadlines(3.0)
+    d.end_no_later_than(None)  # no token expiry: no bound
+    assert d.end_by is None
+    d.end_no_later_than(100.0)  # the token's expiry
+    d.end_no_later_than(50.0)  # then a preemption's grace, sooner
+    d.end_no_later_than(80.0)  # a later bound does not loosen it
+    assert d.end_by == 50.0

@@ -122,7 +122,7 @@ class _Peer:
             node, lambda: state_snapshot(self.trainer, self.p2p.round_id), upload_rate=rate
         )
         self.own_admission = OwnAdmission(node.admission, node.token, node.peer_id)
-        self.p2p.deadlines.end_by = self.own_admission.rounds_end_by()  # the token's expiry, if any
+        self.p2p.deadlines.end_no_later_than(self.own_admission.rounds_end_by())  # the token's expiry
         self.streak = FailureStreak(membership.give_up_after)
         self.result = PeerRun(peer_id=node.peer_id)
         self._peers_seen = 1
@@ -420,8 +420,7 @@ class _Peer:
         to_sync = None if info.report.synced else self._clock.seconds_left(self.trainer.step, steps_per_s)
         if self._peers_seen > 1 and finish_sync(to_sync, self._sync_s, left):  # a round it can join
             logger.warning("training on to the next sync (~%.0f s) before leaving", to_sync or 0.0)
-            end_by = self.p2p.deadlines.end_by  # that round ends within the grace (and the token)
-            self.p2p.deadlines.end_by = min(time.monotonic() + left, end_by or float("inf"))
+            self.p2p.deadlines.end_no_later_than(time.monotonic() + left)  # that round ends in the grace
             return False
         return True
 
