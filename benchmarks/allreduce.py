@@ -89,15 +89,15 @@ def _hivemind_size(
     dht: Any, rank: int, x: torch.Tensor, expected: torch.Tensor, sync: tuple[Any, Any], cfg: dict[str, Any]
 ) -> dict[str, Any]:
     """``rounds + 1`` rounds of hivemind's averager on ``x`` (the first a warm-up)."""
-    from allreduce_hivemind import hivemind_round, make_averager
+    from allreduce_hivemind import Averagers, hivemind_round
 
     barrier, votes = sync
     st = _stats()
-    avg = make_averager(x, dht, f"bench{x.numel()}", cfg["n"], cfg["matchmaking_s"])
+    avgs = Averagers(x, dht, f"bench{x.numel()}", cfg["n"], cfg["matchmaking_s"])
     try:
         for i in range(cfg["rounds"] + 1):
             cpu0 = tree_cpu()
-            hr = hivemind_round(avg, x, barrier, votes, rank)
+            hr = hivemind_round(avgs, x, barrier, votes, rank)
             cpu = tree_cpu() - cpu0
             st["retries"] += hr.retries
             if hr.failure:
@@ -108,7 +108,7 @@ def _hivemind_size(
                 st["times"].append(hr.seconds)
                 st["cpu"].append(cpu)
     finally:
-        _quietly(avg.shutdown)
+        avgs.shutdown()
     return {"hivemind": st}
 
 

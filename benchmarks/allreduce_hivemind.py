@@ -12,9 +12,11 @@ A round (:func:`hivemind_round`):
    the attempt's deadline) and waits until its group is assembled (``AWAITING_TRIGGER``) or the step
    ended; matchmaking is not timed;
 2. the peers vote through a shared array: only when *all* hold the full group do they go on;
-   otherwise every peer cancels its step and the attempt is repeated (a retry, counted in the JSON).
-   Without the vote, one peer whose matchmaking failed retried alone while the others waited at the
-   barrier with a group holding it: the run died with "matchmaking did not finish";
+   otherwise every peer cancels its step and the attempt is repeated (a retry, counted in the JSON)
+   with a fresh averager under a new prefix (:class:`Averagers`): a CI run once saw two peers on
+   loopback whose every later attempt with the same averagers found no group, until the test's
+   limit. Without the vote, one peer whose matchmaking failed retried alone while the others waited
+   at the barrier with a group holding it: the run died with "matchmaking did not finish";
 3. after a barrier, the all-reduce is timed from ``allow_allreduce()`` to its result.
 
 A round that finds no group in ``attempts`` tries, or whose all-reduce fails, is recorded as failed
@@ -23,19 +25,30 @@ A round that finds no group in ``attempts`` tries, or whose all-reduce fails, is
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["MATCHMAKING_S", "REQUEST_TIMEOUT_S", "HivemindRound", "make_averager", "hivemind_round"]
+__all__ = [
+    "MATCHMAKING_S",
+    "REQUEST_TIMEOUT_S",
+    "HivemindRound",
+    "Averagers",
+    "make_averager",
+    "hivemind_round",
+]
 
 #: ``hivemind.Optimizer``'s ``matchmaking_time`` default (its averager's ``min_matchmaking_time``)
 MATCHMAKING_S = 5.0
 #: the averager's own ``request_timeout`` default, which ``hivemind.Optimizer`` keeps
 REQUEST_TIMEOUT_S = 3.0
-ATTEMPT_S = 60.0  # one matchmaking attempt; hivemind retries inside it until this deadline
+#: one matchmaking attempt (hivemind retries inside it until this deadline); a group of peers on
+#: loopback forms in about the 5 s matchmaking window, so 30 s is slack on a loaded machine and
+#: ``ATTEMPTS`` failed attempts of both rounds of a size fit ``tests/``' 280 s limit
+ATTEMPT_S = 30.0
 ATTEMPTS = 3
 BARRIER_S = 300.0
 ALLREDUCE_S = 120.0
@@ -73,6 +86,29 @@ def make_averager(
     )
 
 
+class Averagers:
+    """A peer's averager of ``x`` for its rounds, renewed (:meth:`renew`) after a failed matchmaking
+    attempt: every peer renews at the same vote, so all of them move to the same new prefix."""
+
+    def __init__(self, x: torch.Tensor, dht: Any, prefix: str, n: int, matchmaking_s: float) -> None:
+        self._args = (x, dht, n, matchmaking_s)
+        self._prefix, self.renewals = prefix, 0
+        self.avg = make_averager(x, dht, prefix, n, matchmaking_s)
+
+    def renew(self) -> None:
+        """Shut the current averager down and start a fresh one under a new prefix."""
+        x, dht, n, matchmaking_s = self._args
+        self.shutdown()
+        self.renewals += 1
+        self.avg = make_averager(x, dht, f"{self._prefix}r{self.renewals}", n, matchmaking_s)
+
+    def shutdown(self) -> None:
+        try:
+            self.avg.shutdown()
+        except Exception as e:  # the other peers leave at the same time: not a result
+            print(f"averager shutdown: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def _grouped(control: Any, limit_s: float) -> bool:
     """Wait until ``control``'s group is assembled (``True``) or its step ended or ``limit_s`` passed."""
     from hivemind.averaging.control import AveragingStage
@@ -95,27 +131,27 @@ def _all_grouped(ok: bool, rank: int, votes: Any, barrier: Any) -> bool:
     return everyone
 
 
-def _matchmake(avg: Any, rank: int, votes: Any, barrier: Any, attempts: int) -> tuple[Any, int]:
+def _matchmake(avgs: Averagers, rank: int, votes: Any, barrier: Any, attempts: int) -> tuple[Any, int]:
     """A step whose group holds every peer, or ``None`` after ``attempts`` tries; and the retries."""
     for attempt in range(attempts):
-        control = avg.step(wait=False, require_trigger=True, timeout=ATTEMPT_S)
+        control = avgs.avg.step(wait=False, require_trigger=True, timeout=ATTEMPT_S)
         ok = _grouped(control, ATTEMPT_S + 10.0)
         if _all_grouped(ok, rank, votes, barrier):
             return control, attempt
         if not control.done():
             control.cancel()
-        time.sleep(1.0)  # let the cancelled steps leave the DHT's group keys
+        avgs.renew()  # every peer voted the same: all of them move to the same fresh prefix
     return None, attempts
 
 
 def hivemind_round(
-    avg: Any, x: torch.Tensor, barrier: Any, votes: Any, rank: int, attempts: int = ATTEMPTS
+    avgs: Averagers, x: torch.Tensor, barrier: Any, votes: Any, rank: int, attempts: int = ATTEMPTS
 ) -> HivemindRound:
     """One round of hivemind's averager on ``x`` (see the module docstring); never raises for a
     failed matchmaking or all-reduce (a broken barrier, i.e. a peer that died, does raise)."""
-    with avg.get_tensors() as ts:
+    with avgs.avg.get_tensors() as ts:
         ts[0].copy_(x)
-    control, retries = _matchmake(avg, rank, votes, barrier, attempts)
+    control, retries = _matchmake(avgs, rank, votes, barrier, attempts)  # a renewed one holds x
     if control is None:
         return HivemindRound(
             None, None, retries, f"no group of every peer in {attempts} matchmaking attempts"
@@ -130,5 +166,5 @@ def hivemind_round(
     dt = time.perf_counter() - t0
     if not group:
         return HivemindRound(None, None, retries, "all-reduce returned no group")
-    with avg.get_tensors() as ts:
+    with avgs.avg.get_tensors() as ts:
         return HivemindRound(dt, ts[0].clone(), retries)

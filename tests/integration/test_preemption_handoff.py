@@ -66,6 +66,12 @@ def test_preempted_peers_hand_the_committed_state_to_the_peers_that_stay(tmp_pat
         frozen_at = max(_commits(run, "c"))
         for n in "cd":
             os.killpg(procs[n].pid, signal.SIGSTOP)
+        # signal a and b a step or so after their commit of that round too: a signal that lands on
+        # the sync step itself leaves at once (no local work since the sync to contribute), with the
+        # same state as c and d, and there is nothing to hand off
+        for n in "ab":
+            _wait_for(run, n, f"round {frozen_at} committed")
+        time.sleep(1.0)
         for n in "ab":
             procs[n].signal(signal.SIGTERM)
         # a and b hold a newer state than any peer that stays: they wait for c and d to take it
