@@ -83,6 +83,10 @@ class SimulationResult:
     failed_before_restarts: int = 0
     # the emulated regions' report under ``simulate --topology`` (the JSON's "topology"), else empty
     network: dict[str, Any] = field(default_factory=dict)
+    # memory (proportional set size, ``swarmtrain.simulation.memory``): the peak of every process of
+    # the run together, and each rank's peak (peer, DHT helper, p2pd) averaged over the ranks
+    peak_rss_total_mib: float = 0.0
+    rss_per_peer_mib: float = 0.0
 
     @property
     def rounds_committed(self) -> int:

@@ -34,6 +34,7 @@ from swarmtrain.core.errors import SwarmError
 from swarmtrain.core.peer_error import TRACEBACK, ErrorReports
 from swarmtrain.simulation.children import bootstrap_main, next_report, peer_main
 from swarmtrain.simulation.credentials import admitted_configs
+from swarmtrain.simulation.memory import RunMemory
 from swarmtrain.simulation.results import PeerOutcome, SimulationResult, params_identical
 from swarmtrain.simulation.supervisor import Supervisor
 
@@ -136,6 +137,13 @@ def _run_processes(
     procs: list[Any] = []
     deadline = time.monotonic() + timeout
     level = child_log_level()
+    sup: Supervisor | None = None
+
+    def ranks() -> dict[int, int]:  # each rank's current process, for the memory figures
+        slots = sup.slots if sup is not None else []
+        return {s.rank: s.proc.pid for s in slots if s.proc is not None and not s.gone}
+
+    memory = RunMemory(ranks)
     with tempfile.TemporaryDirectory(prefix="swarmtrain-sim-") as folder:
         boot_cfg, rank_cfgs = admitted_configs(cfg, n_peers, Path(folder), colluders)
         rank_cfgs, colluder_cfgs = rank_cfgs[:n_peers], rank_cfgs[n_peers:]
@@ -150,11 +158,15 @@ def _run_processes(
             sup.on_progress, sup.regions = on_progress, regions
             for rank in range(n_peers):
                 sup.spawn(rank)
+            memory.start()
             _start_intruders(intruders, cfg, initial, q, level, procs)
             _start_colluders(colluder_cfgs, q, level, procs)
             outcomes = sup.collect(deadline)
         finally:
+            memory.stop()
             tear_down(procs, q)
+    assert sup is not None  # made before any peer ran, or the run raised
+    sup.memory = memory
     return outcomes, sup
 
 
@@ -268,6 +280,8 @@ def _summarise(
     res.intruder_reports = [sup.intrusion.reports[i] for i in sorted(sup.intrusion.reports)]
     res.intruder_errors = sup.intrusion.errors
     sup.fill(res)
+    if sup.memory is not None:
+        res.peak_rss_total_mib, res.rss_per_peer_mib = sup.memory.total_mib, sup.memory.per_peer_mib
     return res
 
 

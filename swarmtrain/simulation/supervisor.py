@@ -20,6 +20,7 @@ from swarmtrain.simulation.results import PeerOutcome, SimulationResult
 if TYPE_CHECKING:
     from swarmtrain.app.peer.loop import PeerStatus
     from swarmtrain.simulation.chaos import ChaosSpec
+    from swarmtrain.simulation.memory import RunMemory
     from swarmtrain.simulation.regions import EmulatedRegions
 
 __all__ = ["Slot", "Supervisor", "Intrusion", "SLACK_S", "NEWCOMER_AT", "NEWCOMER_RESTART_S"]
@@ -96,6 +97,7 @@ class Supervisor:
         self.newcomer = newcomer
         #: the peers run the old state rules (no commit certificates): an intruder run's control
         self.control = control
+        self.memory: RunMemory | None = None  # the run's memory figures (set by the runner)
         self.timeline: list[dict[str, Any]] = []
         self.counts = {"kill": 0, "preempt": 0, "restart": 0, "died": 0}
         #: rounds any incarnation of any peer reported committed (a killed one's too)

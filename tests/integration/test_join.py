@@ -154,7 +154,7 @@ def test_volunteers_whose_rounds_keep_failing_say_why_and_give_up(tmp_path: Path
     cfg = _readme_config(tmp_path)
     assert "centered_clip" in cfg.read_text() and "byzantine_f = 2" in cfg.read_text()
     run = "give-up"
-    env = {"SWARMTRAIN_PEERS__GIVE_UP_AFTER": "30", "SWARMTRAIN_PEERS__ROUND_TIMEOUT": "15"}
+    env = {"SWARMTRAIN_PEERS__GIVE_UP_AFTER": "18", "SWARMTRAIN_PEERS__ROUND_TIMEOUT": "15"}
     procs: list[PeerProcess] = []
     try:
         dht, maddr = _start_dht(tmp_path, run)

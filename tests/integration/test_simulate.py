@@ -53,6 +53,9 @@ def test_simulate_cli_two_peers_writes_json(tmp_path: Path) -> None:
     assert data["strategy"] == "diloco" and data["compressor"] == "int8" and data["peers"] == 2
     assert data["admission"] == "token"  # its own run key and a token per peer, as run init makes
     assert data["params_identical"] is True
+    # memory (PSS): a peer's tree holds at least torch and its model; the run holds both peers more
+    assert 50 < data["rss_per_peer_mib"] < data["peak_rss_total_mib"], data
+    assert data["peak_rss_total_mib"] >= 2 * data["rss_per_peer_mib"], data
     assert data["tokens"] == 2 * 20 * 16 * 128
     assert data["bytes_sent_per_peer"] > 0
     assert math.isfinite(data["final_val_loss"]) and data["final_val_loss"] < math.log(256)

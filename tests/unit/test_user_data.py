@@ -76,6 +76,7 @@ def _result(**kw: Any) -> SimpleNamespace:
         "bytes_sent_per_peer": 1.5e12,
         "bytes_per_token": 12345.678,
         "params_identical": True,
+        "rss_per_peer_mib": 123_456.7,
         "wall_s": 123_456.0,
     }
     return SimpleNamespace(**{**base, **kw})
@@ -93,5 +94,6 @@ def test_simulate_table_fits_80_columns_without_cutting() -> None:
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in text and "..." not in text
-    for value in ("2,457,600,000", "2.1235", "1397.0 GiB", "12345.678", "123,456 s", "NO", "intruders"):
+    cells = ("2,457,600,000", "2.1235", "1397.0 GiB", "12345.678", "123,457 MiB", "123,456 s", "NO")
+    for value in (*cells, "intruders"):
         assert value in text, value

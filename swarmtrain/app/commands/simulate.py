@@ -46,6 +46,7 @@ def _table(rows: list[Any]) -> Any:
         ("sent / peer", lambda r: human_bytes(r.bytes_sent_per_peer)),
         ("bytes / token", lambda r: f"{r.bytes_per_token:.3f}"),
         ("params identical", lambda r: "yes" if r.params_identical else "NO"),
+        ("memory / peer", lambda r: f"{r.rss_per_peer_mib:,.0f} MiB"),  # PSS of its process tree
         ("wall", lambda r: f"{r.wall_s:,.0f} s"),
     ]
     for name, cell in measures:
