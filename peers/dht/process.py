@@ -70,11 +70,12 @@ PARENT_POLL_S = 0.25
 #: handlers (a signal the kernel handed to another thread does not wake a blocked main thread)
 SIGNAL_POLL_S = 0.2
 
-#: what the fork server of :func:`process_context` imports once for every process it forks. Not
-#: hivemind: it makes process-shared locks at import (``hivemind.utils.mpfuture``), which every
-#: forked peer would then share, and a peer killed while holding one stops every later peer's DHT
-#: from starting (it hung the chaos tests).
-FORK_SERVER_PRELOAD = ("torch",)
+#: what the fork server of :func:`process_context` imports once for every process it forks: torch
+#: and ``torch._dynamo``, then frozen for the collector (:mod:`peers.dht.preload`). Not hivemind: it
+#: makes process-shared locks at import (``hivemind.utils.mpfuture``), which every forked peer would
+#: then share, and a peer killed while holding one stops every later peer's DHT from starting (it
+#: hung the chaos tests).
+FORK_SERVER_PRELOAD = ("peers.dht.preload",)
 
 
 def process_context(cold: bool = False) -> Any:
