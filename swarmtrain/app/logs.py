@@ -26,11 +26,17 @@ class _NoRemovedHandlerStreams(logging.Filter):
     """Drops asyncio's "Unhandled exception in client_connected_cb" for a stream that arrived for a
     handler this peer has already removed (hivemind raises ``DispatchFailure``): a peer still
     sending to one that is leaving. Nothing went wrong here, and the traceback buried the one line
-    saying why the peer stopped."""
+    saying why the peer stopped. Drops :data:`_CLOSED_LOOP` too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return type(exc).__name__ != "DispatchFailure"
+        return type(exc).__name__ != "DispatchFailure" and record.msg != _CLOSED_LOOP
+
+
+#: asyncio's child watcher, when a p2p daemon exits after the event loop that started it was closed
+#: (a client whose start failed: its daemon is killed, and the loop stops before the exit is seen).
+#: The exit needs no handling there; the line came after the one saying why ``join`` stopped.
+_CLOSED_LOOP = "Loop %r that handles pid %r is closed"
 
 
 _FILTER = _NoDaemonLines()

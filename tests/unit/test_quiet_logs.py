@@ -99,3 +99,23 @@ def test_a_stream_for_a_removed_handler_is_not_a_traceback_unless_verbose() -> N
         assert aio.filter(record(DispatchFailure("swarmtrain.run.collective")))
     finally:
         quiet_third_party(True)
+
+
+def test_a_daemon_exit_seen_after_its_loop_closed_is_not_a_line_unless_verbose() -> None:
+    """A join refused at the manifest fetch (a peer ID that does not answer): the throwaway client's
+    daemon exits after its loop stopped, and asyncio's child watcher said so after the one line the
+    refusal prints (a quick-loop run saw it). Other asyncio warnings still show."""
+    msg = "Loop %r that handles pid %r is closed"
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.WARNING, __file__, 1, text, ("<loop>", 1234), None)
+
+    aio = logging.getLogger("asyncio")
+    try:
+        quiet_third_party(False)
+        assert not aio.filter(record(msg))
+        assert aio.filter(record("Unknown child process pid %d, will report returncode 255"))
+        quiet_third_party(True)
+        assert aio.filter(record(msg))
+    finally:
+        quiet_third_party(True)
