@@ -80,7 +80,10 @@ def row(
         "rss_per_peer_mib": number(d.get("rss_per_peer_mib")),
         "peak_rss_total_mib": number(d.get("peak_rss_total_mib")),
         "rounds_committed": rounds,
+        "rounds_failed": number(d.get("rounds_failed")),
         "s_per_round": sim_wall / rounds if sim_wall is not None and rounds else None,
+        # what a peer's training loop waited per round (the round itself, not the steps between)
+        "wait_per_round_s": number(d.get("wait_per_round_s")),
         "bytes_sent_per_peer": number(d.get("bytes_sent_per_peer")),
         "final_val_loss": number(d.get("final_val_loss")),
         "params_identical": d.get("params_identical"),
@@ -90,20 +93,21 @@ def row(
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The rows as a table of at most 80 columns (MiB/peer: PSS of a peer's process tree; total:
-    the whole run's; s/round: the run's wall time over its rounds; same: identical at the end)."""
+    the whole run's; s/round: the run's wall time, start included, over its rounds; wait/rnd: what
+    a training loop waited per round; same: identical at the end)."""
     head = (
-        f"{'peers':>5} {'codec':<8} {'steps':>5} {'MiB/peer':>8} {'total MiB':>9} {'s/round':>7} "
-        f"{'MiB sent':>8} {'val loss':>8} {'same':>4} {'wall':>5}"
+        f"{'peers':>5} {'codec':<7} {'steps':>5} {'MiB/peer':>8} {'total MiB':>9} {'s/round':>7} "
+        f"{'wait/rnd':>8} {'MiB sent':>8} {'val loss':>8} {'same':>4}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r["params_identical"], "-")
         sent = r["bytes_sent_per_peer"] / (1 << 20) if r["bytes_sent_per_peer"] is not None else None
         lines.append(
-            f"{r['peers']:>5} {r['codec']:<8.8} {r['steps_per_peer']:>5} "
+            f"{r['peers']:>5} {r['codec']:<7.7} {r['steps_per_peer']:>5} "
             f"{cell(r['rss_per_peer_mib'], '8.0f')} {cell(r['peak_rss_total_mib'], '9.0f')} "
-            f"{cell(r['s_per_round'], '7.2f')} {cell(sent, '8.1f')} "
-            f"{cell(r['final_val_loss'], '8.4f')} {same:>4} {cell(r['wall_s'], '5.0f')}"
+            f"{cell(r['s_per_round'], '7.2f')} {cell(r['wait_per_round_s'], '8.2f')} {cell(sent, '8.1f')} "
+            f"{cell(r['final_val_loss'], '8.4f')} {same:>4}"
         )
         if r["rc"] != 0:
             lines.append(f"  ({r['peers']} peers {r['codec']}: simulate exited {r['rc']}: {r.get('error')})")

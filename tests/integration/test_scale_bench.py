@@ -41,6 +41,7 @@ def test_scale_quick_measures_memory_rounds_and_bytes_per_peer_count(tmp_path: P
         assert r["rc"] == 0 and r["params_identical"] is True, r
         assert 50 < r["rss_per_peer_mib"] < r["peak_rss_total_mib"], r
         assert r["s_per_round"] > 0 and r["rounds_committed"] >= 2 and r["bytes_sent_per_peer"] > 0, r
+        assert r["wait_per_round_s"] > 0 and r["rounds_failed"] is not None, r
     # the same token budget at every peer count
     tokens = {(r["codec"], r["peers"]): r["tokens"] for r in rows}
     assert tokens[("int8", 2)] == tokens[("int8", 3)] == doc["settings"]["tokens"]
