@@ -265,6 +265,10 @@ def chaos_table() -> str:
     return str(bench_module("chaos").markdown_table(load("chaos.json")))
 
 
+def scale_table() -> str:
+    return str(bench_module("scale").markdown_table(load("scale.json")))
+
+
 def swarm_table() -> str:
     return str(bench_module("swarm").markdown_table(load("swarm.json")["runs"]["current"]))
 
@@ -368,6 +372,7 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[], str]]] = {
     "swarm_rebalance": (("swarm_rebalance.json",), swarm_rebalance_table),
     "memory": (("memory_cpu.json",), memory_table),
     "volunteer_16gb": (("memory_cpu.json",), volunteer_16gb_table),
+    "scale": (("scale.json",), scale_table),
     "gpu": (("gpu_cuda.json", "gpu_cuda_local_loop.json"), gpu_table),
 }
 

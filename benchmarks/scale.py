@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runlog import RESULTS, cell, number, pyplot, recorded, save_figure, write_report  # noqa: E402
 
-__all__ = ["PEERS", "CODECS", "QUICK", "steps_for", "command", "row", "table_lines", "main"]
+__all__ = ["PEERS", "CODECS", "QUICK", "steps_for", "command", "row", "table_lines", "markdown_table", "main"]
 
 PEERS = (4, 8, 16, 32, 64)
 CODECS = ("int8", "ternary")
@@ -112,6 +112,33 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r["rc"] != 0:
             lines.append(f"  ({r['peers']} peers {r['codec']}: simulate exited {r['rc']}: {r.get('error')})")
     return lines
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """The docs' table of ``doc`` (this script's JSON): one row per run; a run that wrote no figures
+    says how simulate exited."""
+    lines = [
+        "| peers | codec | steps/peer | tokens | MiB/peer (PSS) | run MiB | rounds ok/failed "
+        "| s/round | wait/round s | MiB sent/peer | val loss | identical |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in doc["rows"]:
+        if r["final_val_loss"] is None:
+            gaps = " | ".join(["–"] * 8)
+            lines.append(
+                f"| {r['peers']} | {r['codec']} | {r['steps_per_peer']} | {gaps} "
+                f"| no result: simulate exited {r['rc']} |"
+            )
+            continue
+        same = {True: "yes", False: "**no**"}.get(r["params_identical"], "–")
+        lines.append(
+            f"| {r['peers']} | {r['codec']} | {r['steps_per_peer']} | {r['tokens']:,} "
+            f"| {r['rss_per_peer_mib']:.0f} | {r['peak_rss_total_mib']:,.0f} "
+            f"| {cell(r['rounds_committed'], '.0f')}/{cell(r['rounds_failed'], '.0f')} "
+            f"| {cell(r['s_per_round'], '.1f')} | {cell(r['wait_per_round_s'], '.2f')} "
+            f"| {r['bytes_sent_per_peer'] / (1 << 20):.1f} | {r['final_val_loss']:.4f} | {same} |"
+        )
+    return "\n".join(lines)
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
