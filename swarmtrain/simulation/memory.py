@@ -7,23 +7,30 @@ counted once, split among the processes that share it, so the per-process figure
 machine's. Where PSS cannot be read (not Linux), RSS stands in (an overstatement).
 
 * ``rss_per_peer_mib``: per rank, the peak over the run of its process tree (the peer, its DHT
-  helper and its p2pd; a restarted rank's latest incarnation), averaged over the ranks;
+  helper and its p2pd; of whichever incarnation of a restarted rank ran at each sample), averaged
+  over the ranks;
 * ``peak_rss_total_mib``: the peak of this process and every process under it (the fork server,
   the bootstrap node, the peers, intruders and colluders): what the command needs.
 
-A sampler thread (:class:`RunMemory`) reads them every :data:`SAMPLE_S` seconds while the peers run.
+A sampler thread (:class:`RunMemory`) reads them every :data:`SAMPLE_S` seconds while the peers run,
+each process once per sample; reading a process's PSS walks its page tables (about 8 ms for a
+400 MiB peer), so with many peers the thread waits longer between samples, to stay under
+:data:`MAX_SHARE` of one core.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 
-__all__ = ["SAMPLE_S", "RunMemory", "pss_bytes", "tree_pss_bytes"]
+__all__ = ["SAMPLE_S", "MAX_SHARE", "RunMemory", "pss_bytes", "tree_pss_bytes"]
 
-#: seconds between two samples (one read of ``smaps_rollup`` per process, about a millisecond each)
+#: seconds between two samples, at least
 SAMPLE_S = 2.0
+#: the most of one core the sampler takes: it waits this many times longer than a sample took
+MAX_SHARE = 0.05
 _MIB = 1 << 20
 
 
@@ -45,16 +52,22 @@ def pss_bytes(pid: int) -> int:
         return 0
 
 
-def tree_pss_bytes(pid: int) -> int:
-    """PSS of process ``pid`` and every process under it, in bytes (0 when it is gone)."""
+def _tree(pid: int) -> list[int]:
+    """Process ``pid`` and every process under it (empty when it is gone)."""
     import psutil
 
     try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
+        root = psutil.Process(pid)
+        return [pid, *(p.pid for p in root.children(recursive=True))]
     except psutil.Error:
-        return 0
-    return sum(pss_bytes(p.pid) for p in procs)
+        return []
+
+
+def tree_pss_bytes(pid: int, known: Mapping[int, int] | None = None) -> int:
+    """PSS of process ``pid`` and every process under it, in bytes (0 when it is gone); ``known``:
+    PSS already read, by PID."""
+    known = known or {}
+    return sum(known[p] if p in known else pss_bytes(p) for p in _tree(pid))
 
 
 class RunMemory:
@@ -86,18 +99,20 @@ class RunMemory:
             self._thread.join(10.0)
 
     def sample(self) -> None:
-        """One sample of every rank's tree and of the whole run."""
+        """One sample of the whole run and of every rank's tree (each process read once)."""
+        pss = {p: pss_bytes(p) for p in _tree(os.getpid())}
+        self.peak_total = max(self.peak_total, sum(pss.values()))
         for rank, pid in dict(self._ranks()).items():
-            self.peak_by_rank[rank] = max(self.peak_by_rank.get(rank, 0), tree_pss_bytes(pid))
-        self.peak_total = max(self.peak_total, tree_pss_bytes(os.getpid()))
+            self.peak_by_rank[rank] = max(self.peak_by_rank.get(rank, 0), tree_pss_bytes(pid, pss))
 
     def _run(self) -> None:
         while True:
+            t0 = time.monotonic()
             try:
                 self.sample()
             except Exception:  # a measurement never takes the run down
                 pass
-            if self._stop.wait(self.interval):
+            if self._stop.wait(max(self.interval, (time.monotonic() - t0) / MAX_SHARE)):
                 return
 
     @property
