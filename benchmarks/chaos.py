@@ -40,7 +40,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, cell, number, pyplot, recorded, save_figure, strategy_list, write_report  # noqa: E402
+from runlog import (  # noqa: E402
+    RESULTS,
+    cell,
+    error_line,
+    number,
+    pyplot,
+    recorded,
+    save_figure,
+    strategy_list,
+    write_report,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -211,13 +221,6 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def _error_line(stderr: str) -> str | None:
-    """The line of a failed simulate's stderr that says why (its ``error:`` line, else the last)."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    said = [ln for ln in lines if "error:" in ln]
-    return (said[-1] if said else lines[-1] if lines else "")[:300] or None
-
-
 def _strategies(text: str) -> list[str]:
     return strategy_list(text, STRATEGIES)
 
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 rc = proc.returncode
                 if rc != 0:
                     sys.stderr.write(proc.stderr[-2000:])
-                    error = _error_line(proc.stderr)
+                    error = error_line(proc.stderr)
             except subprocess.TimeoutExpired:
                 rc, error = 124, f"timed out after {args.timeout:.0f} s"
             wall = time.monotonic() - t0

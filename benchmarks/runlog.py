@@ -45,6 +45,7 @@ __all__ = [
     "write_report",
     "pyplot",
     "save_figure",
+    "error_line",
 ]
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -212,3 +213,10 @@ def write_report(
         if written is not None:
             print(f"wrote {written}")
     return png
+
+
+def error_line(stderr: str) -> str | None:
+    """The line of a failed command's stderr that says why (its ``error:`` line, else the last)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error:" in ln]
+    return (said[-1] if said else lines[-1] if lines else "")[:300] or None

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runlog import RESULTS, cell, number, pyplot, recorded, save_figure, write_report  # noqa: E402
+from runlog import RESULTS, cell, error_line, number, pyplot, recorded, save_figure, write_report  # noqa: E402
 
 __all__ = ["PEERS", "CODECS", "QUICK", "steps_for", "command", "row", "table_lines", "markdown_table", "main"]
 
@@ -161,13 +161,6 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def _error_line(stderr: str) -> str | None:
-    """The line of a failed simulate's stderr that says why (its ``error:`` line, else the last)."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    said = [ln for ln in lines if "error:" in ln]
-    return (said[-1] if said else lines[-1] if lines else "")[:300] or None
-
-
 def _ints(text: str) -> tuple[int, ...]:
     try:
         out = tuple(int(x) for x in text.split(",") if x.strip())
@@ -230,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                         text=True,
                         timeout=args.timeout,
                     )
-                    rc, err = proc.returncode, _error_line(proc.stderr) if proc.returncode else None
+                    rc, err = proc.returncode, error_line(proc.stderr) if proc.returncode else None
                 except subprocess.TimeoutExpired:
                     rc, err = 124, f"timed out after {args.timeout:.0f} s"
                 doc = json.loads(path.read_text()) if path.exists() else None
