@@ -165,7 +165,8 @@ def _run_processes(
         finally:
             memory.stop()
             tear_down(procs, q)
-    assert sup is not None  # made before any peer ran, or the run raised
+    if sup is None:  # unreachable: it is made before any peer runs, or the run raised
+        raise SwarmError("the simulation started no peer")
     sup.memory = memory
     return outcomes, sup
 
