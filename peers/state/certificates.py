@@ -16,7 +16,10 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
   at least the number of peers that signed any state of round ``r`` (:func:`group_size`): colluders
   claiming a small group cannot shrink the quorum, one claiming a huge group cannot stall it;
 * **history bound**: those signers are at least half of the *established* peers: live peers that
-  signed any state with a group quorum in the history the newcomer reads. Colluders fewer than half
+  signed any state with a group quorum in the history the newcomer reads, and live peers whose own
+  peer record says they committed rounds (``claimed``: a read that misses their certificate records
+  does not drop them from the bound, so colluders cannot be half of what a partial read leaves by
+  co-signing the one honest round it read). Colluders fewer than half
   of them cannot certify a round of their own ahead of the others (a group of two that signs itself
   is a quorum of its own group, not of the run's established members). Half, not more than half:
   two peers of four that commit a round while the other two are frozen or late (then preempted, they
@@ -28,7 +31,10 @@ A newcomer (:func:`certified`) takes the state of round ``r`` with digest ``d`` 
   a loaded DHT returns some members' records late or not at all: two colluders of six that never
   took part in the run's rounds can be half of what such a read leaves. Their round has none
   of the previous round's signers, whatever was read of the others' records; a group that shrinks
-  by half or less (preemptions, the hand-off above) carries its round on;
+  by half or less (preemptions, the hand-off above) carries its round on. With no round taken
+  below it (the others' records unread, so no lower round had its quorum), the round just below
+  that was read at all stands in: at least half of its live signers read must have signed this
+  one (one honest record read against two colluders' round ahead refuses it);
 * **after a tie**: when a round between that one and this one was signed for two states and none
   won (colluders signing each round number as the honest members do, in groups as small as
   theirs), this round's live signers must be more than half of the live signers of this round
@@ -233,6 +239,7 @@ def certified(
     *,
     admitted: Callable[[str], bool] | None = None,
     live: frozenset[str] | None = None,
+    claimed: frozenset[str] = frozenset(),
     errors: list[str] | None = None,
 ) -> dict[int, Certified]:
     """The certified state of each round (at most one a round), by the rules in the module docstring.
@@ -242,6 +249,8 @@ def certified(
         admitted: whether a signer is admitted (``None``: everyone); others' certificates count for
             nothing.
         live: the peers with a live record (``None``: unknown, every established signer counts).
+        claimed: live peers whose own record says they committed rounds: established peers too,
+            whether or not their certificates were read (a partial read cannot shrink the bound).
         errors: why a round was refused, appended.
     """
     errs = errors if errors is not None else []
@@ -278,7 +287,8 @@ def certified(
         digest, size = winners[0]
         quorum[rnd] = Certified(rnd, digest, _signers(honest, digest), size)
         contested.pop(rnd, None)
-    return _bounded(quorum, contested, halves, live, errs)
+    signed_by = {rnd: frozenset(signed) for rnd, signed in by_round.items()}
+    return _bounded(quorum, contested, halves, live, errs, claimed=claimed, signed_by=signed_by)
 
 
 def _signers(honest: dict[str, tuple[bytes, int]], digest: bytes) -> frozenset[str]:
@@ -306,10 +316,16 @@ def _bounded(
     halves: dict[int, list[Certified]],
     live: frozenset[str] | None,
     errs: list[str],
+    *,
+    claimed: frozenset[str] = frozenset(),
+    signed_by: dict[int, frozenset[str]] | None = None,
 ) -> dict[int, Certified]:
     """The rounds of ``quorum`` that pass the history bound and the chain (the module docstring);
     ``contested``: the signers of each round signed for two states of which none won; ``halves``:
-    those rounds' states (a tie the chain breaks is taken as a quorum would be)."""
+    those rounds' states (a tie the chain breaks is taken as a quorum would be); ``claimed``: live
+    peers established by their own record's claim; ``signed_by``: every admitted signer read of
+    each round, whatever it signed (for the chain over a round that is not taken)."""
+    signed_by = signed_by or {}
     first: dict[str, int] = {}  # each established peer's first quorum round
     for rnd in sorted(quorum):
         for p in quorum[rnd].signers:
@@ -334,7 +350,9 @@ def _bounded(
         # a tie the chain broke is bounded by the peers established by then: signers whose first
         # round is after it (the colluders' round ahead) do not hold it back
         chained = prev is not None and tie is None and rnd not in quorum
-        established = [p for p, r in first.items() if not chained or r <= rnd]
+        established = {p for p, r in first.items() if not chained or r <= rnd}
+        if not chained:
+            established |= claimed
         if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
             continue
@@ -353,6 +371,20 @@ def _bounded(
             if 2 * carried < len(before):
                 errs.append(
                     f"round {rnd}: {carried} of the {len(before)} live signers of round {prev.round} signed"
+                )
+                continue
+        below = max((r for r in signed_by if r < rnd), default=None)
+        if prev is None and below is not None and below not in contested:
+            # no round below was taken (the others' records unread), but the round just below was
+            # read: its live signers carry the run, and a round none of them signed does not (with a
+            # round taken before, the chain above holds; colluders co-signing a round are bounded by
+            # the established peers' own claims)
+            before = alive(signed_by[below])
+            carried = len(q.signers & signed_by[below])
+            if 2 * carried < len(before):
+                errs.append(
+                    f"round {rnd}: {carried} of the {len(before)} live signers read of round {below} "
+                    "(not taken) signed"
                 )
                 continue
         out[rnd] = q

@@ -313,16 +313,21 @@ def certified_states(
             f"{len(unread)} of the {len(said)} donors that stored commit certificates unread", errors
         )
     try:
-        records = frozenset(r.peer_id for r in node.live_peers(run, timeout=15.0))
+        peers = node.live_peers(run, timeout=15.0)
     except SwarmError:
-        records = frozenset()
+        peers = []
+    records = frozenset(r.peer_id for r in peers)
+    # live peers whose own record says they committed rounds are established, whether or not their
+    # certificates were read: a read that misses honest records cannot leave colluders half the bound
+    claimed = frozenset(r.peer_id for r in peers if r.committed_rounds > 0) - exclude
     # an empty read says nothing of who is live (None: every established signer counts)
     live = records | {a[1] for a in found} if records else None
-    states = certified(certs, live=live, errors=errors)
+    states = certified(certs, live=live, claimed=claimed, errors=errors)
     logger.debug(
-        "certified rounds %s (signers, group); %s live peers; announced %s",
+        "certified rounds %s (signers, group); %s live peers, %d say they committed; announced %s",
         {r: (len(c.signers), c.group_size) for r, c in sorted(states.items())[-3:]},
         "unknown" if live is None else len(live),
+        len(claimed),
         [(a[0], a[1][-6:]) for a in found[:6]],
     )
     return states

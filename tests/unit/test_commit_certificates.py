@@ -174,6 +174,7 @@ def test_half_of_the_established_peers_committing_a_round_ahead_is_taken() -> No
     four established peers: as many as two colluders of four, which is why half is enough."""
     certs = [_c(p, 5, D, 4) for p in "abcd"] + [_c(p, 6, E, 2) for p in "ab"]
     assert certified(certs, live=frozenset("abcd"))[6].digest == E
+    assert certified(certs, live=frozenset("abcd"), claimed=frozenset("abcd"))[6].digest == E
     assert 6 not in certified(certs + [_c("e", 5, D, 5)], live=frozenset("abcde"))  # two of five
 
 
@@ -298,3 +299,37 @@ def test_colluders_win_no_tie_or_skipped_round_with_a_full_read() -> None:
     skipped += [_c(p, r, D, 4) for r in (12, 13, 14) for p in "abcd"]
     got = certified(skipped, live=live)
     assert 11 not in got and max(got) == 14
+
+
+def test_a_read_that_misses_most_honest_records_plants_nothing() -> None:
+    """Issue 30, the intruder Done-when run that failed in a fresh clone (2026-12-07): the newcomer
+    read b's record (rounds 0-2 of a group of three, no quorum alone) and the two colluders' round 3
+    (a quorum of their own group of two); a's and c's records were unread, so no round was taken
+    before theirs and nothing bounded it. The live signers read of round 2, not taken, must carry
+    round 3 on: none of them signed it. The peer records that were read do not matter here."""
+    certs = [_c("b", r, D, 3) for r in (0, 1, 2)] + [_c(p, 3, E, 2) for p in "xy"]
+    errors: list[str] = []
+    assert certified(certs, live=frozenset("abcxy"), errors=errors) == {}
+    assert any("round 3: 0 of the 1 live signers read of round 2 (not taken) signed" in e for e in errors)
+    assert certified(certs, live=None) == {}  # no peer record read either
+    # an honest round after a round only colluders signed, with the history before carried on
+    # (the skipped round of the review test below) is still taken
+    skipped = [_c(p, 10, D, 4) for p in "abcd"] + [_c(p, 11, E, 2) for p in "xy"]
+    skipped += [_c(p, 12, D, 4) for p in "abcd"]
+    assert set(certified(skipped, live=frozenset("abcdxy"), claimed=frozenset("abcd"))) == {10, 12}
+
+
+def test_live_peers_that_say_they_committed_count_in_the_history_bound() -> None:
+    """The same read, with the colluders co-signing round 2's honest digest (they know it): round 2
+    is then a quorum of b, x and y, and the colluders carry it on (two of its three signers read).
+    a and c, whose certificates were unread, say in their own live peer records that they committed
+    rounds: five established peers, of whom the colluders are two. Without that claim the read's
+    three signers are the whole bound, and the colluders' round is taken (the control)."""
+    certs = [_c("b", r, D, 3) for r in (0, 1, 2)] + [_c(p, 2, D, 3) for p in "xy"]
+    certs += [_c(p, 3, E, 2) for p in "xy"]
+    live = frozenset("abcxy")
+    assert certified(certs, live=live)[3].digest == E  # the control: the hole without the claim
+    errors: list[str] = []
+    got = certified(certs, live=live, claimed=frozenset("abc"), errors=errors)
+    assert set(got) == {2} and got[2].digest == D
+    assert any("round 3: 2 of the 5 established peers signed" in e for e in errors), errors
