@@ -46,6 +46,7 @@ from swarmtrain.app.peer.run_agreement import run_settings
 from swarmtrain.app.peer.run_checks import check_breakdown_point, check_settings, run_started
 from swarmtrain.app.peer.run_watch import RunView, RunWatch, Waiting, WatchedCollective
 from swarmtrain.app.peer.saved_state import read_saved_state, save_state, saved_state_path
+from swarmtrain.app.peer.start_gate import start_together
 from swarmtrain.app.peer.state import (
     adopt_saved_state,
     adopt_swarm_state,
@@ -220,6 +221,8 @@ class _Peer:
             # its own saved state is one it committed itself; a downloaded one, when enough vouched
             self.server.refresh(vouch=resumed or self._vouch)
             check_breakdown_point(self.node, self.cfg, self.round_needs)
+        elif self.membership.n_peers is not None:  # simulate: the first step together (start_gate)
+            start_together(self.node, self.membership.n_peers, self.stop)
         if self.watch is not None:  # the others may have moved on by rounds that failed without it
             self._align_round(self.watch.read())
         logger.info("training from step %d, round %d", trainer.step, self.p2p.round_id)
