@@ -37,7 +37,7 @@ class _Node:
         self.live = live
 
     def live_peers(self, run: str, timeout: float) -> list[Any]:
-        return [SimpleNamespace(peer_id=p) for p in self.live]
+        return [SimpleNamespace(peer_id=p, committed_rounds=0) for p in self.live]
 
 
 D, E = b"d" * 32, b"e" * 32
@@ -114,7 +114,16 @@ def test_a_read_missing_most_certifying_donors_records_certifies_nothing(
         _Node(None, ("a", "b", "c", "x", "y")), "t-unread", frozenset(), errors, found, says
     )  # type: ignore[arg-type]
     assert got == {} and errors == ["3 of the 5 donors that stored commit certificates unread"]
-    # the control: taken as read, the colluders' round is certified
+    # the control: the same read when only the colluders say they stored certificates (nothing
+    # unread): taken as read, their round ahead is certified
+    alone = donors.certified_states(
+        _Node(None, ("a", "b", "c", "x", "y")), "t-unread", frozenset(), [], found, frozenset("xy")
+    )  # type: ignore[arg-type]
+    assert alone is not None and 6 in alone
+    # 2 of 5 unread: the read counts (a, x, y read), and a's round 5 refuses the round above it that
+    # none of its live signers signed (peers.state.certificates: nothing taken below it)
     monkeypatch.setattr(donors, "read_certificates", lambda *a, **k: AHEAD + HONEST[:1])
-    most = donors.certified_states(_Node(None, ("a", "x", "y")), "t-unread", frozenset(), [], found, says)  # type: ignore[arg-type]
-    assert most is not None and 6 in most  # 2 of 5 unread: counted (a, x, y read)
+    why: list[str] = []
+    most = donors.certified_states(_Node(None, ("a", "x", "y")), "t-unread", frozenset(), why, found, says)  # type: ignore[arg-type]
+    assert most is not None and 6 not in most and not any("unread" in e for e in why), why
+    assert any("round 6: 0 of the 1 live signers read of round 5" in e for e in why), why
