@@ -356,40 +356,58 @@ def _bounded(
         if 2 * len(q.signers) < len(established):
             errs.append(f"round {rnd}: {len(q.signers)} of the {len(established)} established peers signed")
             continue
-        if tie is not None:
-            # the round before is a tie: this round's signers must outnumber the others of both
-            voters = alive(contested[tie] | q.signers)
-            if 2 * len(alive(q.signers)) <= len(voters):
-                errs.append(
-                    f"round {rnd}: {len(alive(q.signers))} of the {len(voters)} live signers of it "
-                    f"and of round {tie} (a tie) signed"
-                )
-                continue
-        elif prev is not None:
-            before = alive(prev.signers)
-            carried = len(q.signers & prev.signers)
-            if 2 * carried < len(before):
-                errs.append(
-                    f"round {rnd}: {carried} of the {len(before)} live signers of round {prev.round} signed"
-                )
-                continue
-        below = max((r for r in signed_by if r < rnd), default=None)
-        if prev is None and below is not None and below not in contested:
-            # no round below was taken (the others' records unread), but the round just below was
-            # read: its live signers carry the run, and a round none of them signed does not (with a
-            # round taken before, the chain above holds; colluders co-signing a round are bounded by
-            # the established peers' own claims)
-            before = alive(signed_by[below])
-            carried = len(q.signers & signed_by[below])
-            if 2 * carried < len(before):
-                errs.append(
-                    f"round {rnd}: {carried} of the {len(before)} live signers read of round {below} "
-                    "(not taken) signed"
-                )
-                continue
+        why = _unchained(rnd, q, prev, tie, contested, signed_by, alive)
+        if why:
+            errs.append(why)
+            continue
         out[rnd] = q
         prev = q
     return out
+
+
+def _unchained(
+    rnd: int,
+    q: Certified,
+    prev: Certified | None,
+    tie: int | None,
+    contested: dict[int, frozenset[str]],
+    signed_by: dict[int, frozenset[str]],
+    alive: Callable[[frozenset[str]], frozenset[str]],
+) -> str:
+    """Why round ``rnd``'s state ``q`` does not carry the run's history on (``""``: it does): after a
+    tie, its live signers must outnumber the others of both; else at least half of the live signers
+    of the round taken before it (``prev``) must have signed it; with no round taken before it, at
+    least half of the live signers read of the round just below that was read at all."""
+    if tie is not None:
+        # the round before is a tie: this round's signers must outnumber the others of both
+        voters = alive(contested[tie] | q.signers)
+        if 2 * len(alive(q.signers)) <= len(voters):
+            return (
+                f"round {rnd}: {len(alive(q.signers))} of the {len(voters)} live signers of it "
+                f"and of round {tie} (a tie) signed"
+            )
+    elif prev is not None:
+        before = alive(prev.signers)
+        carried = len(q.signers & prev.signers)
+        if 2 * carried < len(before):
+            return f"round {rnd}: {carried} of the {len(before)} live signers of round {prev.round} signed"
+    if prev is not None:
+        return ""
+    below = max((r for r in signed_by if r < rnd), default=None)
+    if below is None or below in contested:
+        return ""
+    # no round below was taken (the others' records unread), but the round just below was read: its
+    # live signers carry the run, and a round none of them signed does not (with a round taken
+    # before, the chain above holds; colluders co-signing a round are bounded by the established
+    # peers' own claims)
+    before = alive(signed_by[below])
+    carried = len(q.signers & signed_by[below])
+    if 2 * carried < len(before):
+        return (
+            f"round {rnd}: {carried} of the {len(before)} live signers read of round {below} "
+            "(not taken) signed"
+        )
+    return ""
 
 
 def _tie_broken(

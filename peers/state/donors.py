@@ -312,16 +312,7 @@ def certified_states(
         return _unread(
             f"{len(unread)} of the {len(said)} donors that stored commit certificates unread", errors
         )
-    try:
-        peers = node.live_peers(run, timeout=15.0)
-    except SwarmError:
-        peers = []
-    records = frozenset(r.peer_id for r in peers)
-    # live peers whose own record says they committed rounds are established, whether or not their
-    # certificates were read: a read that misses honest records cannot leave colluders half the bound
-    claimed = frozenset(r.peer_id for r in peers if r.committed_rounds > 0) - exclude
-    # an empty read says nothing of who is live (None: every established signer counts)
-    live = records | {a[1] for a in found} if records else None
+    live, claimed = _live(node, run, found, exclude)
     states = certified(certs, live=live, claimed=claimed, errors=errors)
     logger.debug(
         "certified rounds %s (signers, group); %s live peers, %d say they committed; announced %s",
@@ -331,6 +322,22 @@ def certified_states(
         [(a[0], a[1][-6:]) for a in found[:6]],
     )
     return states
+
+
+def _live(
+    node: PeerNode, run: str, found: Sequence[Announcement], exclude: frozenset[str]
+) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """The run's live peers (``None``: unknown) and those of them whose own record says they
+    committed rounds: established, whether or not their certificates were read (a read that misses
+    honest records cannot leave colluders half the bound)."""
+    try:
+        peers = node.live_peers(run, timeout=15.0)
+    except SwarmError:
+        peers = []
+    records = frozenset(r.peer_id for r in peers)
+    claimed = frozenset(r.peer_id for r in peers if r.committed_rounds > 0) - exclude
+    # an empty read says nothing of who is live (None: every established signer counts)
+    return (records | {a[1] for a in found} if records else None), claimed
 
 
 def _unread(why: str, errors: list[str]) -> dict[int, Certified]:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from peers.dht.records import PeerRecord
-from swarmtrain.app.commands.simulate import CROWD_FREE, SimulateOptions, crowded_join_window
+from swarmtrain.app.commands.simulate import SimulateOptions
+from swarmtrain.app.local_run import CROWD_FREE, crowded_join_window
 from swarmtrain.app.peer.start_gate import READY, start_together
 from swarmtrain.core.errors import PeerTimeoutError
 

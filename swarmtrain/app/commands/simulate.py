@@ -5,7 +5,6 @@ The simulation package is imported lazily, inside the command: nothing else in t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,25 +20,12 @@ if TYPE_CHECKING:
     from swarmtrain.core.config import Config
     from swarmtrain.simulation.results import SimulationResult
 
-from swarmtrain.app.local_run import SIMULATE_DEFAULTS
+from swarmtrain.app.local_run import SIMULATE_DEFAULTS, crowded_defaults
 
 __all__ = ["register", "simulate", "run_simulate", "SimulateOptions", "ATTACKED_STEPS"]
 
 #: steps per peer by default with --intruders or --colluders (below a config's and --steps)
 ATTACKED_STEPS = 120
-#: seconds of join window per peer per core beyond :data:`CROWD_FREE` (simulate's default window)
-JOIN_S_PER_CROWD = 2.0
-#: peers per core up to which the hand-set join window (3 s) holds: the arrivals of more peers
-#: sharing the cores spread wider (16 peers on 2 cores, started together: 2.3 s at the first sync,
-#: and one peer late costs a state download that leaves it behind in the next round too)
-CROWD_FREE = 4.0
-
-
-def crowded_join_window(peers: int, cpus: int) -> float | None:
-    """The join window a run of ``peers`` on ``cpus`` cores starts with, when more than the hand-set
-    one (``None``: that one holds)."""
-    crowd = peers / max(cpus, 1)
-    return round(JOIN_S_PER_CROWD * crowd, 1) if crowd > CROWD_FREE else None
 
 
 def _table(rows: list[Any]) -> Any:
@@ -219,9 +205,7 @@ class SimulateOptions:
         base = SIMULATE_DEFAULTS
         if self.intruders or self.colluders:  # three runs (clean, attacked, control): shorter ones
             base = {**base, "train": {**base["train"], "steps": ATTACKED_STEPS}}
-        window = crowded_join_window(self.peers, os.cpu_count() or 1)
-        if window is not None:  # many peers on few cores: below the user's config and flags
-            base = {**base, "peers": {**base.get("peers", {}), "join_window": window}}
+        base = crowded_defaults(base, self.peers)  # many peers on few cores: below config and flags
         return load_config(self.config, self.overrides(), base=base)
 
 
