@@ -337,7 +337,7 @@ def _live(
     # the reader itself is not counted: it asks for the rounds it missed, and counted among the
     # established peers by its own earlier certificates it would make every round it missed harder
     # to take (a restarted peer: its old record is still read)
-    me = frozenset({getattr(node, "peer_id", "")})
+    me = frozenset({node.peer_id})
     records = frozenset(r.peer_id for r in peers) - me
     claimed = frozenset(r.peer_id for r in peers if r.committed_rounds > 0) - exclude - me
     # an empty read says nothing of who is live (None: every established signer counts)

@@ -22,7 +22,7 @@ __all__ = ["POLL_S", "READY", "START_GATE_S", "start_together"]
 
 logger = logging.getLogger(__name__)
 
-#: the longest wait for the others (a hang guard: 64 peers on 2 cores come up within ~2 minutes)
+#: the longest wait for the others: a hang guard, well above the start-up of 32 peers on 2 cores
 START_GATE_S = 300.0
 #: seconds between looks at the run's peer records
 POLL_S = 0.25
