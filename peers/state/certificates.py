@@ -317,15 +317,14 @@ def _bounded(
     live: frozenset[str] | None,
     errs: list[str],
     *,
-    claimed: frozenset[str] = frozenset(),
-    signed_by: dict[int, frozenset[str]] | None = None,
+    claimed: frozenset[str],
+    signed_by: dict[int, frozenset[str]],
 ) -> dict[int, Certified]:
     """The rounds of ``quorum`` that pass the history bound and the chain (the module docstring);
     ``contested``: the signers of each round signed for two states of which none won; ``halves``:
     those rounds' states (a tie the chain breaks is taken as a quorum would be); ``claimed``: live
     peers established by their own record's claim; ``signed_by``: every admitted signer read of
     each round, whatever it signed (for the chain over a round that is not taken)."""
-    signed_by = signed_by or {}
     first: dict[str, int] = {}  # each established peer's first quorum round
     for rnd in sorted(quorum):
         for p in quorum[rnd].signers:
@@ -386,27 +385,23 @@ def _unchained(
                 f"round {rnd}: {len(alive(q.signers))} of the {len(voters)} live signers of it "
                 f"and of round {tie} (a tie) signed"
             )
-    elif prev is not None:
-        before = alive(prev.signers)
-        carried = len(q.signers & prev.signers)
-        if 2 * carried < len(before):
-            return f"round {rnd}: {carried} of the {len(before)} live signers of round {prev.round} signed"
+        if prev is not None:
+            return ""
     if prev is not None:
-        return ""
-    below = max((r for r in signed_by if r < rnd), default=None)
-    if below is None or below in contested:
-        return ""
-    # no round below was taken (the others' records unread), but the round just below was read: its
-    # live signers carry the run, and a round none of them signed does not (with a round taken
-    # before, the chain above holds; colluders co-signing a round are bounded by the established
-    # peers' own claims)
-    before = alive(signed_by[below])
-    carried = len(q.signers & signed_by[below])
+        base, label = prev.signers, f"live signers of round {prev.round}"
+    else:
+        # no round below was taken (the others' records unread), but the round just below was read:
+        # its live signers carry the run, and a round none of them signed does not (with a round
+        # taken before, the chain holds; colluders co-signing a round are bounded by the established
+        # peers' own claims)
+        below = max((r for r in signed_by if r < rnd), default=None)
+        if below is None or below in contested:
+            return ""
+        base, label = signed_by[below], f"live signers read of round {below} (not taken)"
+    before = alive(base)
+    carried = len(q.signers & base)
     if 2 * carried < len(before):
-        return (
-            f"round {rnd}: {carried} of the {len(before)} live signers read of round {below} "
-            "(not taken) signed"
-        )
+        return f"round {rnd}: {carried} of the {len(before)} {label} signed"
     return ""
 
 
