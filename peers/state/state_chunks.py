@@ -89,6 +89,11 @@ def chunk_plan(header_end: int, nbytes: int, chunk_bytes: int) -> list[tuple[int
     return out
 
 
+class ChunksLeft(SwarmError):
+    """A donor answered with its manifest, but some of its chunks did not come (streams broke off):
+    the donor is alive, and a next pass can fetch what is left."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     """What a donor's snapshot consists of: its hash, size, chunk size, header end, chunk hashes."""
@@ -469,8 +474,9 @@ async def fetch_state(
     chunk by chunk from every source that holds its chunks (the others are donors of the same round).
 
     Raises:
-        SwarmError: the primary's manifest is unusable, or chunks are left that no remaining donor
-            holds (the verified ones stay in ``progress`` for the next attempt).
+        SwarmError: the primary's manifest is unusable.
+        ChunksLeft: chunks are left that no remaining donor served (the verified ones stay in
+            ``progress`` for the next attempt).
     """
     primary = sources[0]
     manifest = await _manifest(node, run, primary, max_bytes, ledger)
@@ -485,7 +491,7 @@ async def fetch_state(
         *(pull.work(d, has[d]) for _ in range(WORKERS_PER_DONOR) for d in has)
     )  # each donor first
     if progress.remaining:
-        raise SwarmError(f"{progress.remaining} of {len(plan)} chunks left that no live donor serves")
+        raise ChunksLeft(f"{progress.remaining} of {len(plan)} chunks left that no live donor serves")
     data = progress.assemble()
     if hashlib.sha256(data).digest() != primary[1]:
         raise ProtocolError("assembled state does not match the announced hash")

@@ -50,7 +50,14 @@ from peers.state.donors import (
     state_key,
     vouched_by,
 )
-from peers.state.state_chunks import CHUNK_BYTES, MAX_DONORS, ChunkProgress, ChunkServer, fetch_state
+from peers.state.state_chunks import (
+    CHUNK_BYTES,
+    MAX_DONORS,
+    ChunkProgress,
+    ChunkServer,
+    ChunksLeft,
+    fetch_state,
+)
 from peers.wire.ledger import ByteLedger
 from swarmtrain.core.errors import ConfigError, PeerTimeoutError, ProtocolError, SwarmError
 
@@ -75,8 +82,10 @@ CERTIFICATE_TTL = 600.0
 #: seconds before an announcement that failed (a loaded DHT) is tried again, instead of a third of
 #: its TTL: until then newcomers see an older certified state and adopt that one
 RETRY_ANNOUNCE_S = 2.0
-#: passes a download makes again, past ``wait_for_donor``, when a donor's streams broke off (a
-#: loaded machine) rather than serving a bad state: its verified chunks are kept for the next pass
+#: passes a download makes again when a donor's streams broke off (a loaded machine) rather than
+#: serving a bad state: its verified chunks are kept for the next pass. While passes are left, a
+#: donor that sent its manifest but not all its chunks ends the pass instead of the pass falling
+#: back to an older round's donor (a newcomer on a loaded machine took a stale state that way)
 BROKEN_RETRIES = 3
 
 
@@ -333,8 +342,8 @@ def download_state(
         max_bytes: refuse states larger than this.
         ledger: default: ``node.ledger`` (kind ``"state"``).
         wait_for_donor: seconds to keep looking when no donor has announced yet, or none served.
-            Past it, a pass whose donor's streams broke off (not a bad state) is made again, up to
-            :data:`BROKEN_RETRIES` times within ``timeout``.
+            A pass whose donor's streams broke off (not a bad state) is made again, up to
+            :data:`BROKEN_RETRIES` times within ``timeout``, before an older round is taken.
         min_round: prefer a state of this round or later: for up to ``fresh_wait`` seconds, older
             announcements are passed over (a peer that missed a round waits for the donors to announce
             the state that round committed, rather than adopting the one before it). After that the
@@ -404,7 +413,7 @@ class StatePull:
                 if not chosen:
                     time.sleep(0.2)
                     continue
-            got = self._take_first(chosen, manifests, deadline)
+            got = self._take_first(chosen, manifests, deadline, retry_breaks=retries > 0)
             if got is not None:
                 return got
             if self.broke_off and retries > 0 and time.monotonic() < deadline:
@@ -418,9 +427,17 @@ class StatePull:
             time.sleep(0.5)
 
     def _take_first(
-        self, chosen: list[tuple[Announcement, bytes | None]], manifests: dict[str, bytes], deadline: float
+        self,
+        chosen: list[tuple[Announcement, bytes | None]],
+        manifests: dict[str, bytes],
+        deadline: float,
+        *,
+        retry_breaks: bool,
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """The first of ``chosen`` (best first) whose state is served and passes; ``None``: none."""
+        """The first of ``chosen`` (best first) whose state is served and passes; ``None``: none.
+        With ``retry_breaks``, a donor that answered but whose chunk streams broke off
+        (:class:`ChunksLeft`) ends the pass: the caller tries it again rather than this pass taking
+        the next, older, round. A donor that cannot be reached at all is passed over at once."""
         self.broke_off = False
         for (rnd, peer, digest, nbytes), shared in chosen:
             if nbytes > self.max_bytes or peer not in manifests:
@@ -445,6 +462,8 @@ class StatePull:
                 self.errors.append(f"{peer[:12]}: {e}")
                 logger.warning("state download from %s failed: %s", peer[:12], e)
                 self.broke_off |= not isinstance(e, ProtocolError)
+                if retry_breaks and isinstance(e, ChunksLeft):
+                    return None
                 continue
             meta["vouched_by"] = vouched_by(chosen, rnd, shared)  # counted here, never the donor's
             return tensors, meta
