@@ -40,6 +40,7 @@ from swarmtrain.core.swarm_config import SwarmConfig
 from swarmtrain.simulation.chaos import ChaosSpec
 from swarmtrain.simulation.credentials import admitted_configs
 from swarmtrain.simulation.logs import quiet_logs
+from swarmtrain.simulation.memory import RunMemory
 from swarmtrain.simulation.runner import (
     child_log_level,
     loopback_copy,
@@ -291,6 +292,12 @@ def run_swarm_simulation(
     deadline = time.monotonic() + timeout
     procs: list[Any] = []
     phases: dict[str, float] = {}  # seconds: servers starting, training, servers' last sync and reports
+    spawner: _Spawner | None = None
+
+    def ranks() -> dict[int, int]:  # each server's and trainer's current process, for the memory
+        return {r: p.pid for r, p in spawner.current.items()} if spawner is not None else {}
+
+    memory = RunMemory(ranks)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="swarmtrain-swarm-") as folder:
         boot_cfg, cfgs = admitted_configs(cfg, servers + settings.trainers, Path(folder))
@@ -298,6 +305,7 @@ def run_swarm_simulation(
         try:
             initial = start_bootstrap(boot_cfg, bq, level, None, procs, deadline)
             spawner = _Spawner(ctx, _child_configs(cfgs, initial), settings.model_dump(), level, procs)
+            memory.start()
             srv = spawner.start_servers(stage_of, liars=byzantine_servers)
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
             phases["start"] = time.perf_counter() - t0
@@ -310,10 +318,12 @@ def run_swarm_simulation(
             _leave(spawner, alive, deadline)
             phases["leave"] = time.perf_counter() - t0 - phases["start"] - phases["train"]
         finally:
+            memory.stop()
             tear_down(procs, bq)
     wall = time.perf_counter() - t0
     phases["teardown"] = wall - sum(phases.values())
     res = collect_result(cfg, settings, stage_of, trn, alive, killed, wall, phases)
+    res.peak_rss_total_mib, res.rss_per_peer_mib = memory.total_mib, memory.per_peer_mib
     if sc is not None:
         add_chaos(res, sc, srv, servers)
     add_moves(res, settings, alive, trn, t_train)
@@ -363,6 +373,9 @@ class _Spawner:
     level: int
     procs: list[Any]
     servers: list[_Child] = field(default_factory=list)
+    #: each rank's newest process (servers by rank, trainer ``t`` as rank ``servers + t``): what
+    #: the run's memory figures sample (``swarmtrain.simulation.memory``)
+    current: dict[int, Any] = field(default_factory=dict)
     #: set before the servers are told to leave at the run's end: only then do they report
     run_over: Any = None
     #: ranks whose servers corrupt their replies (restarted incarnations too)
@@ -386,6 +399,7 @@ class _Spawner:
         args = (rank, stage, self.cfgs[rank], self.settings, q, self.level, self.run_over, lie)
         p = spawn_function(_server_main, args, name=f"server{rank}")
         self.procs.append(p)
+        self.current[rank] = p
         self.servers.append(_Child(f"server{rank}", p, q, stage, rank=rank))
         return self.servers[-1]
 
@@ -396,6 +410,7 @@ class _Spawner:
         args = (index, self.cfgs[cfg_index], self.settings, q, self.level)
         p = spawn_function(_trainer_main, args, name=f"trainer{index}")
         self.procs.append(p)
+        self.current[cfg_index] = p
         return _Child(f"trainer{index}", p, q)
 
 

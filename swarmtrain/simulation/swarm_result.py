@@ -96,6 +96,10 @@ class SwarmResult:
     excluded: dict[str, str] = field(default_factory=dict)
     #: ``--byzantine-servers``: the servers that corrupted their replies (``server<rank>.stage<k>``)
     byzantine: list[str] = field(default_factory=list)
+    #: PSS in MiB (``swarmtrain.simulation.memory``): the whole run's peak, and each server's and
+    #: trainer's peak (its process tree), averaged over them
+    peak_rss_total_mib: float = 0.0
+    rss_per_peer_mib: float = 0.0
 
     @property
     def rounds_committed(self) -> int:

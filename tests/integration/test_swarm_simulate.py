@@ -50,6 +50,10 @@ def test_swarm_survives_a_killed_server(tmp_path: Path) -> None:
     assert abs(gap) < 0.03, (res["final_val_loss"], res["baseline_val_loss"])
     assert len(res["bytes_sent_per_peer"]) == 4  # 3 surviving servers and the trainer
     assert all(v > 0 for v in res["bytes_sent_per_peer"].values())
+    # the memory figures of issue 35, as DiLoCo's simulate reports them: 4 servers and a trainer
+    assert 50 < res["rss_per_peer_mib"] < res["peak_rss_total_mib"], res
+    assert res["peak_rss_total_mib"] >= 3 * res["rss_per_peer_mib"], res
+    assert "MiB per peer" in proc.stderr
 
 
 @pytest.mark.slow

@@ -156,6 +156,7 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
         f"replicas identical: {'yes' if res.params_identical else 'NO'}; replica checks "
         f"{res.swarm_checked}, mismatches {res.swarm_mismatches}, excluded {res.excluded_servers}"
         + (f" ({', '.join(res.excluded)})" if res.excluded else "")
+        + f"; memory {res.rss_per_peer_mib:,.0f} MiB per peer, {res.peak_rss_total_mib:,.0f} MiB in all"
     )
     if opts.json_path is not None:
         opts.json_path.write_text(dumps(out, indent=2) + "\n")
