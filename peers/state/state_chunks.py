@@ -12,9 +12,8 @@ for the round's shared-parameter digest. A newcomer fetches the manifest from it
 checks it against that hash, then pulls the chunks from all donors of that round in parallel
 (:func:`fetch_state`), checks each chunk's hash on arrival, and finally checks the whole state's
 hash; the caller checks the parsed state against the digest the donors vouch for. A chunk with a wrong
-hash drops its donor for the rest of the download and goes back to the queue; a donor that breaks off
-likewise; verified chunks stay in :class:`ChunkProgress` (content-addressed), so the next attempt, from
-other donors, fetches only what is missing.
+hash, or a broken stream, drops its donor and goes back to the queue; verified chunks stay in
+:class:`ChunkProgress` (content-addressed): the next attempt fetches only what is missing.
 
 A donor serves chunks through a :class:`TokenBucket` shared by all its requests (``upload_rate``
 bytes/s), so a crowd of newcomers cannot take the link its own rounds need, and gives each requester
@@ -69,6 +68,7 @@ MAX_CHUNKS = 1 << 16  # chunks in one manifest: 2 MiB of hashes at most
 MAX_MANIFEST = MAX_CHUNKS * 33 + 1024
 WORKERS_PER_DONOR = 2  # streams in flight per donor: one waits on the wire while the other is served
 MAX_DONORS = 4  # donors one download pulls from
+STATES_PER_MINUTE = 3  # largest snapshots one requester may pull per minute (a retry, a restart)
 _FRAME_TIMEOUT = 30.0
 _MANIFEST, _CHUNK = -1, 0  # Envelope.index of a manifest request; a chunk request carries its index
 
@@ -90,8 +90,7 @@ def chunk_plan(header_end: int, nbytes: int, chunk_bytes: int) -> list[tuple[int
 
 
 class ChunksLeft(SwarmError):
-    """A donor answered with its manifest, but some of its chunks did not come (streams broke off):
-    the donor is alive, and a next pass can fetch what is left."""
+    """The donors sent their manifest but not every chunk (streams broke off): try them again."""
 
 
 @dataclass(frozen=True)
@@ -260,9 +259,6 @@ class ChunkProgress:
 
 def _handler_name(run_id: str) -> str:
     return f"swarmtrain.{run_id}.chunks"
-
-
-STATES_PER_MINUTE = 3  # largest snapshots one requester may pull per minute (a retry, a restart)
 
 
 class ChunkServer:
@@ -474,9 +470,7 @@ async def fetch_state(
     chunk by chunk from every source that holds its chunks (the others are donors of the same round).
 
     Raises:
-        SwarmError: the primary's manifest is unusable.
-        ChunksLeft: chunks are left that no remaining donor served (the verified ones stay in
-            ``progress`` for the next attempt).
+        SwarmError: the primary's manifest is unusable; :class:`ChunksLeft`: chunks no donor served.
     """
     primary = sources[0]
     manifest = await _manifest(node, run, primary, max_bytes, ledger)

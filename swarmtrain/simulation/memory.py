@@ -74,7 +74,8 @@ def tree_pss_bytes(pid: int, known: Mapping[int, int] | None = None) -> int:
 
 
 class RunMemory:
-    """Samples the memory of a run's processes from :meth:`start` until :meth:`stop`.
+    """Samples the memory of a run's processes from :meth:`start` until :meth:`stop` (or over a
+    ``with`` block).
 
     Args:
         ranks: returns, when called, rank -> PID of that rank's current peer process (the ranks
@@ -89,6 +90,13 @@ class RunMemory:
         self.peak_by_rank: dict[int, int] = {}  # bytes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> RunMemory:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def start(self) -> None:
         if self._thread is None:

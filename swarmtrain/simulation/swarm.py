@@ -292,20 +292,14 @@ def run_swarm_simulation(
     deadline = time.monotonic() + timeout
     procs: list[Any] = []
     phases: dict[str, float] = {}  # seconds: servers starting, training, servers' last sync and reports
-    spawner: _Spawner | None = None
-
-    def ranks() -> dict[int, int]:  # each server's and trainer's current process, for the memory
-        return {r: p.pid for r, p in spawner.current.items()} if spawner is not None else {}
-
-    memory = RunMemory(ranks)
+    spawner = _Spawner(ctx, [], settings.model_dump(), level, procs)  # its configs once the bootstrap runs
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="swarmtrain-swarm-") as folder:
+    with tempfile.TemporaryDirectory(prefix="swarmtrain-swarm-") as folder, spawner.memory:
         boot_cfg, cfgs = admitted_configs(cfg, servers + settings.trainers, Path(folder))
         bq = ctx.Queue()
         try:
             initial = start_bootstrap(boot_cfg, bq, level, None, procs, deadline)
-            spawner = _Spawner(ctx, _child_configs(cfgs, initial), settings.model_dump(), level, procs)
-            memory.start()
+            spawner.cfgs = _child_configs(cfgs, initial)
             srv = spawner.start_servers(stage_of, liars=byzantine_servers)
             _wait(srv, lambda: all(c.ready for c in srv), deadline, "the servers to start")
             phases["start"] = time.perf_counter() - t0
@@ -318,16 +312,13 @@ def run_swarm_simulation(
             _leave(spawner, alive, deadline)
             phases["leave"] = time.perf_counter() - t0 - phases["start"] - phases["train"]
         finally:
-            memory.stop()
             tear_down(procs, bq)
     wall = time.perf_counter() - t0
     phases["teardown"] = wall - sum(phases.values())
-    res = collect_result(cfg, settings, stage_of, trn, alive, killed, wall, phases)
-    res.peak_rss_total_mib, res.rss_per_peer_mib = memory.total_mib, memory.per_peer_mib
+    res = collect_result(cfg, settings, stage_of, trn, alive, killed, wall, phases, spawner)
     if sc is not None:
         add_chaos(res, sc, srv, servers)
     add_moves(res, settings, alive, trn, t_train)
-    res.byzantine = [f"server{r}.stage{stage_of[r]}" for r in range(byzantine_servers)]
     res.baseline_val_loss = train_baseline(cfg, settings)[0] if baseline else None
     return res
 
@@ -374,8 +365,9 @@ class _Spawner:
     procs: list[Any]
     servers: list[_Child] = field(default_factory=list)
     #: each rank's newest process (servers by rank, trainer ``t`` as rank ``servers + t``): what
-    #: the run's memory figures sample (``swarmtrain.simulation.memory``)
+    #: ``memory``, the run's memory figures (``swarmtrain.simulation.memory``), samples
     current: dict[int, Any] = field(default_factory=dict)
+    memory: RunMemory = field(init=False)
     #: set before the servers are told to leave at the run's end: only then do they report
     run_over: Any = None
     #: ranks whose servers corrupt their replies (restarted incarnations too)
@@ -383,6 +375,7 @@ class _Spawner:
 
     def __post_init__(self) -> None:
         self.run_over = self.ctx.Event()
+        self.memory = RunMemory(lambda: {r: p.pid for r, p in self.current.items()})
 
     def start_servers(self, stage_of: list[int], liars: int = 0) -> list[_Child]:
         """A server of each rank on its stage (``stage_of[rank]``); ranks below ``liars`` lie."""

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from swarmtrain.core.config import Config
 from swarmtrain.core.swarm_config import SwarmConfig
+from swarmtrain.simulation.memory import RunMemory
 from swarmtrain.simulation.swarm_chaos import ServerChaos
 
 __all__ = ["SwarmResult", "collect_result", "add_chaos", "add_moves", "is_replica", "rates_around_moves"]
@@ -23,6 +24,13 @@ class Child(Protocol):
     serving: bool
     killed: bool
     outcome: dict[str, Any] | None
+
+
+class Spawned(Protocol):
+    """What started the run's children: its memory figures and the ranks whose servers lied."""
+
+    memory: RunMemory
+    liars: frozenset[int]
 
 
 @dataclass
@@ -135,9 +143,10 @@ def collect_result(
     killed: list[str],
     wall: float,
     phases: dict[str, float],
+    spawned: Spawned,
 ) -> SwarmResult:
     """The run's result from the children's reports: replicas compared per stage, the final model
-    (one replica per stage) evaluated, samples, reroutes and bytes summed."""
+    (one replica per stage) evaluated, samples, reroutes and bytes summed, the memory measured."""
     touts = [c.outcome for c in trn if c.outcome is not None]
     souts = [(c, c.outcome) for c in alive if c.outcome is not None]
     identical, final_syncs, val = _compare_and_evaluate(cfg, settings, [o for _, o in souts])
@@ -178,6 +187,9 @@ def collect_result(
         fed_again=sum(int(o.get("fed_again", 0)) for o in touts),
         out_of_step=[f"{c.name}.stage{o['stage']}" for c, o in souts if not is_replica(o)],
         server_devices={f"server{c.name[6:]}.stage{o['stage']}": o.get("device") for c, o in souts},
+        peak_rss_total_mib=spawned.memory.total_mib,
+        rss_per_peer_mib=spawned.memory.per_peer_mib,
+        byzantine=[f"server{r}.stage{stage_of[r]}" for r in sorted(spawned.liars)],
     )
     _add_checks(res, touts, alive)
     return res

@@ -26,6 +26,7 @@ from swarmtrain.core.jsonsafe import dumps
 if TYPE_CHECKING:
     from swarmtrain.core.config import Config
     from swarmtrain.core.swarm_config import SwarmConfig
+    from swarmtrain.simulation.swarm_result import SwarmResult
 
 __all__ = ["run_swarm_simulate", "swarm_settings", "SwarmFlags", "NOT_SWARM"]
 
@@ -147,8 +148,18 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
         typer.echo(chaos_line(out))
         late = ", ".join(res.out_of_step) or "none"
         typer.echo(f"  restarts caught up: {res.restarts_caught_up}/{res.restarts}; out of step: {late}")
+    console.print(_outcome_line(res))
+    if opts.json_path is not None:
+        opts.json_path.write_text(dumps(out, indent=2) + "\n")
+        console.print(f"wrote {opts.json_path}")
+    if not res.params_identical or res.lost_microbatches:
+        raise typer.Exit(1)
+
+
+def _outcome_line(res: SwarmResult) -> str:
+    """The run's outcome, as the command prints it after the run."""
     base = f", baseline {res.baseline_val_loss:.4f}" if res.baseline_val_loss is not None else ""
-    console.print(
+    return (
         f"val loss {res.final_val_loss:.4f}{base}; {res.samples} samples at "
         f"{res.throughput_samples_per_s:.1f}/s; rerouted {res.rerouted}, lost {res.lost_microbatches}, "
         f"fed again {res.fed_again}, "
@@ -158,8 +169,3 @@ def run_swarm_simulate(opts: SwarmFlags, load_config: Callable[[], Config]) -> N
         + (f" ({', '.join(res.excluded)})" if res.excluded else "")
         + f"; memory {res.rss_per_peer_mib:,.0f} MiB per peer, {res.peak_rss_total_mib:,.0f} MiB in all"
     )
-    if opts.json_path is not None:
-        opts.json_path.write_text(dumps(out, indent=2) + "\n")
-        console.print(f"wrote {opts.json_path}")
-    if not res.params_identical or res.lost_microbatches:
-        raise typer.Exit(1)
