@@ -321,6 +321,7 @@ class P2PCollective:
         group = self._form_group(kind, r, deadline, clock)
         b = budget(group.size)
         self._inbound.max_streams = max(MAX_STREAMS, 4 * group.size + 16)  # 3 lanes per member
+        self._inbound.drain_room(b.per_sender.nbytes)  # a late member's whole round still drains
         self.heap.dropped(self._mailbox.set_group(kind, r, group.members, b))
         pre = min(max(b.message_bytes, PRE_GROUP.nbytes), _PRE_GROUP_MAX)
         n = max(8, 2 * group.size)

@@ -6,7 +6,9 @@ Receive budgets (docs/architecture.md, Budgets, not hopes): only admitted sender
 rate (``peers.wire.framereader``); a body read only after its bytes were reserved in the mailbox
 (``peers.wire.mailbox``): members within the round's budget, others within a small pre-group allowance
 until the group is known. Refusals are ``ProtocolError`` acks; a refused body is drained when the stream
-may stay in step.
+may stay in step, within :data:`DRAIN_PER_MINUTE` bytes per sender (past it the stream is closed
+instead: a member that sends duplicates or messages for rounds long gone cannot make this peer read
+without bound).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from peers.dht.node import PeerNode
 from peers.rounds.agreement import HAVE
+from peers.wire.budgets import RequesterBudget
 from peers.wire.channels import IDLE_CLOSE
 from peers.wire.framereader import MessageClock
 from peers.wire.framereader import attach as attach_frame_reader
@@ -28,7 +31,7 @@ from peers.wire.refusals import RefusalLog
 from peers.wire.transport import read_data_frames, read_header, skip_data_frames, write_frame
 from swarmtrain.core.errors import PeerTimeoutError, ProtocolError, SwarmError
 
-__all__ = ["Inbound", "MAX_STREAMS", "MAX_STREAMS_PER_PEER"]
+__all__ = ["Inbound", "DRAIN_PER_MINUTE", "MAX_STREAMS", "MAX_STREAMS_PER_PEER"]
 
 logger = logging.getLogger("peers.rounds.collective")  # the lines keep the collective's logger name
 _FRAME_TIMEOUT = 30.0
@@ -40,6 +43,10 @@ MAX_STREAMS_PER_PEER = 8
 MAX_STREAMS = 256
 _TYPE_CAPS = {"grp": _GROUP_BYTES, "join": 0, HAVE: 0, "abort": 0}  # join/have/abort carry no frames
 _GROUP_WAIT = 30.0  # seconds a message waits for room until its round's group is known
+#: bytes of refused messages one sender may make this peer read (drain) per minute, at least (the
+#: collective raises it to two rounds of a member's budget: an honest straggler's late parts fit);
+#: past it a refusal closes the stream instead (the sender opens another)
+DRAIN_PER_MINUTE = 64 << 20
 
 
 class Inbound:
@@ -78,6 +85,7 @@ class Inbound:
         self.max_streams_per_peer = max_streams_per_peer
         self.max_streams = MAX_STREAMS
         self.refusals = RefusalLog()
+        self.drained = RequesterBudget(DRAIN_PER_MINUTE, window_s=60.0)  # refused bytes read, per sender
         self.streams: dict[str, int] = {}  # open incoming streams per peer (event loop only)
         self._room: asyncio.Future[None] | None = None  # resolved when the mailbox may take more
         mailbox.add_listener(self._wake_waiting)
@@ -149,7 +157,7 @@ class Inbound:
             self.mailbox.commit(ticket, Delivery(sender, env, tuple(frames)))
         except Refused as e:
             ok, err = False, str(e)
-            in_step = e.keep_stream and (body_read or await self._drain(env, reader, clock, nread))
+            in_step = e.keep_stream and (body_read or await self._drain(sender, env, reader, clock, nread))
         except SwarmError as e:
             ok, err, in_step = False, str(e), False
         if not ok:
@@ -162,6 +170,11 @@ class Inbound:
         if env is not None:
             self.ledger.add_sent(env.kind, env.round, n_ack)
         return in_step
+
+    def drain_room(self, round_bytes: int) -> None:
+        """What one sender may make this peer drain per minute: two rounds of ``round_bytes`` (a
+        member's budget per round), and at least :data:`DRAIN_PER_MINUTE`."""
+        self.drained.per_requester = float(max(DRAIN_PER_MINUTE, 2 * round_bytes))
 
     def _type_cap(self, env: Envelope) -> int:
         """The most bytes a message of this type may carry, whatever its round's budget says."""
@@ -207,9 +220,12 @@ class Inbound:
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
-    async def _drain(self, env: Envelope | None, reader: Any, clock: MessageClock, nread: int) -> bool:
-        """Read and discard a refused message's body so the stream stays in step; whether it did."""
-        if env is None or env.nbytes > self._type_cap(env):
+    async def _drain(
+        self, sender: str, env: Envelope | None, reader: Any, clock: MessageClock, nread: int
+    ) -> bool:
+        """Read and discard a refused message's body so the stream stays in step; whether it did (not
+        past the sender's :data:`DRAIN_PER_MINUTE`)."""
+        if env is None or env.nbytes > self._type_cap(env) or not self.drained.take(sender, env.nbytes):
             return False
         try:
             n = await skip_data_frames(reader, env, clock)

@@ -10,6 +10,8 @@ hopes", defends against. They report what the victim let them do, so tests can a
 * :func:`zero_byte_flood`: many zero-byte messages on one stream (entries that cost no bytes);
 * :func:`trickle`: a message sent one byte at a time (a stream held for a timeout per frame);
 * :func:`future_flood`: large messages for rounds this peer is not a member of;
+* :func:`refused_flood`: large messages for a round long gone, again and again (a member's
+  messages the victim refuses but would read to stay in step);
 * :func:`offer`: well-formed messages (a join, a member list, a part) as a member would send them.
 
 Nothing in the library imports this module.
@@ -24,7 +26,15 @@ from typing import Any
 
 from peers.wire.messages import Envelope, decode_ack, encode_envelope, encode_frame_length
 
-__all__ = ["Target", "stalled_streams", "zero_byte_flood", "trickle", "future_flood", "offer"]
+__all__ = [
+    "Target",
+    "stalled_streams",
+    "zero_byte_flood",
+    "trickle",
+    "future_flood",
+    "refused_flood",
+    "offer",
+]
 
 _FRAME = 16 * 1024 * 1024  # the largest frame length a prefix may announce
 
@@ -214,6 +224,43 @@ async def future_flood(
         finally:
             writer.close()
     return {"offered": offered, "accepted": accepted}
+
+
+async def refused_flood(t: Target, round_id: int, nbytes: int, seconds: float) -> dict[str, int]:
+    """For ``seconds``, send messages of ``nbytes`` for round ``round_id`` (one the victim refuses
+    but, staying in step, would read), each waiting for its ack, on one stream at a time (a new one
+    when the victim closes it).
+
+    Returns:
+        ``{"offered": bytes offered, "acked": messages acknowledged, "streams": streams opened}``.
+    """
+    body = bytes(range(256)) * (nbytes // 256) + b"\0" * (nbytes % 256)
+    out = {"offered": 0, "acked": 0, "streams": 0}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            reader, writer = await t.open()
+        except Exception:
+            await asyncio.sleep(0.1)
+            continue
+        out["streams"] += 1
+        try:
+            for c in range(1 << 30):
+                if time.monotonic() >= end:
+                    break
+                writer.write(
+                    _frame(encode_envelope(t.envelope(round_id, chunk=c, nbytes=nbytes))) + _frame(body)
+                )
+                out["offered"] += nbytes
+                await asyncio.wait_for(writer.drain(), max(end - time.monotonic(), 0.01))
+                prefix = await asyncio.wait_for(reader.readexactly(4), max(end - time.monotonic(), 0.01))
+                await reader.readexactly(int.from_bytes(prefix, "big"))
+                out["acked"] += 1
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+    return out
 
 
 async def offer(t: Target, messages: list[tuple[Envelope, list[bytes]]], timeout: float) -> int:

@@ -162,3 +162,65 @@ def test_an_intruders_floods_cost_the_victim_little_and_the_run_goes_on(tmp_path
     for rank, r in results.items():
         assert sum(r["committed"]) >= ROUNDS - 2, (rank, r["committed"])
         assert all(r["committed"][-3:]), (rank, r["committed"])  # the run goes on after the attack
+
+
+GONE_ROUND = 10**6  # far outside the victim's window: refused, yet read to keep the stream in step
+DRAIN_MSG = 4 << 20
+DRAIN_FLOOD_S = 8.0
+
+
+def drain_worker(rank: int, initial: list[str], q: Any, tmp: str, defended: bool) -> None:
+    """Rank 0: a peer whose collective handler is up (no rounds); rank 1: an admitted member that
+    sends it 4 MiB messages for a round long gone for :data:`DRAIN_FLOOD_S` seconds."""
+    from peers import P2PCollective, PeerNode
+    from peers.rounds import inbound
+    from swarmtrain.simulation import intruders as intr
+
+    if rank == 0 and not defended:
+        inbound.DRAIN_PER_MINUTE = 1 << 50  # the control: refused bodies read without a budget
+    with reporting_errors(q, rank), PeerNode(loopback_config("t-drain", initial)) as node:
+        if rank == 0:
+            coll = P2PCollective(node)
+            report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+            end = time.monotonic() + 120
+            while not (Path(tmp) / "done").exists() and time.monotonic() < end:
+                time.sleep(0.2)
+            got = node.ledger.totals()["by_kind"].get("reduce", {}).get("received", 0)
+            report(q, "result", rank, {"read": int(got), "refused": coll._inbound.drained.refused})
+            time.sleep(30.0)  # the test stops this process
+            return
+        report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
+        victim = initial[0].rsplit("/p2p/", 1)[1]
+        t = intr.Target(node.p2p, victim, "t-drain")
+        out = node.loop.run(intr.refused_flood(t, GONE_ROUND, DRAIN_MSG, DRAIN_FLOOD_S), DRAIN_FLOOD_S + 30)
+        report(q, "attack", rank, out)
+        time.sleep(30.0)
+
+
+def _drain_run(tmp: Path, defended: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    folder = tmp / ("defended" if defended else "control")
+    folder.mkdir()
+    with PeerGroup(drain_worker, 2, args=(str(folder), defended)) as g:
+        attack = g.wait_for("attack", 1, 90)
+        (folder / "done").write_text("1")
+        victim = g.wait_for("result", 0, 60)
+    assert g.orphans == []
+    return attack, victim
+
+
+@pytest.mark.slow  # two runs of ~20 s
+@pytest.mark.timeout(300)
+def test_a_member_cannot_make_a_peer_read_refused_messages_without_bound(tmp_path: Path) -> None:
+    """A member's messages for a round long gone are refused, and their bodies read (drained) so
+    the stream stays in step: without a budget that reads whatever the member sends. With
+    ``peers.rounds.inbound.DRAIN_PER_MINUTE`` the peer reads at most that much per minute, then
+    closes the stream instead (the control: the same flood, unbounded)."""
+    from peers.rounds.inbound import DRAIN_PER_MINUTE
+
+    attack, victim = _drain_run(tmp_path, defended=True)
+    c_attack, c_victim = _drain_run(tmp_path, defended=False)
+    print(f"defended: attack {attack}, victim {victim}; control: attack {c_attack}, victim {c_victim}")
+    assert victim["read"] <= DRAIN_PER_MINUTE + (1 << 20), victim  # headers and acks beside
+    assert victim["refused"] > 0 and attack["streams"] > 1, (attack, victim)
+    # the control read much more in the same time: the budget is what stops it
+    assert c_victim["read"] > 2 * DRAIN_PER_MINUTE and c_victim["refused"] == 0, c_victim
