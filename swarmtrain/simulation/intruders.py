@@ -87,6 +87,16 @@ def _frame(data: bytes) -> bytes:
     return encode_frame_length(len(data)) + data
 
 
+async def _send(reader: Any, writer: Any, env: Envelope, frames: list[bytes], end: float) -> bool:
+    """Send one message (header and frames) and wait, until ``end``, for its ack; whether it was
+    accepted."""
+    writer.write(_frame(encode_envelope(env)) + b"".join(_frame(f) for f in frames))
+    await asyncio.wait_for(writer.drain(), max(end - time.monotonic(), 0.01))
+    prefix = await asyncio.wait_for(reader.readexactly(4), max(end - time.monotonic(), 0.01))
+    good, _ = decode_ack(await reader.readexactly(int.from_bytes(prefix, "big")))
+    return bool(good)
+
+
 async def _closed(reader: Any, timeout: float) -> bool:
     """Whether the victim closed the stream (EOF or reset) within ``timeout`` seconds; acks are read
     and ignored."""
@@ -212,12 +222,8 @@ async def future_flood(
             continue
         try:
             for c in range(per_round):
-                env = t.envelope(r, chunk=c, nbytes=nbytes)
-                writer.write(_frame(encode_envelope(env)) + _frame(body))
                 offered += nbytes
-                await asyncio.wait_for(writer.drain(), max(end - time.monotonic(), 0.01))
-                prefix = await asyncio.wait_for(reader.readexactly(4), max(end - time.monotonic(), 0.01))
-                good, _ = decode_ack(await reader.readexactly(int.from_bytes(prefix, "big")))
+                good = await _send(reader, writer, t.envelope(r, chunk=c, nbytes=nbytes), [body], end)
                 accepted += nbytes if good else 0
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
@@ -248,13 +254,8 @@ async def refused_flood(t: Target, round_id: int, nbytes: int, seconds: float) -
             for c in range(1 << 30):
                 if time.monotonic() >= end:
                     break
-                writer.write(
-                    _frame(encode_envelope(t.envelope(round_id, chunk=c, nbytes=nbytes))) + _frame(body)
-                )
                 out["offered"] += nbytes
-                await asyncio.wait_for(writer.drain(), max(end - time.monotonic(), 0.01))
-                prefix = await asyncio.wait_for(reader.readexactly(4), max(end - time.monotonic(), 0.01))
-                await reader.readexactly(int.from_bytes(prefix, "big"))
+                await _send(reader, writer, t.envelope(round_id, chunk=c, nbytes=nbytes), [body], end)
                 out["acked"] += 1
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
@@ -277,11 +278,7 @@ async def offer(t: Target, messages: list[tuple[Envelope, list[bytes]]], timeout
         return 0
     try:
         for env, frames in messages:
-            writer.write(_frame(encode_envelope(env)) + b"".join(_frame(f) for f in frames))
-            await asyncio.wait_for(writer.drain(), max(end - time.monotonic(), 0.01))
-            prefix = await asyncio.wait_for(reader.readexactly(4), max(end - time.monotonic(), 0.01))
-            good, _ = decode_ack(await reader.readexactly(int.from_bytes(prefix, "big")))
-            accepted += int(good)
+            accepted += int(await _send(reader, writer, env, frames, end))
     except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
         pass
     finally:
