@@ -337,11 +337,11 @@ def _live(
     # the reader itself is not counted: it asks for the rounds it missed, and counted among the
     # established peers by its own earlier certificates it would make every round it missed harder
     # to take (a restarted peer: its old record is still read)
-    me = frozenset({node.peer_id})
-    records = frozenset(r.peer_id for r in peers) - me
-    claimed = frozenset(r.peer_id for r in peers if r.committed_rounds > 0) - exclude - me
+    others = [r for r in peers if r.peer_id != node.peer_id]
+    records = frozenset(r.peer_id for r in others)
+    claimed = frozenset(r.peer_id for r in others if r.committed_rounds > 0) - exclude
     # an empty read says nothing of who is live (None: every established signer counts)
-    return ((records | {a[1] for a in found}) - me if records else None), claimed
+    return ((records | {a[1] for a in found}) - {node.peer_id} if records else None), claimed
 
 
 def _unread(why: str, errors: list[str]) -> dict[int, Certified]:

@@ -12,13 +12,14 @@ for the round's shared-parameter digest. A newcomer fetches the manifest from it
 checks it against that hash, then pulls the chunks from all donors of that round in parallel
 (:func:`fetch_state`), checks each chunk's hash on arrival, and finally checks the whole state's
 hash; the caller checks the parsed state against the digest the donors vouch for. A chunk with a wrong
-hash, or a broken stream, drops its donor and goes back to the queue; verified chunks stay in
-:class:`ChunkProgress` (content-addressed): the next attempt fetches only what is missing.
+hash drops its donor for the rest of the download and goes back to the queue; a donor that breaks off
+likewise; verified chunks stay in :class:`ChunkProgress` (content-addressed), so the next attempt, from
+other donors, fetches only what is missing.
 
-A donor serves chunks through a :class:`TokenBucket` shared by all its requests (``upload_rate``
-bytes/s), so a crowd of newcomers cannot take the link its own rounds need, and gives each requester
-at most :data:`STATES_PER_MINUTE` full states a minute (``peers.wire.budgets``), so one identity
-cannot take the whole of that link from real newcomers.
+A donor serves chunks through a ``TokenBucket`` (``peers.wire.budgets``) shared by all its requests
+(``upload_rate`` bytes/s), so a crowd of newcomers cannot take the link its own rounds need, and
+gives each requester at most :data:`STATES_PER_MINUTE` full states a minute (a ``RequesterBudget``),
+so one identity cannot take the whole of that link from real newcomers.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ import asyncio
 import hashlib
 import logging
 import struct
-import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from peers.wire.budgets import RequesterBudget
+from peers.wire.budgets import RequesterBudget, TokenBucket
 from peers.wire.ledger import STATE_ROUND, ByteLedger
 from peers.wire.messages import Envelope, decode_envelope, encode_envelope
 from peers.wire.transport import (
@@ -90,7 +90,8 @@ def chunk_plan(header_end: int, nbytes: int, chunk_bytes: int) -> list[tuple[int
 
 
 class ChunksLeft(SwarmError):
-    """The donors sent their manifest but not every chunk (streams broke off): try them again."""
+    """A donor answered with its manifest, but some of its chunks did not come (streams broke off):
+    the donor is alive, and a next pass can fetch what is left."""
 
 
 @dataclass(frozen=True)
@@ -147,32 +148,6 @@ def build_manifest(data: bytes | memoryview, state_hash: bytes, chunk_bytes: int
     plan = chunk_plan(header_end, len(data), chunk_bytes)
     hashes = tuple(hashlib.sha256(view[o : o + n]).digest() for o, n in plan)
     return Manifest(state_hash, len(data), chunk_bytes, header_end, hashes)
-
-
-class TokenBucket:
-    """A byte-rate limit: ``rate`` bytes/s with bursts of ``burst`` bytes (``rate <= 0``: none).
-
-    :meth:`reserve` takes ``n`` bytes now (the balance may go negative) and says how long the caller
-    must wait before sending them; callers that reserve one after another queue up behind each other.
-    """
-
-    def __init__(self, rate: float, burst: float, clock: Any = time.monotonic) -> None:
-        self.rate, self.burst, self.clock = float(rate), float(burst), clock
-        self.tokens = float(burst)
-        self._t = clock()
-
-    def reserve(self, n: int) -> float:
-        if self.rate <= 0:
-            return 0.0
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self._t) * self.rate) - n
-        self._t = now
-        return max(0.0, -self.tokens / self.rate)
-
-    async def acquire(self, n: int) -> None:
-        wait = self.reserve(n)
-        if wait > 0:
-            await asyncio.sleep(wait)
 
 
 @dataclass
@@ -470,7 +445,9 @@ async def fetch_state(
     chunk by chunk from every source that holds its chunks (the others are donors of the same round).
 
     Raises:
-        SwarmError: the primary's manifest is unusable; :class:`ChunksLeft`: chunks no donor served.
+        SwarmError: the primary's manifest is unusable.
+        ChunksLeft: chunks are left that no remaining donor served (the verified ones stay in
+            ``progress`` for the next attempt).
     """
     primary = sources[0]
     manifest = await _manifest(node, run, primary, max_bytes, ledger)

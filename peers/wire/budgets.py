@@ -1,6 +1,7 @@
-"""Per-requester budgets on what a peer serves: bytes per requester per window.
+"""Budgets on what a peer serves: a byte rate (:class:`TokenBucket`) and bytes per requester per
+window (:class:`RequesterBudget`).
 
-A donor's upload cap (``peers.state.state_chunks.TokenBucket``) is shared by all requests, so one
+A donor's upload cap (:class:`TokenBucket`, ``peers.state.state_chunks``) is shared by all requests, so one
 identity asking again and again takes the whole of it and real newcomers starve. A
 :class:`RequesterBudget` gives each requester at most ``per_requester`` bytes per ``window_s``
 seconds, and all requesters together at most ``total`` bytes (``0``: no total), counted in fixed
@@ -10,12 +11,14 @@ windows that start at a requester's first request. It tracks at most ``max_reque
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["RequesterBudget"]
+__all__ = ["RequesterBudget", "TokenBucket"]
 
 
 class RequesterBudget:
@@ -71,3 +74,29 @@ class RequesterBudget:
         with self._lock:
             start, used = self._used.get(peer, (0.0, 0.0))
             return used if self.clock() - start < self.window_s else 0.0
+
+
+class TokenBucket:
+    """A byte-rate limit: ``rate`` bytes/s with bursts of ``burst`` bytes (``rate <= 0``: none).
+
+    :meth:`reserve` takes ``n`` bytes now (the balance may go negative) and says how long the caller
+    must wait before sending them; callers that reserve one after another queue up behind each other.
+    """
+
+    def __init__(self, rate: float, burst: float, clock: Any = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = float(rate), float(burst), clock
+        self.tokens = float(burst)
+        self._t = clock()
+
+    def reserve(self, n: int) -> float:
+        if self.rate <= 0:
+            return 0.0
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self._t) * self.rate) - n
+        self._t = now
+        return max(0.0, -self.tokens / self.rate)
+
+    async def acquire(self, n: int) -> None:
+        wait = self.reserve(n)
+        if wait > 0:
+            await asyncio.sleep(wait)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -39,6 +41,27 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+@contextmanager
+def first_chunk_stream_breaks() -> Iterator[list[tuple[str, int]]]:
+    """In this process, the first chunk request (not a manifest's) of a download breaks off, as a
+    stream does on a loaded machine; yields ``[(donor, chunk index)]`` of the request it broke."""
+    from peers.state import state_chunks
+
+    request, broken = state_chunks._request, []
+
+    async def breaks_once(*args: Any) -> bytes:
+        if args[4] >= 0 and not broken:
+            broken.append((args[1], args[4]))
+            raise SwarmError("stream to donor broke: ConnectionResetError")
+        return await request(*args)
+
+    state_chunks._request = breaks_once
+    try:
+        yield broken
+    finally:
+        state_chunks._request = request
+
+
 def worker(rank: int, initial: list[str], q: Any) -> None:
     from peers import P2PCollective, PeerNode, StateServer, download_state
     from peers.dht.process import GracefulExit
@@ -57,23 +80,12 @@ def worker(rank: int, initial: list[str], q: Any) -> None:
             return
         report(q, "ready", rank, {"peer_id": node.peer_id, "maddrs": node.visible_maddrs})
         coll = P2PCollective(node)
-        from peers.state import state_chunks
         from peers.state.donors import announcements
 
         while len(announcements(node, "t-state", 15.0)) < 2:  # the stale state must be there to take
             time.sleep(0.1)
-
-        request, broken = state_chunks._request, []
-
-        async def breaks_once(*args: Any) -> bytes:
-            if args[4] >= 0 and not broken:  # the freshest donor's first chunk stream breaks off
-                broken.append(args[1])
-                raise SwarmError("stream to donor broke: ConnectionResetError")
-            return await request(*args)
-
-        state_chunks._request = breaks_once  # as on a loaded CI machine (stop 46 took round 5 so)
-        tensors, meta = download_state(node, timeout=60)
-        state_chunks._request = request
+        with first_chunk_stream_breaks() as broken:  # as on a loaded CI machine (stop 46 took round 5)
+            tensors, meta = download_state(node, timeout=60)
         coll.round_id = int(meta["round"])  # a newcomer adopts the run's round number
         totals = node.ledger.totals()["by_kind"]
         report(
@@ -86,7 +98,7 @@ def worker(rank: int, initial: list[str], q: Any) -> None:
                 "dtypes": {k: str(v.dtype) for k, v in tensors.items()},
                 "state_bytes": totals["state"]["received"],
                 "round_id": coll.round_id,
-                "broken": broken,
+                "broken": [donor for donor, _ in broken],
             },
         )
         # the test now SIGTERMs donor 1; its tombstone must remove it long before its TTL (60 s) ends
@@ -133,7 +145,6 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
     ``wait_for_donor=0`` the pass is made again rather than failing (``BROKEN_RETRIES``)."""
     from peers import PeerNode, StateServer, download_state
     from peers.dht.process import GracefulExit
-    from peers.state import state_chunks
     from peers.state.donors import announcements
 
     with (
@@ -160,17 +171,8 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
         t, meta = download_state(node, timeout=60, wait_for_donor=0.0, min_round=6, fresh_wait=30.0)
         waited = time.monotonic() - t0
         t1 = time.monotonic()
-        request, broken = state_chunks._request, []
-
-        async def breaks_once(*args: Any) -> bytes:
-            if args[4] >= 0 and not broken:  # a chunk (not the manifest): this stream breaks off
-                broken.append(args[4])
-                raise SwarmError("stream to donor broke: ConnectionResetError")
-            return await request(*args)
-
-        state_chunks._request = breaks_once
-        _, meta2 = download_state(node, timeout=60, wait_for_donor=0.0, min_round=9, fresh_wait=1.0)
-        state_chunks._request = request
+        with first_chunk_stream_breaks() as broken:
+            _, meta2 = download_state(node, timeout=60, wait_for_donor=0.0, min_round=9, fresh_wait=1.0)
         report(
             q,
             "result",
@@ -181,7 +183,7 @@ def fresh_worker(rank: int, initial: list[str], q: Any) -> None:
                 "w": float(t["w"][0]),
                 "waited": waited,
                 "round_after_short_wait": meta2["round"],
-                "broken": broken,
+                "broken": [index for _, index in broken],
                 "short_wait": time.monotonic() - t1,
             },
         )
