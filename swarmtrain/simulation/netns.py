@@ -10,8 +10,12 @@ are used, inside namespaces it creates)::
 Node ``i``'s link is rate-capped in both directions with a token bucket filter: on ``eth0`` inside its
 namespace (what it sends) and on ``Ph<i>`` in the hub (what it receives). The kernels here have no
 ``netem`` qdisc, so there is no added latency here; ``tbf`` caps the rate only (latency comes from
-``swarmtrain.simulation.delay_proxy``). Root is required. The root namespace is never touched: each
-veth pair is created inside the hub and one end moved into its node's namespace.
+``swarmtrain.simulation.delay_proxy``). Every route a fabric makes names its TCP congestion control
+(``congctl``, ``cubic`` by default): the emulated hop has almost no base RTT (the delay is added in
+userspace), and BBR, the default on some hosts, then sizes its window for that tiny RTT and leaves a
+capped link a third idle when two flows share it (``docs/decisions.md``). Root is required. The
+root namespace is never touched: each veth pair is created inside the hub and one end moved into its
+node's namespace.
 
 Besides building, this module lets a process (or one of its threads) *enter* a namespace
 (:func:`enter`, ``setns(2)``), which is how ``simulate --topology`` starts peers in their regions
@@ -152,6 +156,7 @@ class Fabric:
     hub_ip: str | None = None
     hub_addrs: Sequence[str] = field(default_factory=tuple)
     routes: Sequence[str] = field(default_factory=tuple)
+    congestion: str | None = "cubic"
 
     @property
     def n(self) -> int:
@@ -194,6 +199,10 @@ class Fabric:
             "rate", f"{rate_mbit}mbit", "burst", f"{self.burst_kbit}kbit", "latency", "400ms",
         )  # fmt: skip
 
+    def _cc(self) -> tuple[str, ...]:
+        """The ``congctl`` words for a route (none when the host's default is kept)."""
+        return () if self.congestion is None else ("congctl", self.congestion)
+
     def _build(self) -> None:
         p, hub = self.prefix, self.hub
         run_cmd("ip", "netns", "add", hub)
@@ -202,6 +211,7 @@ class Fabric:
         run_cmd("ip", "-n", hub, "link", "set", "lo", "up")
         if self.hub_ip is not None:
             run_cmd("ip", "-n", hub, "addr", "add", f"{self.hub_ip}/24", "dev", f"{p}br")
+            run_cmd("ip", "-n", hub, "route", "replace", f"{self.subnet}.0/24", "dev", f"{p}br", *self._cc())
             for addr in self.hub_addrs:
                 run_cmd("ip", "-n", hub, "addr", "add", addr, "dev", "lo")
         for i, rate in enumerate(self.rates_mbit):
@@ -215,10 +225,12 @@ class Fabric:
             run_cmd("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/{plen}", "dev", "eth0")
             run_cmd("ip", "-n", ns, "link", "set", "eth0", "up")
             run_cmd("ip", "-n", ns, "link", "set", "lo", "up")
-            if self.hub_ip is not None:
-                run_cmd("ip", "-n", ns, "route", "add", self.hub_ip, "dev", "eth0")
+            if self.hub_ip is None:
+                run_cmd("ip", "-n", ns, "route", "replace", f"{self.subnet}.0/24", "dev", "eth0", *self._cc())
+            else:
+                run_cmd("ip", "-n", ns, "route", "add", self.hub_ip, "dev", "eth0", *self._cc())
                 for prefix in self.routes:
-                    run_cmd("ip", "-n", ns, "route", "add", prefix, "via", self.hub_ip)
+                    run_cmd("ip", "-n", ns, "route", "add", prefix, "via", self.hub_ip, *self._cc())
             run_cmd("ip", "-n", hub, "link", "set", hub_dev, "master", f"{p}br")
             run_cmd("ip", "-n", hub, "link", "set", hub_dev, "up")
             self._tbf(ns, "eth0", rate)

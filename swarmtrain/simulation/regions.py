@@ -34,7 +34,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -188,6 +188,16 @@ class EmulatedRegions:
             t.join(5)
             srv.close()
         return statistics.median(out)
+
+    def all_to_all_s(self, nodes: Sequence[int], nbytes: int, port: int = P2P_PORT) -> float:
+        """Seconds for each node of ``nodes`` to send ``nbytes`` to every other one at once over plain
+        TCP through the proxy (``swarmtrain.simulation.link_check``): what the emulated network itself
+        allows for a round's traffic. ``port`` must be free on those nodes (before or after the
+        peers run)."""
+        from swarmtrain.simulation.link_check import Endpoint, all_to_all_s
+
+        ends = [Endpoint(self.nodes[i].ns, self.nodes[i].ip, self.nodes[i].proxy_ip) for i in nodes]
+        return all_to_all_s(ends, nbytes, port)
 
     def measure(self) -> dict[str, float]:
         """RTT (ms) between the first peers of each pair of regions (and two peers of one region,

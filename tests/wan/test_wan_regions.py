@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from swarmtrain.core.errors import SwarmError
-from swarmtrain.simulation.netns import socket_in
+from swarmtrain.simulation.netns import run_cmd, socket_in
 from swarmtrain.simulation.regions import EmulatedRegions, leftover_namespaces
 from swarmtrain.simulation.topology import P2P_PORT, load_topology
 
@@ -82,6 +82,23 @@ def test_nodes_reach_each_other_only_through_the_proxy_and_the_cap_holds() -> No
         secs = net.fabric.transfer(1, 2, nbytes, port=P2P_PORT, host=b.proxy_ip)
         floor = (nbytes * 8 - 64_000) / 50e6
         assert secs >= 0.9 * floor, f"{nbytes} B in {secs:.3f} s beats a 50 Mbit/s cap"
+    assert leftover_namespaces() == []
+
+
+def test_routes_pin_their_congestion_control_and_an_all_to_all_crosses_the_caps() -> None:
+    """Every route of the emulated network names ``cubic`` (with the host's BBR the capped hop's
+    near-zero base RTT left a third of the link idle under two flows: ``docs/decisions.md``), and
+    ``all_to_all_s`` moves every byte, never faster than the caps allow."""
+    with EmulatedRegions(load_topology(EXAMPLE), 3) as net:
+        assert net.fabric is not None
+        for ns in [net.fabric.hub, *(n.ns for n in net.nodes)]:
+            routes = run_cmd("ip", "-n", ns, "route", "show").stdout.splitlines()
+            assert routes and all("congctl cubic" in r for r in routes), (ns, routes)
+        nodes = [net.plan.node_of_rank(r).index for r in range(3)]
+        nbytes = 1_000_000
+        secs = net.all_to_all_s(nodes, nbytes)
+        floor = (2 * nbytes * 8 - 64_000) / 50e6  # each node sends 2 x nbytes through its 50 Mbit/s cap
+        assert secs >= 0.9 * floor, f"all-to-all in {secs:.3f} s beats a 50 Mbit/s cap"
     assert leftover_namespaces() == []
 
 
