@@ -2,7 +2,8 @@
 
 Scheme (Moshpit SGD / hivemind's averager, Ryabinin et al. 2021, on our own wire; the module docstring
 of ``peers.rounds.collective`` states the guarantees): the flat fp32 vector is cut into one partition per
-member and each partition into chunks of ``chunk_elems``. Every peer encodes its slice of every other
+member and each partition into chunks (``peers.wire.mailbox.chunk_step``: at least 4 per partition
+while they stay >= 16K elements, at most ``chunk_elems``). Every peer encodes its slice of every other
 owner's partition and queues the chunks, round-robin over owners, on one persistent channel per owner
 (``peers.wire.channels``). Then one loop on the calling thread handles whatever has arrived, in any order:
 
@@ -39,7 +40,7 @@ from peers.rounds.phases import Stopwatch
 from peers.rounds.reduce_check import NoCheck, ReduceCheck
 from peers.rounds.reduce_job import Layout, ReduceJob, bounds
 from peers.rounds.round_io import RoundIO, Slot
-from peers.wire.mailbox import Delivery, Key
+from peers.wire.mailbox import Delivery, Key, chunk_step
 from swarmtrain.core.errors import ConfigError, ProtocolError, UpdateRejected
 from swarmtrain.core.protocols import Compressor, Reducer
 
@@ -79,7 +80,8 @@ class ButterflyRound:
         reducer: combines the rows of a chunk.
         weight: this peer's weight.
         check: the verification step (:class:`NoCheck` for none).
-        chunk_elems: elements per chunk (one packet, one stream frame).
+        chunk_elems: the most elements per chunk (one packet, one stream frame); ``chunk_step``
+            cuts smaller chunks where a partition would have fewer than 4.
     """
 
     def __init__(
@@ -98,7 +100,9 @@ class ButterflyRound:
         self.flat = _flat(tensors, list(tensors))  # [N]
         #: where the input lives and the reduction runs: decoded rows are moved here once
         self.device = self.flat.device
-        layout = Layout.of(tensors, io.group.digest, io.group.size, chunk_elems)
+        numel = sum(t.numel() for t in tensors.values())
+        step = chunk_step(numel, io.group.size, chunk_elems)
+        layout = Layout.of(tensors, io.group.digest, io.group.size, step)
         job = ReduceJob(io, layout, compressor, compressor, reducer, weight, self.device)
         self.job = check.prepare(job)
         self.chunks = layout.chunks

@@ -116,7 +116,8 @@ class P2PCollective:
         expected_peers: close a round as soon as this many joined (else wait ``join_window``).
         ledger: where bytes are counted (default: ``node.ledger``).
         join_window: a leader's wait for joiners: first guess and ceiling of the measured one.
-        chunk_elems: elements per packet, one stream frame each (<= 2**21).
+        chunk_elems: the most elements per packet, one stream frame each (<= 2**21); a partition
+            is cut into 4 chunks or more while they stay >= 16K elements (``mailbox.chunk_step``).
         max_message_bytes: ceiling on one incoming message (``None``: only each round's own cap, one
             chunk's packet bound; see ``peers.wire.mailbox.reduce_budget``).
         max_gather_bytes: cap on one incoming all-gather payload.

@@ -154,18 +154,34 @@ def test_listener_is_called_when_room_may_appear() -> None:
     assert len(calls) == 2
 
 
+def test_chunks_pipeline_a_partition_within_their_floor_and_ceiling() -> None:
+    from peers.wire.mailbox import MIN_CHUNK, PIPELINE_CHUNKS, chunk_step
+
+    assert chunk_step(4_000_000, 4, 1 << 20) == 250_000  # 4 chunks of the 1M partition
+    assert chunk_step(4_000_001, 4, 1 << 20) == 250_001  # the largest partition, rounded up
+    assert chunk_step(4_000_000, 4, 50_000) == 50_000  # never above chunk_elems
+    assert chunk_step(100_000, 4, 1 << 20) == MIN_CHUNK  # never below the floor...
+    assert chunk_step(40_000, 4, 1 << 20) == 10_000  # ...unless the partition itself is smaller
+    assert chunk_step(10, 1, 4) == 4 and chunk_step(0, 3, 1 << 20) == 1
+    for numel, n in [(842_496, 3), (16 << 20, 4), (1_234_567, 5)]:
+        part = -(-numel // n)
+        assert -(-part // chunk_step(numel, n, 1 << 20)) == PIPELINE_CHUNKS
+
+
 def test_round_budgets_follow_the_model_and_the_group() -> None:
     from compression import Int8Compressor, NoneCompressor
 
     none, int8 = NoneCompressor(), Int8Compressor()
     b = reduce_budget(4_000_000, 4, 1 << 20, none)
-    # 1M elements per partition: one chunk of 4 MB; parts, aggregates and verifier parts of it
-    assert b.message_bytes == packet_bound(none, 1_000_000) < 4_010_000
+    # 1M elements per partition: 4 chunks of 250K (1 MB); parts, aggregates and verifier parts
+    assert b.message_bytes == packet_bound(none, 250_000) < 1_010_000
     assert 3 * 4_000_000 < b.per_sender.nbytes < 3 * 4_000_000 + 300_000
-    assert b.per_sender.entries == 4 + 16
+    assert b.per_sender.entries == 4 * 4 + 16
     small = reduce_budget(4_000_000, 4, 1 << 20, int8)
     assert small.message_bytes < b.message_bytes / 3
     more = reduce_budget(4_000_000, 8, 1 << 18, none)
-    assert more.per_sender.nbytes < b.per_sender.nbytes and more.per_sender.entries == 4 * 2 + 16
+    assert more.per_sender.nbytes < b.per_sender.nbytes and more.per_sender.entries == 4 * 4 + 16
+    one = reduce_budget(4_000_000, 4, 100_000, none)  # chunk_elems is the ceiling: 10 chunks
+    assert one.message_bytes == packet_bound(none, 100_000) and one.per_sender.entries == 4 * 10 + 16
     g = gather_budget(1 << 20)
     assert g.message_bytes == 1 << 20 and g.per_sender.entries == 16
