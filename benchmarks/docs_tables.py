@@ -146,35 +146,45 @@ def allreduce_table() -> str:
 
 # ------------------------------------------------------------------------------------ WAN
 def wan_table() -> str:
-    """``wan.json``: an fp32 all-reduce among 3 regions, with and without the configured delay."""
+    """``wan.json``'s ``summary``: per rate, codec and delay, medians over the runs with their range,
+    the network's own floor beside the round, and the round trips the phases add over the control."""
     rows = []
-    for r in load("wan.json")["rows"]:
-        ph = r["phases_s_median"]
+    for e in load("wan.json")["summary"]:
+        ph, extra = e["phases_s"], e.get("extra_rtts", {})
+
+        def cell(name: str, ph: dict[str, float] = ph, extra: dict[str, float] = extra) -> str:
+            v = ph.get(name, 0.0)
+            return f"{v:.2f} ({extra[name]:+.1f})" if name in extra else f"{v:.2f}"
+
         rows.append(
             [
-                f"{r['rate_mbit']:.0f}",
-                "yes" if r["delay"] else "no",
-                f"{r['round_s_median']:.2f}",
-                f"{r['bound_s']:.2f}",
-                f"{r['round_over_bound']:.2f}x",
-                f"{ph['group']:.2f}",
-                f"{ph['exchange']:.2f}",
-                f"{ph['agree']:.2f}",
-                str(r["failed_rounds"]),
+                f"{e['rate_mbit']:.0f}",
+                "fp32" if e["codec"] == "none" else e["codec"],
+                "yes" if e["delay"] else "no",
+                f"{e['bound_s']:.2f}",
+                f"{e['tcp_all_to_all_s']:.2f}",
+                f"{e['round_s']:.2f} ({_range(e['round_s_range'], '.2f')})",
+                f"{e['round_over_bound']:.2f}x",
+                cell("group"),
+                cell("exchange"),
+                cell("agree"),
+                str(e["failed_rounds"]),
             ]
         )
     head = [
         "Mbit/s",
+        "codec",
         "delay",
-        "round s",
         "bound s",
+        "plain TCP s",
+        "round s (range)",
         "round / bound",
-        "group s",
-        "exchange s",
-        "agree s",
+        "group s (RTTs)",
+        "exchange s (RTTs)",
+        "agree s (RTTs)",
         "failed",
     ]
-    return _md(head, rows, "rlrrrrrrr")
+    return _md(head, rows, "rllrrrrrrrr")
 
 
 def wan_overlap_table() -> str:

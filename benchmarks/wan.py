@@ -4,25 +4,27 @@ Three peers, one per region of ``examples/topologies/three_regions.toml`` (10 ms
 80 / 120 / 150 ms between), each in its own network namespace with its link capped at ``B`` (20 and
 100 Mbit/s, both directions, ``tc tbf``) and every byte between two peers delayed by the userspace
 proxy (``swarmtrain.simulation.regions``: the same network ``swarmtrain simulate --topology``
-builds). The peers average an fp32 vector the size of the tiny preset's parameters (``S`` bytes) with
-swarmtrain's butterfly all-reduce (``peers.P2PCollective``, codec ``none``), after a barrier, for a
-few timed rounds after one warm-up round.
+builds). The peers average an fp32 vector the size of the tiny preset's parameters with swarmtrain's
+butterfly all-reduce (``peers.P2PCollective``), sent with each codec of ``--codecs`` (``none``: fp32,
+and ``int8``), after a barrier, for a few timed rounds after one warm-up round. ``S`` is what a
+peer's codec sends (the byte ledger's count over ``2(n-1)/n``; fp32: the payload).
 
-Per rate: the round time (the slowest peer's ``all_reduce`` call, group formation over the DHT
-included: median, min, max), its data phase (the round minus that peer's group formation), the
-bytes each peer sent (byte ledger), the RTTs measured through the proxy, and the bound
-``2(n-1)/n * S/B + 2 * RTT_max`` (each peer must send and receive ``2(n-1)/n * S`` through its own
-link, and a reduce-scatter then an all-gather each wait at least one round trip on the slowest pair)
-with the ratios round / bound and data phase / bound. Per rate a control run follows with the same
-caps and every RTT 0 (``--no-control`` skips it): the data phase's excess over the transfer there is
-the protocol's cost at that rate, and what the delayed run adds beyond it is the latency's (more
-than the bound's 2 RTT: a round makes several sequential round trips). Root only; the namespaces
-are removed on every exit (``docs/decisions.md``, eleventh session).
+Per run, rate and codec: the round time (the slowest peer's ``all_reduce`` call, group formation
+over the DHT included: median, min, max), its data phase (the round minus that peer's group
+formation), the bytes each peer sent, the RTTs measured through the proxy, the bound (each peer
+must send and receive ``2(n-1)/n * S`` through its own link, and a reduce-scatter then an
+all-gather each wait at least one round trip on the slowest pair), the phases of the slowest peer,
+and the network's own floor: the same bytes sent by plain TCP through the same proxy, every pair at
+once (``tcp_all_to_all_s``, ``swarmtrain.simulation.link_check``). Each setting also runs as a
+control with the same caps and every RTT 0 (``--no-control`` skips it). ``summary`` holds, per rate,
+codec and delay, the medians over ``--runs`` runs with their ranges, and per phase of a delayed
+entry the round trips it spends beyond its control (``extra_rtts``). Root only; the namespaces are
+removed on every exit (``docs/decisions.md``, eleventh session).
 
 Usage::
 
-    sudo python benchmarks/wan.py                 # 20 and 100 Mbit/s -> benchmarks/results/wan.json + wan.png
-    sudo python benchmarks/wan.py --rates 20 --rounds 2 --out /tmp/wan_quick.json
+    sudo python benchmarks/wan.py                 # -> benchmarks/results/wan.json + wan.png
+    sudo python benchmarks/wan.py --rates 20 --codecs none --runs 1 --rounds 2 --out /tmp/wan_quick.json
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ def _worker(
     n: int,
     numel: int,
     rounds: int,
+    codec: str,
 ) -> None:
-    """One peer in its region: ``rounds + 1`` fp32 all-reduces of ``numel`` elements (the first untimed)."""
+    """One peer in its region: ``rounds + 1`` all-reduces of ``numel`` fp32 elements sent with
+    ``codec`` (the first untimed)."""
     import traceback
 
     try:
@@ -98,7 +102,7 @@ def _worker(
         with PeerNode(cfg) as node:
             q.put(("ready", rank, node.visible_maddrs))
             node.wait_for_peers(n, timeout=180)
-            comp = build_compressor(CompressionConfig(codec="none"))
+            comp = build_compressor(CompressionConfig(codec=codec))
             coll = P2PCollective(node, min_peers=n, expected_peers=n)
             x = torch.full((numel,), float(rank + 1))
             times, sent, failed = [], [], []
@@ -112,7 +116,7 @@ def _worker(
                     failed.append(str(res.reason)[:120])
                     continue
                 mean = (n + 1) / 2
-                if float((res.tensors["x"] - mean).abs().max()) > 1e-4:
+                if float((res.tensors["x"] - mean).abs().max()) > 1e-4 * mean:  # constants: exact in int8
                     failed.append("wrong mean")
                 if i > 0:
                     times.append(dt)
@@ -127,10 +131,17 @@ def _worker(
 
 
 def run_rate(
-    rate_mbit: float, n: int, numel: int, rounds: int, topology: Path = TOPOLOGY, no_delay: bool = False
+    rate_mbit: float,
+    n: int,
+    numel: int,
+    rounds: int,
+    topology: Path = TOPOLOGY,
+    no_delay: bool = False,
+    codec: str = "none",
 ) -> dict[str, Any]:
     """Build the regions of ``topology`` at ``rate_mbit`` per peer (``no_delay``: every RTT 0, the
-    control), run the all-reduces, return the row."""
+    control), run the all-reduces with ``codec``, then the network's own floor for the same bytes
+    (``EmulatedRegions.all_to_all_s``: plain TCP through the proxy); return the row."""
     topo = load_topology(topology)
     update: dict[str, Any] = {"rate_mbit": rate_mbit}
     if no_delay:
@@ -149,7 +160,18 @@ def run_rate(
             for r in range(n):
                 node = net.plan.node_of_rank(r)
                 target = functools.partial(in_namespace, node.ns, _worker)
-                args = (r, node.host_maddr, node.announce_maddr, list(initial), q, barrier, n, numel, rounds)
+                args = (
+                    r,
+                    node.host_maddr,
+                    node.announce_maddr,
+                    list(initial),
+                    q,
+                    barrier,
+                    n,
+                    numel,
+                    rounds,
+                    codec,
+                )
                 procs.append(spawn_function(target, args, name=f"wan{r}"))
                 if r == 0:
                     tag, _, initial = next_report(q, procs, 180)
@@ -164,12 +186,16 @@ def run_rate(
             left = [o.pid for p in procs for o in find_orphans(p.marker)]
             if left:
                 print(f"warning: leftover processes {left}", file=sys.stderr)
-    rows = [per[r] for r in range(n)]
-    k = min(len(r["times"]) for r in rows)
+        rows = [per[r] for r in range(n)]
+        k = min(len(r["times"]) for r in rows)
+        sent = statistics.mean(s for r in rows for s in r["sent"]) if k else 0.0
+        # the round's S: what a peer sent, as the bound counts it (fp32: 4 * numel, 0.03 % headers)
+        nbytes = sent * n / (2 * (n - 1)) if sent else numel * 4.0
+        nodes = [net.plan.node_of_rank(r).index for r in range(n)]
+        tcp_s = [net.all_to_all_s(nodes, int(2 * nbytes / n)) for _ in range(3)]
     round_s = [max(r["times"][i] for r in rows) for i in range(k)]
     data_s = [max(r["times"][i] - r["phases"][i].get("group", 0.0) for r in rows) for i in range(k)]
     phases = _slowest_phases(rows, k)
-    nbytes = numel * 4
     rtt_max_s = (
         max(topo.rtt_ms(a.region, b.region) for a in net.nodes[1:] for b in net.nodes[1:] if a != b) / 1e3
     )
@@ -178,6 +204,7 @@ def run_rate(
     dmed = statistics.median(data_s) if data_s else float("nan")
     return {
         "rate_mbit": rate_mbit,
+        "codec": codec,
         "delay": not no_delay,
         "peers": n,
         "regions": [net.nodes[r + 1].region for r in range(n)],
@@ -186,6 +213,7 @@ def run_rate(
         "rtt_max_ms_configured": rtt_max_s * 1e3,
         "bound_s": bound,
         "bound_transfer_s": bound - 2 * rtt_max_s,
+        "tcp_all_to_all_s": statistics.median(tcp_s),
         "round_s_median": med,
         "round_s_min": min(round_s, default=float("nan")),
         "round_s_max": max(round_s, default=float("nan")),
@@ -194,7 +222,7 @@ def run_rate(
         "round_over_bound": med / bound,
         "data_phase_over_bound": dmed / bound,
         "phases_s_median": phases,
-        "bytes_sent_per_peer_per_round": statistics.mean(s for r in rows for s in r["sent"]) if k else None,
+        "bytes_sent_per_peer_per_round": sent or None,
         "bound_bytes_per_peer": 2 * (n - 1) / n * nbytes,
         "proxy_bytes": proxy_bytes,
         "failed_rounds": sum(len(r["failed"]) for r in rows),
@@ -215,31 +243,95 @@ def _slowest_phases(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in per.items()}
 
 
+def _group_key(r: dict[str, Any]) -> tuple[float, str, bool]:
+    return (r["rate_mbit"], r.get("codec", "none"), r["delay"])
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rate, codec and delay, over the runs: the median of the runs' median rounds with their
+    range, the same for round / bound and data phase / bound, the network's own floor (plain TCP
+    through the proxy, ``tcp_all_to_all_s``) and the slowest peer's phases. For a delayed entry,
+    ``extra_rtts``: per phase, the seconds above the control's (same caps, RTT 0) in units of the
+    largest RTT: how many round trips each phase waits."""
+    groups: dict[tuple[float, str, bool], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(_group_key(r), []).append(r)
+
+    def med_range(key: str, rs: list[dict[str, Any]]) -> tuple[float, list[float]]:
+        v = [float(r[key]) for r in rs]
+        return statistics.median(v), [min(v), max(v)]
+
+    out = []
+    for key, rs in groups.items():
+        rate, codec, delay = key
+        names = {p for r in rs for p in r["phases_s_median"]}
+        phases = {p: statistics.median(r["phases_s_median"].get(p, 0.0) for r in rs) for p in names}
+        round_s, round_range = med_range("round_s_median", rs)
+        over, over_range = med_range("round_over_bound", rs)
+        data_over, _ = med_range("data_phase_over_bound", rs)
+        tcp, _ = med_range("tcp_all_to_all_s", rs)
+        out.append(
+            {
+                "rate_mbit": rate,
+                "codec": codec,
+                "delay": delay,
+                "runs": len(rs),
+                "payload_bytes": statistics.median(r["payload_bytes"] for r in rs),
+                "rtt_max_ms_configured": rs[0]["rtt_max_ms_configured"],
+                "bound_s": statistics.median(r["bound_s"] for r in rs),
+                "tcp_all_to_all_s": tcp,
+                "round_s": round_s,
+                "round_s_range": round_range,
+                "round_over_bound": over,
+                "round_over_bound_range": over_range,
+                "data_phase_over_bound": data_over,
+                "phases_s": phases,
+                "failed_rounds": sum(r["failed_rounds"] for r in rs),
+            }
+        )
+    control = {(e["rate_mbit"], e["codec"]): e for e in out if not e["delay"]}
+    for e in out:
+        c = control.get((e["rate_mbit"], e["codec"]))
+        rtt = e["rtt_max_ms_configured"] / 1e3
+        if e["delay"] and c is not None and rtt > 0:
+            e["extra_rtts"] = {
+                p: (v - c["phases_s"].get(p, 0.0)) / rtt for p, v in e["phases_s"].items() if v >= 0.01
+            }
+    return out
+
+
 def _phase_lines(doc: dict[str, Any]) -> str:
-    """Per row, the slowest peer's median seconds per phase (those of 10 ms or more), 80 columns."""
+    """Per delayed entry, the slowest peer's median seconds per phase (those of 10 ms or more) and
+    the round trips each adds over the control, 80 columns."""
     import textwrap
 
-    out = ["phases of the slowest peer, median s:"]
-    for r in doc["rows"]:
-        head = f"{r['rate_mbit']:g} Mbit/s {'delay' if r['delay'] else 'no delay'}: "
-        ph = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("phases_s_median") or {}).items() if v >= 0.01)
+    out = ["phases of the slowest peer, median s (extra RTTs over the control):"]
+    for e in doc["summary"]:
+        if not e["delay"]:
+            continue
+        head = f"{e['rate_mbit']:g} Mbit/s {e['codec']}: "
+        extra = e.get("extra_rtts", {})
+        ph = ", ".join(
+            f"{k} {v:.2f}" + (f" ({extra[k]:+.1f})" if k in extra else "")
+            for k, v in e["phases_s"].items()
+            if v >= 0.01
+        )
         out += textwrap.wrap(head + ph, 80, subsequent_indent="    ")
     return "\n".join(out)
 
 
 def _table(doc: dict[str, Any]) -> str:
     lines = [
-        f"{'Mbit/s':>7}{'delay':>6}{'S MB':>7}{'RTTmax ms':>10}{'bound s':>9}{'round s':>9}{'data s':>8}"
-        f"{'round/bnd':>10}{'data/bnd':>9}{'sent MB':>9}{'failed':>7}"
+        f"{'Mbit/s':>6}{'codec':>6}{'delay':>6}{'S MB':>6}{'bound s':>8}{'tcp s':>7}{'round s':>8}"
+        f"{'range':>12}{'rnd/bnd':>8}{'data/bnd':>9}{'failed':>7}"
     ]
-    for r in doc["rows"]:
-        sent = r["bytes_sent_per_peer_per_round"] or 0
+    for e in doc["summary"]:
+        lo, hi = e["round_s_range"]
         lines.append(
-            f"{r['rate_mbit']:>7g}{'yes' if r['delay'] else 'no':>6}{r['payload_bytes'] / 1e6:>7.2f}"
-            f"{r['rtt_max_ms_configured']:>10.0f}"
-            f"{r['bound_s']:>9.2f}{r['round_s_median']:>9.2f}{r['data_phase_s_median']:>8.2f}"
-            f"{r['round_over_bound']:>10.2f}{r['data_phase_over_bound']:>9.2f}{sent / 1e6:>9.2f}"
-            f"{r['failed_rounds']:>7}"
+            f"{e['rate_mbit']:>6g}{e['codec']:>6}{'yes' if e['delay'] else 'no':>6}"
+            f"{e['payload_bytes'] / 1e6:>6.2f}{e['bound_s']:>8.2f}{e['tcp_all_to_all_s']:>7.2f}"
+            f"{e['round_s']:>8.2f}{f'{lo:.2f}-{hi:.2f}':>12}{e['round_over_bound']:>8.2f}"
+            f"{e['data_phase_over_bound']:>9.2f}{e['failed_rounds']:>7}"
         )
     return "\n".join(lines)
 
@@ -247,43 +339,46 @@ def _table(doc: dict[str, Any]) -> str:
 def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
 
-    control = {r["rate_mbit"]: r for r in doc["rows"] if not r["delay"]}
-    rows = [r for r in doc["rows"] if r["delay"]]
-    labels = [f"{r['rate_mbit']:g} Mbit/s" for r in rows]
-    xs = range(len(rows))
+    entries = [e for e in doc["summary"] if e["delay"]]
+    labels = [f"{e['rate_mbit']:g} Mbit/s\n{e['codec']}" for e in entries]
+    xs = list(range(len(entries)))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     w = 0.26
-    ax.bar([x - w for x in xs], [r["bound_s"] for r in rows], w, label="bound 2(n-1)/n S/B + 2 RTT")
-    ax.bar(list(xs), [r["data_phase_s_median"] for r in rows], w, label="data phase (median)")
-    ax.bar([x + w for x in xs], [r["round_s_median"] for r in rows], w, label="round incl. group (median)")
-    for x, r in zip(xs, rows, strict=True):
+    ax.bar([x - w for x in xs], [e["bound_s"] for e in entries], w, label="bound 2(n-1)/n S/B + 2 RTT")
+    ax.bar(xs, [e["tcp_all_to_all_s"] for e in entries], w, label="plain TCP, same bytes (network floor)")
+    lo = [e["round_s"] - e["round_s_range"][0] for e in entries]
+    hi = [e["round_s_range"][1] - e["round_s"] for e in entries]
+    ax.bar(
+        [x + w for x in xs], [e["round_s"] for e in entries], w, yerr=[lo, hi], capsize=3,
+        label="round (median of runs, range)",
+    )  # fmt: skip
+    for x, e in zip(xs, entries, strict=True):
         ax.text(
-            x + w, r["round_s_median"], f"{r['round_over_bound']:.2f}x", ha="center", va="bottom", fontsize=8
+            x + w,
+            e["round_s_range"][1],
+            f"{e['round_over_bound']:.2f}x",
+            ha="center",
+            va="bottom",
+            fontsize=8,
         )
-    ctl = [
-        control[r["rate_mbit"]]["data_phase_s_median"] if r["rate_mbit"] in control else None for r in rows
-    ]
-    if any(c is not None for c in ctl):
-        ys = [c if c is not None else float("nan") for c in ctl]
-        ax.scatter(
-            list(xs), ys, color="k", marker="_", s=900, zorder=3, label="data phase, same caps, no delay"
-        )
-    ax.set_xticks(list(xs), labels)
+    ax.set_xticks(xs, labels)
     ax.set_ylabel("seconds")
-    n = rows[0]["peers"] if rows else 0
-    ax.set_title(f"fp32 all-reduce, {n} peers in 3 regions (RTT 80-150 ms)", fontsize=10)
+    n = doc["peers"]
+    ax.set_title(f"all-reduce, {n} peers in 3 regions (RTT 80-150 ms), {doc['runs']} runs", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, run each rate, print the table, write the JSON and PNG."""
+    """Parse flags, run each rate and codec ``--runs`` times, print the table, write the JSON and PNG."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="20,100", help="per-peer Mbit/s, comma-separated")
+    ap.add_argument("--codecs", default="none,int8", help="codecs, comma-separated (none: fp32)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of every rate and codec (fresh network each)")
     ap.add_argument("--peers", type=int, default=3, help="peers (round-robin over the three regions)")
     ap.add_argument("--numel", type=int, default=0, help="fp32 elements (default: the tiny preset's params)")
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per rate (after one warm-up)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per run (after one warm-up)")
     ap.add_argument("--out", type=Path, default=RESULTS / "wan.json")
     ap.add_argument("--no-control", action="store_true", help="skip the same caps without delay")
     ap.add_argument("--topology", type=Path, default=TOPOLOGY, help="regions and RTTs (its rate is replaced)")
@@ -291,31 +386,45 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("benchmarks/wan.py: network namespaces and tc need root", file=sys.stderr)
         return 2
+    if args.runs < 1 or args.rounds < 1:
+        print("benchmarks/wan.py: --runs and --rounds must be >= 1", file=sys.stderr)
+        return 2
     numel = args.numel
     if numel <= 0:
         from swarmtrain.app.models import build_model
         from swarmtrain.core.config import ModelConfig
 
         numel = sum(p.numel() for p in build_model(ModelConfig(preset="tiny")).parameters())
+    rates = [float(x) for x in args.rates.split(",") if x.strip()]
+    codecs = [x.strip() for x in args.codecs.split(",") if x.strip()]
     rows = []
-    for rate in [float(x) for x in args.rates.split(",") if x.strip()]:
-        print(f"{rate:g} Mbit/s ...", flush=True)
-        rows.append(run_rate(rate, args.peers, numel, args.rounds, args.topology))
-        if not args.no_control:
-            print(f"{rate:g} Mbit/s, no delay (control) ...", flush=True)
-            rows.append(run_rate(rate, args.peers, numel, args.rounds, args.topology, no_delay=True))
+    for run in range(args.runs):
+        for rate in rates:
+            for codec in codecs:
+                for no_delay in (False, True)[: 1 if args.no_control else 2]:
+                    what = "no delay (control)" if no_delay else "delay"
+                    print(f"run {run + 1}/{args.runs}: {rate:g} Mbit/s, {codec}, {what} ...", flush=True)
+                    row = run_rate(rate, args.peers, numel, args.rounds, args.topology, no_delay, codec)
+                    rows.append({"run": run, **row})
     doc = {
         "benchmark": "wan",
         "topology": shown_path(args.topology),
         "numel": numel,
+        "peers": args.peers,
         "rounds": args.rounds,
+        "runs": args.runs,
         "recorded": recorded(),
         "note": (
             "round: the slowest peer's all_reduce call after a barrier (group formation over the DHT "
             "included); data phase: the round minus that peer's group formation; bound: "
-            "2(n-1)/n * S/B + 2 * the largest RTT between two peers' regions; delay false: the control, "
-            "the same caps with every RTT 0 (so the bound is the transfer alone)"
+            "2(n-1)/n * S/B + 2 * the largest RTT between two peers' regions, S the bytes a peer's "
+            "codec sends (fp32: the payload); tcp_all_to_all_s: the same bytes by plain TCP through "
+            "the proxy, every pair at once (the network's own floor); delay false: the control, "
+            "the same caps with every RTT 0 (so the bound is the transfer alone); summary: medians "
+            "over the runs with their ranges, extra_rtts: per phase, seconds above the control's in "
+            "units of the largest RTT"
         ),
+        "summary": summarize(rows),
         "rows": rows,
     }
     write_report(args.out, doc, [_table(doc), _phase_lines(doc)], plot=_plot)
