@@ -35,7 +35,10 @@ def test_allreduce_across_regions_respects_the_bound() -> None:
     assert row["bytes_sent_per_peer_per_round"] == pytest.approx(2 * (n - 1) / n * numel * 4, rel=0.02)
     # every peer's part crossed the proxy: the warm-up round and the timed ones, both ways counted once
     assert row["proxy_bytes"] >= (rounds + 1) * n * row["bytes_sent_per_peer_per_round"]
-    assert row["bound_s"] == pytest.approx(wan.bound_s(n, numel * 4, 20.0, 0.150))
+    # S is what a peer's codec sent (the ledger's count over 2(n-1)/n): fp32's payload and its headers
+    assert row["payload_bytes"] == pytest.approx(numel * 4, rel=0.01)
+    assert row["bound_s"] == pytest.approx(wan.bound_s(n, row["payload_bytes"], 20.0, 0.150))
+    assert row["tcp_all_to_all_s"] >= 0.95 * row["bound_transfer_s"]  # plain TCP through the same caps
     # the strict floor: the transfer through the cap, and one way across the slowest pair in each of
     # the two phases (the bound's 2 RTT counts a request and its answer per phase)
     floor = row["bound_transfer_s"] + 0.150
