@@ -203,31 +203,30 @@ def wan_overlap_table() -> str:
 
 
 def wan_utilization_table() -> str:
+    """``wan_utilization.json``'s ``summary``: per strategy, the median over its runs (range)."""
     rows = []
-    for r in load("wan_utilization.json")["rows"]:
+    for e in load("wan_utilization.json")["summary"]:
         rows.append(
             [
-                r["strategy"],
-                f"{r['compute_utilization']:.3f}",
-                f"{r['rounds_committed']}/{r['rounds_failed']}",
-                f"{r['wait_per_round_s']:.2f} s",
-                f"{r['bytes_sent_per_peer'] / 1e6:.1f}",
-                f"{r['final_val_loss']:.4f}",
-                _yes(r["params_identical"]),
-                f"{r['wall_s']:.0f} s",
+                e["strategy"],
+                f"{e['compute_utilization']:.3f} ({_range(e['compute_utilization_range'], '.3f')})",
+                f"{e['wait_per_round_s']:.2f} ({_range(e['wait_per_round_s_range'], '.2f')})",
+                f"{e['bytes_sent_per_peer'] / 1e6:.1f}",
+                f"{e['final_val_loss']:.4f} ({_range(e['final_val_loss_range'], '.4f')})",
+                _yes(e["params_identical"]),
+                f"{e['runs']}/{e['runs'] + e['runs_failed']}",
             ]
         )
     head = [
         "strategy",
         "compute utilization",
-        "rounds c/f",
-        "wait per round",
+        "wait per round s",
         "MB sent per peer",
         "val loss",
         "identical",
-        "wall",
+        "runs ok",
     ]
-    return _md(head, rows, "lrrrrrlr")
+    return _md(head, rows, "lrrrrlr")
 
 
 # ------------------------------------------------------------------------------------ Byzantine

@@ -21,8 +21,11 @@ Usage::
     sudo python benchmarks/wan_utilization.py                  # 4 strategies x 90 steps
     sudo python benchmarks/wan_utilization.py --quick --json /tmp/wu.json   # 2 strategies x 20 steps
 
-Writes ``benchmarks/results/wan_utilization.json`` and ``wan_utilization.png`` (bars of the
-utilization per strategy), or ``--json PATH`` and the PNG beside it, and prints an 80-column table.
+Every strategy runs ``--runs`` times (3; ``--quick``: 1), each run a fresh network; ``summary`` holds
+per strategy the median over its runs with the range. Writes
+``benchmarks/results/wan_utilization.json`` and ``wan_utilization.png`` (bars of the median
+utilization per strategy with the range), or ``--json PATH`` and the PNG beside it, and prints an
+80-column table.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ sys.path.insert(0, str(HERE))
 
 from runlog import RESULTS, cell, number, pyplot, recorded, save_figure, strategy_list, write_report  # noqa: E402
 
-__all__ = ["STRATEGIES", "TOPOLOGY", "command", "row", "table_lines", "main"]
+__all__ = ["STRATEGIES", "TOPOLOGY", "command", "row", "summarize", "table_lines", "main"]
 
 STRATEGIES = ("data_parallel", "diloco", "streaming_diloco", "demo")
 TOPOLOGY = ROOT / "examples" / "topologies" / "three_regions.toml"
@@ -101,14 +104,33 @@ def row(strategy: str, doc: dict[str, Any] | None, rc: int, wall_s: float) -> di
     }
 
 
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per strategy, over its runs that exited 0: the median and the range of the compute
+    utilization, the wait per round and the final loss, and whether every run ended identical."""
+    import statistics
+
+    out = []
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        ok = [r for r in rows if r["strategy"] == strategy and r["rc"] == 0]
+        entry: dict[str, Any] = {"strategy": strategy, "runs": len(ok), "runs_failed": 0}
+        entry["runs_failed"] = sum(1 for r in rows if r["strategy"] == strategy) - len(ok)
+        for key in ("compute_utilization", "wait_per_round_s", "final_val_loss", "bytes_sent_per_peer"):
+            v = [r[key] for r in ok if r[key] is not None]
+            entry[key] = statistics.median(v) if v else None
+            entry[f"{key}_range"] = [min(v), max(v)] if v else None
+        entry["params_identical"] = bool(ok) and all(r["params_identical"] is True for r in ok)
+        out.append(entry)
+    return out
+
+
 def _mb(x: Any) -> str:
     return cell(x / 1e6 if isinstance(x, int | float) else None, ".1f")
 
 
-def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+def table_lines(rows: list[dict[str, Any]], summary: list[dict[str, Any]] | None = None) -> list[str]:
     """The rows as a table of at most 80 columns (util: compute utilization; c/f: rounds committed/
     failed; s/round: seconds a training loop waited per round; MB sent: per peer; wall: seconds of
-    the whole command)."""
+    the whole command), then per strategy the median utilization over the runs and its range."""
     head = (
         f"{'strategy':<16} {'util':>5} {'c/f':>7} {'s/round':>7} {'MB sent':>7} "
         f"{'loss':>6} {'same':>4} {'wall':>5}"
@@ -124,17 +146,30 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         )
         if r["rc"] != 0:
             lines.append(f"  ({r['strategy']}: simulate exited {r['rc']})")
+    if summary:
+        lines.append("utilization over the runs: median (range)")
+        for e in summary:
+            lo, hi = e["compute_utilization_range"] or (None, None)
+            lines.append(
+                f"  {e['strategy']:<16.16} {cell(e['compute_utilization'], '.3f')} "
+                f"({cell(lo, '.3f')}-{cell(hi, '.3f')}), {e['runs']} runs, {e['runs_failed']} failed"
+            )
     return lines
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
 
-    rows = doc["rows"]
+    rows = doc["summary"]
     xs = list(range(len(rows)))
     util = [r["compute_utilization"] or 0.0 for r in rows]
+    spans = [r["compute_utilization_range"] or [u, u] for r, u in zip(rows, util, strict=True)]
+    err = [
+        [u - lo for u, (lo, _) in zip(util, spans, strict=True)],
+        [hi - u for u, (_, hi) in zip(util, spans, strict=True)],
+    ]
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
-    bars = ax.bar(xs, util, 0.6, color="tab:green")
+    bars = ax.bar(xs, util, 0.6, color="tab:green", yerr=err, capsize=3)
     for b, r in zip(bars, rows, strict=True):
         mb = (r["bytes_sent_per_peer"] or 0.0) / 1e6
         note = f"{mb:.1f} MB sent\nloss {r['final_val_loss'] or float('nan'):.3f}"
@@ -145,7 +180,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("compute utilization")
     s = doc["settings"]
-    ax.set_title(f"{s['peers']} peers in 3 regions (80-150 ms, 50 Mbit/s), {s['steps']} steps", fontsize=9)
+    title = f"{s['peers']} peers in 3 regions (80-150 ms, 50 Mbit/s), {s['steps']} steps"
+    ax.set_title(f"{title}, median of {s['runs']} runs (range)", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)
@@ -188,12 +224,17 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, default=None, help="output JSON (default results/wan_utilization.json)"
     )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per strategy's command")
+    ap.add_argument("--runs", type=int, default=None, help="runs of every strategy (default 3; --quick 1)")
     ap.add_argument(
         "--quick", action="store_true", help="smoke test: data_parallel and diloco, 20 steps, H=10"
     )
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("error: the emulated regions need root (network namespaces, tc)", file=sys.stderr)
+        return 2
+    runs = args.runs or (1 if args.quick else 3)
+    if runs < 1:
+        print("error: --runs must be >= 1", file=sys.stderr)
         return 2
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     inner = args.inner_steps or (QUICK_H if args.quick else None)
@@ -206,10 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, commands = [], []
     with tempfile.TemporaryDirectory(prefix="wan-util-") as tmp:
-        for strategy in strategies:
-            shown, r = _run_one(strategy, steps, inner, Path(tmp), args.timeout)
-            commands.append(shown)
-            rows.append(r)
+        for run in range(runs):
+            for strategy in strategies:
+                shown, r = _run_one(strategy, steps, inner, Path(tmp), args.timeout)
+                if run == 0:
+                    commands.append(shown)
+                rows.append({"run": run, **r})
+    summary = summarize(rows)
     doc_out = {
         "benchmark": "wan_utilization",
         "recorded": recorded(),
@@ -220,12 +264,14 @@ def main(argv: list[str] | None = None) -> int:
             "topology": str(TOPOLOGY.relative_to(ROOT)),
             "quick": args.quick,
             "strategies": strategies,
+            "runs": runs,
             "cpus": os.cpu_count(),
         },
         "commands": commands,
+        "summary": summary,
         "rows": rows,
     }
-    write_report(out, doc_out, table_lines(rows), plot=_plot)
+    write_report(out, doc_out, table_lines(rows, summary), plot=_plot)
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 

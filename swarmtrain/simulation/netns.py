@@ -146,7 +146,8 @@ class Fabric:
     namespaces on exit. With ``hub_ip`` the nodes are *routed*, not bridged to each other: node
     ``i`` has ``ip(i)/32`` and reaches only the hub (``hub_ip`` on its bridge, with ``hub_addrs`` on
     its ``lo``) and, through it, the prefixes in ``routes``: whatever runs in the hub (the delay
-    proxy) is then the only way from one node to another.
+    proxy) is then the only way from one node to another. Every route it adds or replaces (in the
+    nodes and in the hub) carries ``congctl congestion``; ``None`` keeps the host's default.
     """
 
     rates_mbit: Sequence[float | None]

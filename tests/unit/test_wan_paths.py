@@ -72,3 +72,25 @@ def test_the_summary_takes_medians_over_runs_and_counts_each_phases_round_trips(
     assert e["extra_rtts"] == pytest.approx({"group": 1.0, "exchange": 4.0})
     assert "extra_rtts" not in by[("none", False)] and "extra_rtts" not in by[("int8", True)]
     json.dumps(wan.summarize(rows), allow_nan=False)  # strict JSON
+
+
+def test_the_utilization_summary_is_per_strategy_over_the_runs_that_exited_0() -> None:
+    import wan_utilization
+
+    def r(strategy: str, util: float, rc: int = 0) -> dict[str, Any]:
+        return {
+            "strategy": strategy,
+            "rc": rc,
+            "compute_utilization": util,
+            "wait_per_round_s": 1.0 - util,
+            "final_val_loss": 5.0,
+            "bytes_sent_per_peer": 1e6,
+            "params_identical": rc == 0,
+        }
+
+    rows = [r("diloco", 0.8), r("demo", 0.5), r("diloco", 0.9), r("diloco", 0.1, rc=1), r("diloco", 0.85)]
+    dl, demo = wan_utilization.summarize(rows)
+    assert (dl["strategy"], dl["runs"], dl["runs_failed"]) == ("diloco", 3, 1)
+    assert dl["compute_utilization"] == 0.85 and dl["compute_utilization_range"] == [0.8, 0.9]
+    assert dl["params_identical"] is True and demo["runs"] == 1
+    json.dumps([dl, demo], allow_nan=False)

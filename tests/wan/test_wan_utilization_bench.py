@@ -56,3 +56,10 @@ def test_wan_utilization_quick_writes_consistent_rows(tmp_path: Path) -> None:
     assert any(line.startswith("data_parallel ") for line in table)
     assert all(len(line) <= 80 for line in table), proc.stdout
     assert out.with_suffix(".png").stat().st_size > 0
+    assert doc["settings"]["runs"] == 1 and [e["strategy"] for e in doc["summary"]] == [
+        "data_parallel",
+        "diloco",
+    ]
+    for e, r in zip(doc["summary"], (dp, dl), strict=True):
+        assert e["runs"] == 1 and e["compute_utilization"] == r["compute_utilization"]
+        assert e["compute_utilization_range"] == [r["compute_utilization"]] * 2
