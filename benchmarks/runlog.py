@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +47,7 @@ __all__ = [
     "pyplot",
     "save_figure",
     "error_line",
+    "median_range",
 ]
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,6 +146,13 @@ def number(x: Any) -> float | None:
     """``x`` as a float when it is a finite number from a JSON report (not a bool), else ``None``."""
     ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x))
     return float(x) if ok else None
+
+
+def median_range(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """The median of ``values`` and their ``[min, max]`` (a summary over runs); ``None``s when empty."""
+    if not values:
+        return None, None
+    return statistics.median(values), [min(values), max(values)]
 
 
 def cell(x: Any, fmt: str) -> str:

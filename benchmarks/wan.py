@@ -44,7 +44,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from allreduce import next_report  # noqa: E402
-from runlog import loadavg, pyplot, recorded, save_figure, write_report  # noqa: E402
+from runlog import loadavg, median_range, pyplot, recorded, save_figure, write_report  # noqa: E402
 
 from peers.dht.process import find_orphans, process_context, spawn_function  # noqa: E402
 from swarmtrain.simulation.netns import in_namespace  # noqa: E402
@@ -257,14 +257,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         groups.setdefault(_group_key(r), []).append(r)
 
-    def med_range(key: str, rs: list[dict[str, Any]]) -> tuple[float, list[float]]:
-        v = [float(r[key]) for r in rs]
-        return statistics.median(v), [min(v), max(v)]
+    def med_range(key: str, rs: list[dict[str, Any]]) -> tuple[Any, Any]:
+        return median_range([float(r[key]) for r in rs])
 
     out = []
     for key, rs in groups.items():
         rate, codec, delay = key
-        names = {p for r in rs for p in r["phases_s_median"]}
+        names = dict.fromkeys(p for r in rs for p in r["phases_s_median"])  # in round order
         phases = {p: statistics.median(r["phases_s_median"].get(p, 0.0) for r in rs) for p in names}
         round_s, round_range = med_range("round_s_median", rs)
         over, over_range = med_range("round_over_bound", rs)

@@ -44,7 +44,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from runlog import RESULTS, cell, number, pyplot, recorded, save_figure, strategy_list, write_report  # noqa: E402
+from runlog import (  # noqa: E402
+    RESULTS,
+    cell,
+    median_range,
+    number,
+    pyplot,
+    recorded,
+    save_figure,
+    strategy_list,
+    write_report,
+)
 
 __all__ = ["STRATEGIES", "TOPOLOGY", "command", "row", "summarize", "table_lines", "main"]
 
@@ -107,17 +117,13 @@ def row(strategy: str, doc: dict[str, Any] | None, rc: int, wall_s: float) -> di
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per strategy, over its runs that exited 0: the median and the range of the compute
     utilization, the wait per round and the final loss, and whether every run ended identical."""
-    import statistics
-
     out = []
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
-        ok = [r for r in rows if r["strategy"] == strategy and r["rc"] == 0]
-        entry: dict[str, Any] = {"strategy": strategy, "runs": len(ok), "runs_failed": 0}
-        entry["runs_failed"] = sum(1 for r in rows if r["strategy"] == strategy) - len(ok)
+        mine = [r for r in rows if r["strategy"] == strategy]
+        ok = [r for r in mine if r["rc"] == 0]
+        entry: dict[str, Any] = {"strategy": strategy, "runs": len(ok), "runs_failed": len(mine) - len(ok)}
         for key in ("compute_utilization", "wait_per_round_s", "final_val_loss", "bytes_sent_per_peer"):
-            v = [r[key] for r in ok if r[key] is not None]
-            entry[key] = statistics.median(v) if v else None
-            entry[f"{key}_range"] = [min(v), max(v)] if v else None
+            entry[key], entry[f"{key}_range"] = median_range([r[key] for r in ok if r[key] is not None])
         entry["params_identical"] = bool(ok) and all(r["params_identical"] is True for r in ok)
         out.append(entry)
     return out
