@@ -243,10 +243,6 @@ def _slowest_phases(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in per.items()}
 
 
-def _group_key(r: dict[str, Any]) -> tuple[float, str, bool]:
-    return (r["rate_mbit"], r.get("codec", "none"), r["delay"])
-
-
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rate, codec and delay, over the runs: the median of the runs' median rounds with their
     range, the same for round / bound and data phase / bound, the network's own floor (plain TCP
@@ -255,7 +251,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     largest RTT: how many round trips each phase waits."""
     groups: dict[tuple[float, str, bool], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(_group_key(r), []).append(r)
+        groups.setdefault((r["rate_mbit"], r["codec"], r["delay"]), []).append(r)
 
     def med_range(key: str, rs: list[dict[str, Any]]) -> tuple[Any, Any]:
         return median_range([float(r[key]) for r in rs])
